@@ -1,0 +1,3 @@
+from dflash_doctor.cli import main
+
+main()

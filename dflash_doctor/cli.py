@@ -1,0 +1,80 @@
+"""The `dflash-doctor` command line. Each command lives in `dflash_doctor/commands/<name>.py` and
+registers itself with `register(app)`; this module only assembles them.
+
+Exit codes: 0 healthy, 1 a failing finding (or a failed run), 2 bad usage / bad input / bad config.
+Errors of type DoctorError are printed as one message (no traceback) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from dflash_doctor import __version__
+from dflash_doctor.errors import DoctorError
+
+app = typer.Typer(
+    name="dflash-doctor",
+    help="Keep multi-GPU PyTorch training environments sound; train DFlash drafters behind a gate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dflash-doctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """dflash-doctor: verdicts with evidence and exact remedies for your training environment."""
+
+
+def _register_commands() -> None:
+    from dflash_doctor import commands
+
+    for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"dflash_doctor.commands.{module.name}")
+        register = getattr(mod, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_commands()
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code; DoctorError becomes a one-line message and exit 2."""
+    try:
+        app(args=argv, prog_name="dflash-doctor")
+    except SystemExit as done:
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except DoctorError as exc:
+        err = Console(stderr=True, highlight=False)
+        err.print(f"[bold red]error:[/] {escape(exc.message)}")
+        if exc.hint:
+            err.print(f"  [cyan]hint:[/] {escape(exc.hint)}")
+        return exc.exit_code
+    return 0
+
+
+def main() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

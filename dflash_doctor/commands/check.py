@@ -1,0 +1,72 @@
+"""`dflash-doctor check`: audit the environment and give verdicts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from dflash_doctor.commands.options import (
+    JsonOption,
+    LockOption,
+    OnlyOption,
+    PythonOption,
+    StrictOption,
+    default_lock,
+    split_only,
+)
+from dflash_doctor.context import CheckContext, CheckOptions
+from dflash_doctor.environment import Environment
+from dflash_doctor.errors import DoctorError
+from dflash_doctor.registry import all_checks, run_checks, unknown_selectors
+from dflash_doctor.report import dumps, exit_code, flatten, render, to_json
+
+
+def audit(
+    python: str | None,
+    only: list[str],
+    options: CheckOptions,
+) -> tuple[CheckContext, list]:
+    """Load the environment and run the selected checks (shared by `check` and the launch gate)."""
+    selectors = split_only(only)
+    unknown = unknown_selectors(selectors)
+    if unknown:
+        ids = ", ".join(sorted({c.area for c in all_checks()}))
+        raise DoctorError(f"--only: no check matches {', '.join(unknown)}", hint=f"areas are: {ids}")
+    ctx = CheckContext(Environment.load(python), options)
+    return ctx, run_checks(ctx, selectors)
+
+
+def check_command(
+    python: str | None = PythonOption,
+    only: list[str] = OnlyOption,
+    json_out: bool = JsonOption,
+    strict: bool = StrictOption,
+    deep: bool = typer.Option(
+        False, "--deep", help="Also import torch in a child process, init CUDA, test flex."
+    ),
+    lock: Path | None = LockOption,
+    no_lock: bool = typer.Option(False, "--no-lock", help="Ignore ./dflash.lock."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence for passing findings too."),
+) -> None:
+    """Audit the environment: torch build, CUDA packages, shared libraries, GPUs, compile cache."""
+    lock_path = default_lock(lock, no_lock)
+    if lock_path is not None and not lock_path.is_file():
+        raise DoctorError(f"--lock {lock_path}: no such file", hint="create one with `dflash-doctor lock`")
+    start = time.perf_counter()
+    ctx, runs = audit(python, only, CheckOptions(deep=deep, lock_path=lock_path, strict=strict))
+    elapsed = time.perf_counter() - start
+    interp = ctx.env.interpreter
+    context = {"python": interp.executable, "python_version": interp.version, "seconds": round(elapsed, 3)}
+    if json_out:
+        typer.echo(dumps(to_json(runs, context, strict)))
+    else:
+        console = Console(highlight=False)
+        render(runs, console, verbose, header=f"dflash-doctor check · {interp.executable} · {elapsed:.2f} s")
+    raise typer.Exit(exit_code(flatten(runs), strict))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check_command)

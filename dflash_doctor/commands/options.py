@@ -1,0 +1,34 @@
+"""Options shared by every command that audits an environment, so they read the same everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+PythonOption = typer.Option(
+    None,
+    "--python",
+    help="Audit another interpreter's environment (e.g. .venv/bin/python); default: this one.",
+)
+JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON (versioned schema).")
+OnlyOption = typer.Option(
+    [], "--only", help="Run only these checks or areas (repeatable, comma-separated): --only libs,torch."
+)
+StrictOption = typer.Option(False, "--strict", help="Exit 1 on warnings too.")
+LockOption = typer.Option(
+    None, "--lock", help="Compare against this lock file (default: ./dflash.lock when it exists)."
+)
+
+
+def split_only(values: list[str]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def default_lock(lock: Path | None, no_lock: bool) -> Path | None:
+    if no_lock:
+        return None
+    if lock is not None:
+        return lock
+    candidate = Path.cwd() / "dflash.lock"
+    return candidate if candidate.is_file() else None

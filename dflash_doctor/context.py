@@ -1,0 +1,42 @@
+"""What every check receives: the audited environment, the options of this run, and shared analyses.
+
+Checks must not recompute expensive analyses (ELF resolution, hashing) on their own: they ask the
+context with `ctx.shared(name, factory)` and get the one result computed for this run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dflash_doctor.environment import Environment
+
+T = TypeVar("T")
+
+
+@dataclass
+class CheckOptions:
+    """Switches that decide which checks run and what they compare against."""
+
+    deep: bool = False
+    lock_path: Path | None = None
+    config_path: Path | None = None
+    config: Any = None  # a validated trainer config, when checks run for a launch
+    strict: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckContext:
+    env: Environment
+    options: CheckOptions = field(default_factory=CheckOptions)
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def shared(self, name: str, factory: Callable[[], T]) -> T:
+        """Compute an analysis once per run and hand the same object to every check that asks."""
+        if name not in self._shared:
+            self._shared[name] = factory()
+        value: T = self._shared[name]
+        return value

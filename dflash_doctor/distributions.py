@@ -1,0 +1,178 @@
+"""Installed distributions read straight from their `.dist-info` folders (no imports, no importlib).
+
+We read METADATA headers, RECORD (file -> sha256, size), WHEEL (tag, build) and INSTALLER, because
+those are what tell "the same version" builds apart and which package owns which file.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from functools import cached_property
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """One RECORD row. ``sha256`` is hex (RECORD stores urlsafe base64); ``path`` is absolute."""
+
+    path: str
+    sha256: str | None
+    size: int | None
+
+
+@dataclass
+class Distribution:
+    """One installed distribution, as its dist-info folder describes it."""
+
+    name: str
+    version: str
+    dist_info: str
+    site_dir: str
+    requires: list[str] = field(default_factory=list)
+    wheel_tags: list[str] = field(default_factory=list)
+    wheel_build: str | None = None
+    installer: str | None = None
+    direct_url: dict[str, object] | None = None
+
+    @property
+    def key(self) -> str:
+        """Normalised name (PEP 503): `nvidia_nccl_cu13` and `nvidia-nccl-cu13` are one key."""
+        return canonicalize_name(self.name)
+
+    @cached_property
+    def record(self) -> list[RecordEntry]:
+        """RECORD rows, read on first use (torch's has ~20k rows)."""
+        return read_record(os.path.join(self.dist_info, "RECORD"), self.site_dir)
+
+    @cached_property
+    def requirements(self) -> list[Requirement]:
+        parsed = []
+        for line in self.requires:
+            try:
+                parsed.append(Requirement(line))
+            except InvalidRequirement:
+                continue
+        return parsed
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "dist_info": self.dist_info,
+            "wheel_tags": self.wheel_tags,
+            "wheel_build": self.wheel_build,
+            "installer": self.installer,
+        }
+
+
+def _hex_from_record_hash(value: str) -> str | None:
+    if not value.startswith("sha256="):
+        return None
+    b64 = value[len("sha256=") :]
+    try:
+        return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+    except ValueError:
+        return None
+
+
+def read_record(record_path: str, site_dir: str) -> list[RecordEntry]:
+    try:
+        with open(record_path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except OSError:
+        return []
+    entries = []
+    for row in rows:
+        if not row or not row[0]:
+            continue
+        rel = row[0]
+        path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site_dir, rel))
+        digest = _hex_from_record_hash(row[1]) if len(row) > 1 and row[1] else None
+        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+        entries.append(RecordEntry(path, digest, size))
+    return entries
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def read_dist_info(dist_info: str) -> Distribution | None:
+    """Parse one `.dist-info` folder; None when it has no usable METADATA."""
+    meta_text = _read_text(os.path.join(dist_info, "METADATA"))
+    if meta_text is None:
+        return None
+    headers = HeaderParser().parsestr(meta_text)
+    name, version = headers.get("Name"), headers.get("Version")
+    if not name or not version:
+        return None
+    dist = Distribution(
+        name=name.strip(),
+        version=version.strip(),
+        dist_info=dist_info,
+        site_dir=os.path.dirname(dist_info),
+        requires=[r.strip() for r in headers.get_all("Requires-Dist") or []],
+    )
+    wheel = _read_text(os.path.join(dist_info, "WHEEL"))
+    if wheel:
+        for line in wheel.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Tag":
+                dist.wheel_tags.append(value.strip())
+            elif key.strip() == "Build":
+                dist.wheel_build = value.strip()
+    installer = _read_text(os.path.join(dist_info, "INSTALLER"))
+    dist.installer = installer.strip() if installer else None
+    direct = _read_text(os.path.join(dist_info, "direct_url.json"))
+    if direct:
+        try:
+            dist.direct_url = json.loads(direct)
+        except json.JSONDecodeError:
+            dist.direct_url = None
+    return dist
+
+
+_DIST_INFO = re.compile(r".+\.dist-info$")
+
+
+def scan_distributions(site_dirs: list[str]) -> tuple[dict[str, Distribution], list[Distribution]]:
+    """Distributions visible on these folders, first folder wins (as importlib.metadata does).
+
+    Returns (visible by key, shadowed): a shadowed distribution is a second copy of the same
+    name later on the path (e.g. a `~/.local` torch hiding the venv's, or the reverse).
+    """
+    visible: dict[str, Distribution] = {}
+    shadowed: list[Distribution] = []
+    seen_dirs: set[str] = set()
+    for site_dir in site_dirs:
+        real = os.path.realpath(site_dir)
+        if real in seen_dirs:
+            continue
+        seen_dirs.add(real)
+        try:
+            names = sorted(os.listdir(site_dir))
+        except OSError:
+            continue
+        for entry in names:
+            if not _DIST_INFO.match(entry):
+                continue
+            dist = read_dist_info(os.path.join(site_dir, entry))
+            if dist is None:
+                continue
+            if dist.key in visible:
+                shadowed.append(dist)
+            else:
+                visible[dist.key] = dist
+    return visible, shadowed

@@ -1,0 +1,134 @@
+"""Which interpreter is audited, and what its import path looks like.
+
+`--python PATH` audits another interpreter's environment (a venv the tool is not installed in):
+we ask that interpreter for its `sys.path` and prefixes, once, and read its files from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass, field
+
+from dflash_doctor.errors import InterpreterError
+
+# Runs inside the audited interpreter. Plain stdlib, no imports of anything it may have broken.
+_PROBE = r"""
+import json, os, platform, site, sys, sysconfig
+paths = sysconfig.get_paths()
+print(json.dumps({
+    "executable": sys.executable,
+    "version": "%d.%d.%d" % sys.version_info[:3],
+    "implementation": sys.implementation.name,
+    "prefix": sys.prefix,
+    "base_prefix": sys.base_prefix,
+    "sys_path": [p for p in sys.path if p],
+    "purelib": paths.get("purelib"),
+    "platlib": paths.get("platlib"),
+    "user_site": site.getusersitepackages() if site.ENABLE_USER_SITE else None,
+    "machine": platform.machine(),
+    "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
+}))
+"""
+
+
+@dataclass(frozen=True)
+class InterpreterInfo:
+    """What we need to know about an interpreter to read its environment from outside."""
+
+    executable: str
+    version: str
+    prefix: str
+    base_prefix: str
+    sys_path: list[str]
+    purelib: str | None = None
+    platlib: str | None = None
+    user_site: str | None = None
+    implementation: str = "cpython"
+    machine: str = ""
+    ld_library_path: str = ""
+    is_current: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_venv(self) -> bool:
+        return self.prefix != self.base_prefix
+
+    @property
+    def site_dirs(self) -> list[str]:
+        """Existing sys.path folders, in import order (where distributions can live)."""
+        return [p for p in self.sys_path if os.path.isdir(p)]
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def current_interpreter() -> InterpreterInfo:
+    paths = sysconfig.get_paths()
+    import site
+
+    return InterpreterInfo(
+        executable=sys.executable,
+        version=".".join(str(p) for p in sys.version_info[:3]),
+        prefix=sys.prefix,
+        base_prefix=sys.base_prefix,
+        sys_path=[os.path.abspath(p) for p in sys.path if p],
+        purelib=paths.get("purelib"),
+        platlib=paths.get("platlib"),
+        user_site=site.getusersitepackages() if site.ENABLE_USER_SITE else None,
+        implementation=sys.implementation.name,
+        machine=os.uname().machine,
+        ld_library_path=os.environ.get("LD_LIBRARY_PATH", ""),
+        is_current=True,
+    )
+
+
+def probe_interpreter(python: str, timeout: float = 30.0) -> InterpreterInfo:
+    """Ask another interpreter for its paths. Raises InterpreterError (exit 2) with what to do."""
+    if not os.path.exists(python):
+        raise InterpreterError(
+            f"--python {python}: no such file",
+            hint="give the path of a python executable, e.g. .venv/bin/python",
+        )
+    if not os.access(python, os.X_OK) or os.path.isdir(python):
+        raise InterpreterError(f"--python {python}: not an executable file")
+    try:
+        done = subprocess.run(
+            [python, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=os.path.dirname(os.path.abspath(python)) or "/",
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InterpreterError(f"--python {python}: could not run it ({exc})") from exc
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise InterpreterError(f"--python {python}: it exited {done.returncode}: {tail[0]}")
+    try:
+        raw = json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError) as exc:
+        raise InterpreterError(f"--python {python}: unexpected answer {done.stdout[:200]!r}") from exc
+    return InterpreterInfo(
+        executable=raw["executable"],
+        version=raw["version"],
+        prefix=raw["prefix"],
+        base_prefix=raw["base_prefix"],
+        sys_path=[os.path.abspath(p) for p in raw["sys_path"]],
+        purelib=raw.get("purelib"),
+        platlib=raw.get("platlib"),
+        user_site=raw.get("user_site"),
+        implementation=raw.get("implementation", "cpython"),
+        machine=raw.get("machine", ""),
+        ld_library_path=raw.get("ld_library_path", ""),
+        is_current=False,
+    )
+
+
+def interpreter_for(python: str | None) -> InterpreterInfo:
+    """The interpreter to audit: the one given with --python, or the one running us."""
+    return current_interpreter() if python is None else probe_interpreter(python)

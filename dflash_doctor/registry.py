@@ -1,0 +1,118 @@
+"""One registry of checks. Adding a check = one decorated function in `checks/<area>.py` + two tests.
+
+The runner knows nothing about any check's inside: it imports every module of the `checks`
+package, runs the checks whose requirements this run meets, and turns a crash into a finding.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from dflash_doctor.context import CheckContext
+from dflash_doctor.findings import Finding, Severity
+
+CheckFn = Callable[[CheckContext], Iterable[Finding]]
+
+# A check may need something a plain `check` run does not do: "deep" (a child process importing
+# torch), "config" (a training config), "lock" (a lock file to compare against).
+REQUIREMENTS = frozenset({"deep", "config", "lock"})
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    fn: CheckFn
+    requires: frozenset[str] = frozenset()
+
+    @property
+    def area(self) -> str:
+        return self.id.split(".", 1)[0]
+
+
+_CHECKS: dict[str, Check] = {}
+
+
+def check(id: str, title: str, requires: Iterable[str] = ()) -> Callable[[CheckFn], CheckFn]:
+    """Register a check function under a stable dotted id (its findings' ids start with its area)."""
+    needs = frozenset(requires)
+    unknown = needs - REQUIREMENTS
+    if unknown:
+        raise ValueError(f"check {id}: unknown requirement(s) {sorted(unknown)}")
+
+    def register(fn: CheckFn) -> CheckFn:
+        if id in _CHECKS and _CHECKS[id].fn is not fn:
+            raise ValueError(f"check id {id!r} registered twice")
+        _CHECKS[id] = Check(id, title, fn, needs)
+        return fn
+
+    return register
+
+
+def all_checks() -> list[Check]:
+    """Every registered check, after importing each module of the `checks` package."""
+    import checks
+
+    for module in pkgutil.iter_modules(checks.__path__):
+        importlib.import_module(f"checks.{module.name}")
+    return sorted(_CHECKS.values(), key=lambda c: c.id)
+
+
+def matches(check_id: str, selectors: Iterable[str]) -> bool:
+    """`--only libs` selects `libs.*`; `--only libs.resolution` selects that check alone."""
+    chosen = list(selectors)
+    if not chosen:
+        return True
+    return any(check_id == s or check_id.startswith(s + ".") or s.startswith(check_id + ".") for s in chosen)
+
+
+def available(ctx: CheckContext) -> set[str]:
+    have = set()
+    if ctx.options.deep:
+        have.add("deep")
+    if ctx.options.config is not None:
+        have.add("config")
+    if ctx.options.lock_path is not None:
+        have.add("lock")
+    return have
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    check: Check
+    findings: list[Finding]
+    seconds: float
+
+
+def run_checks(ctx: CheckContext, only: Iterable[str] = ()) -> list[CheckRun]:
+    selectors = [s.strip() for s in only if s.strip()]
+    have = available(ctx)
+    runs: list[CheckRun] = []
+    for chk in all_checks():
+        if not matches(chk.id, selectors) or not chk.requires <= have:
+            continue
+        start = time.perf_counter()
+        try:
+            findings = list(chk.fn(ctx))
+        except Exception as exc:  # a crashing check is a bug, reported, never a silent pass
+            findings = [
+                Finding(
+                    f"{chk.id}.crashed",
+                    Severity.FAIL,
+                    f"check {chk.id} crashed: {type(exc).__name__}: {exc}",
+                    {"traceback": traceback.format_exc().splitlines()[-6:]},
+                    "please report this with `dflash-doctor check --json` attached",
+                )
+            ]
+        runs.append(CheckRun(chk, findings, time.perf_counter() - start))
+    return runs
+
+
+def unknown_selectors(only: Iterable[str]) -> list[str]:
+    ids = [c.id for c in all_checks()]
+    return [s for s in only if s and not any(matches(i, [s]) for i in ids)]

@@ -1,0 +1,132 @@
+"""Render check results: a `flutter doctor`-style table for people, versioned JSON for programs.
+
+Also the one place that decides the exit code of an audit: 0 healthy (warnings allowed),
+1 any fail (with --strict, any warning too).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from dflash_doctor import __version__
+from dflash_doctor.findings import Finding, Severity, worst
+from dflash_doctor.registry import CheckRun
+
+REPORT_SCHEMA = "dflash-doctor/report/v1"
+
+ICONS = {
+    Severity.OK: ("✓", "green"),
+    Severity.SKIP: ("-", "dim"),
+    Severity.WARN: ("!", "yellow"),
+    Severity.FAIL: ("✗", "red"),
+}
+
+
+def flatten(runs: Iterable[CheckRun]) -> list[Finding]:
+    return [f for run in runs for f in run.findings]
+
+
+def exit_code(findings: Iterable[Finding], strict: bool = False) -> int:
+    severities = {f.severity for f in findings}
+    if Severity.FAIL in severities or (strict and Severity.WARN in severities):
+        return 1
+    return 0
+
+
+def counts(findings: Iterable[Finding]) -> dict[str, int]:
+    tally = {s.value: 0 for s in Severity}
+    for f in findings:
+        tally[f.severity.value] += 1
+    return tally
+
+
+def to_json(runs: list[CheckRun], context: dict[str, Any], strict: bool = False) -> dict[str, Any]:
+    findings = flatten(runs)
+    return {
+        "schema": REPORT_SCHEMA,
+        "tool": {"name": "dflash-doctor", "version": __version__},
+        "context": context,
+        "checks": [{"id": r.check.id, "title": r.check.title, "seconds": round(r.seconds, 4)} for r in runs],
+        "findings": [f.to_json() for f in findings],
+        "summary": counts(findings),
+        "exit_code": exit_code(findings, strict),
+    }
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return (
+            ", ".join(_format_value(v) for v in value)
+            if len(value) <= 4
+            else ("\n      " + "\n      ".join(_format_value(v) for v in value))
+        )
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_format_value(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _verdict_cell(finding: Finding, verbose: bool) -> Text:
+    text = Text(finding.summary)
+    show_details = verbose or finding.severity in (Severity.WARN, Severity.FAIL)
+    if show_details:
+        for key, value in finding.evidence.items():
+            text.append(f"\n  {key}: {_format_value(value)}", style="dim")
+        if finding.remedy:
+            text.append("\n  fix: ", style="bold cyan")
+            text.append(finding.remedy, style="cyan")
+    return text
+
+
+def render(runs: list[CheckRun], console: Console, verbose: bool = False, header: str | None = None) -> None:
+    """Print the table grouped by area, then the summary line."""
+    areas: dict[str, list[CheckRun]] = {}
+    for run in runs:
+        areas.setdefault(run.check.area, []).append(run)
+    table = Table(show_header=False, box=None, pad_edge=False, expand=False)
+    table.add_column("", width=3, no_wrap=True)
+    table.add_column("finding", no_wrap=True)
+    table.add_column("verdict", overflow="fold")
+    for area, area_runs in areas.items():
+        findings = flatten(area_runs)
+        icon, style = ICONS[worst(findings)]
+        titles = ", ".join(dict.fromkeys(r.check.title for r in area_runs))
+        table.add_row(
+            Text(f"[{icon}]", style=f"bold {style}"), Text(area, style="bold"), Text(titles, style="bold")
+        )
+        for finding in findings:
+            f_icon, f_style = ICONS[finding.severity]
+            table.add_row(
+                Text(f" {f_icon}", style=f_style),
+                Text(finding.id, style="dim" if finding.severity == Severity.OK else f_style),
+                _verdict_cell(finding, verbose),
+            )
+    if header:
+        console.print(escape(header))
+    console.print(table)
+    console.print(summary_line(runs))
+
+
+def summary_line(runs: list[CheckRun]) -> Text:
+    findings = flatten(runs)
+    tally = counts(findings)
+    bad_areas = sorted({f.area for f in findings if f.severity in (Severity.WARN, Severity.FAIL)})
+    if not bad_areas:
+        return Text(f"• No issues found ({tally['ok']} ok, {tally['skip']} skipped).", style="bold green")
+    style = "bold red" if tally["fail"] else "bold yellow"
+    noun = "area" if len(bad_areas) == 1 else "areas"
+    return Text(
+        f"! Doctor found issues in {len(bad_areas)} {noun} ({', '.join(bad_areas)}): "
+        f"{tally['fail']} failing, {tally['warn']} warning, {tally['ok']} ok, {tally['skip']} skipped.",
+        style=style,
+    )
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, default=str)

@@ -1,0 +1,78 @@
+"""The environment model, read from files only; `--python` through a real interpreter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dflash_doctor.cli import run
+from dflash_doctor.distributions import read_dist_info
+from dflash_doctor.environment import Environment
+from dflash_doctor.interpreter import probe_interpreter
+from dflash_doctor.torch_build import read_torch_build
+from tests.conftest import env_for
+from tests.fakeenv import FakeSite, make_venv
+
+
+def test_dist_info_fields(site: FakeSite) -> None:
+    dist_info = site.add_dist(
+        "nvidia-nccl-cu13",
+        "2.30.7",
+        {"nvidia/nccl/lib/libnccl.so.2": b"elf"},
+        requires=["packaging"],
+        build="3",
+    )
+    dist = read_dist_info(str(dist_info))
+    assert dist is not None
+    assert (dist.name, dist.version, dist.key) == ("nvidia-nccl-cu13", "2.30.7", "nvidia-nccl-cu13")
+    assert dist.wheel_build == "3" and dist.installer == "pip"
+    lib = next(e for e in dist.record if e.path.endswith("libnccl.so.2"))
+    assert lib.path == str(site.root / "nvidia/nccl/lib/libnccl.so.2")
+    assert lib.size == 3 and lib.sha256 is not None and len(lib.sha256) == 64
+    assert [str(r) for r in dist.requirements] == ["packaging"]
+
+
+def test_owners_map_sees_twins(site: FakeSite) -> None:
+    site.add_dist("nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": b"thirteen"})
+    site.add_dist("nvidia-nccl-cu12", "2.27.5", {"nvidia/nccl/lib/libnccl.so.2": b"twelve"})
+    env = env_for(site)
+    owners = env.owners_of(str(site.root / "nvidia/nccl/lib/libnccl.so.2"))
+    assert sorted(owners) == ["nvidia-nccl-cu12", "nvidia-nccl-cu13"]
+
+
+def test_first_site_wins_and_second_copy_is_shadowed(tmp_path: Path) -> None:
+    user, venv = FakeSite(tmp_path / "user"), FakeSite(tmp_path / "venv")
+    user.add_dist("torch", "2.9.0")
+    venv.add_dist("torch", "2.13.0")
+    env = env_for(user, venv)
+    assert env.get("torch").version == "2.9.0"
+    assert [d.version for d in env.shadowed] == ["2.13.0"]
+
+
+def test_torch_version_py_without_import(site: FakeSite) -> None:
+    site.add_torch(version="2.11.0+cu130", cuda="13.0", git="70d99e998b4955e0049d13a98d77ae1b14db1f45")
+    build = read_torch_build(str(site.root / "torch"))
+    assert build is not None
+    assert (build.variant, build.local_tag, build.cuda_major) == ("cu13x", "cu130", 13)
+    assert build.git_version.startswith("70d99e99")
+    (site.root / "torch" / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    assert env_for(site).torch.version == "2.11.0+cu130"
+
+
+def test_probe_other_interpreter(tmp_path: Path) -> None:
+    site_dir = make_venv(tmp_path / "venv")
+    FakeSite(site_dir).add_torch(version="2.14.1", cuda="13.0")
+    info = probe_interpreter(str(tmp_path / "venv" / "bin" / "python"))
+    assert str(site_dir) in info.sys_path and info.is_venv
+    env = Environment.from_interpreter(info)
+    assert env.torch is not None and env.torch.variant == "cu13x"
+
+
+def test_cli_check_through_python_flag(tmp_path: Path, capsys) -> None:
+    site_dir = make_venv(tmp_path / "venv")
+    FakeSite(site_dir).add_torch(version="2.13.0+cpu")
+    code = run(["check", "--json", "--only", "torch", "--python", str(tmp_path / "venv" / "bin" / "python")])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    build = next(f for f in data["findings"] if f["id"] == "torch.build")
+    assert build["evidence"]["variant"] == "cpu"

@@ -1,0 +1,1 @@
+"""The DFlash drafter trainer: N target ranks + M drafter ranks under torchrun."""
