@@ -1,0 +1,36 @@
+"""What a target rank hands a drafter rank: one batch of captured context.
+
+This is the contract between `trainer/target.py` (producer), `trainer/transport.py` (the wire) and
+`trainer/drafter.py` (consumer). Shapes are static per run (sequences padded to `seq_len`), so
+nothing downstream recompiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CapturedBatch:
+    input_ids: torch.Tensor  # (B, S) int64: token ids, padded to the run's fixed length
+    loss_mask: torch.Tensor  # (B, S) bool: True where the token may be supervised (response tokens)
+    hidden: torch.Tensor  # (B, S, n_captured * H): the captured target layers, concatenated on features
+    index: int = 0  # global batch number (for the deterministic batch -> drafter assignment and resume)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> CapturedBatch:
+        return CapturedBatch(
+            self.input_ids.to(device, non_blocking=non_blocking),
+            self.loss_mask.to(device, non_blocking=non_blocking),
+            self.hidden.to(device, non_blocking=non_blocking),
+            self.index,
+        )
