@@ -1,0 +1,35 @@
+"""Where dflash-doctor keeps its own state: snapshots, run records, hash cache, the managed compile cache.
+
+One environment variable, `DFLASH_DOCTOR_HOME`, moves all of it (tests use it to stay hermetic);
+otherwise the platform's user cache and state folders are used (platformdirs).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+HOME_ENV = "DFLASH_DOCTOR_HOME"
+
+
+def _home() -> Path | None:
+    value = os.environ.get(HOME_ENV)
+    return Path(value).expanduser() if value else None
+
+
+def cache_root() -> Path:
+    """Re-creatable data: compile-cache snapshots, the managed compile cache, file-hash cache."""
+    home = _home()
+    return home / "cache" if home else Path(platformdirs.user_cache_dir("dflash-doctor"))
+
+
+def state_root() -> Path:
+    """Records worth keeping: run records."""
+    home = _home()
+    return home / "state" if home else Path(platformdirs.user_state_dir("dflash-doctor"))
+
+
+def runs_dir() -> Path:
+    return state_root() / "runs"
