@@ -1,0 +1,46 @@
+"""Write files so that a crash leaves the old content or the new, never a torn file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write to a temp file beside the target, fsync, rename over it, fsync the folder."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+    return target
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    return write_bytes_atomic(path, text.encode())
+
+
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
+    """Make a rename durable: fsync the folder that holds it (best effort where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
