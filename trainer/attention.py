@@ -1,0 +1,113 @@
+"""The DFlash attention mask and the two kernels that apply it.
+
+Queries are the N*B block tokens (anchor n, slot k at row n*B + k). Keys and values are laid out as
+[context S | blocks N*B]. Query row q of anchor block n (anchor position a_n) may see:
+  - context key j  iff  j < a_n            (strictly before the anchor: the anchor token is in the block)
+  - block key of its own block n            (all B slots, both ways: the drafter is non-causal)
+  - nothing else.
+An invalid (padding) anchor sees only its own block, so no softmax row is empty (no NaN).
+
+One predicate, `dflash_mask_mod`, defines the mask. The dense path evaluates it on broadcast index
+tensors (exact, used on CPU with SDPA); the flex path hands it to `create_block_mask`. Both are built
+from the same closure, so they cannot disagree.
+
+The compiled callables live at module level and are created once per process. They must be warmed in
+the main thread before any other thread exists (see REFERENCE.md section 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+class FlexNotCompiledError(RuntimeError):
+    """flex_attention was about to run outside torch.compile: the dense O(Q*KV) fall-back."""
+
+
+def dflash_mask_mod(anchors: Tensor, anchor_valid: Tensor, context_len: int, block_size: int) -> MaskMod:
+    """The mask predicate for one step's anchors.
+
+    `anchors` (B, N) int64 and `anchor_valid` (B, N) bool are captured as tensors: a new step with new
+    anchor values reuses the compiled block-mask builder. `create_block_mask` pads Q_LEN and KV_LEN to
+    its tile size (128), so `q_idx // block_size` can exceed N - 1: it is clamped before indexing, and the
+    padded rows/columns compare against block ids no real key has.
+    """
+    num_anchors = anchors.shape[-1]
+
+    def dflash_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        q_block = q_idx // block_size
+        q_block_safe = q_block.clamp(max=num_anchors - 1)
+        anchor = anchors[b, q_block_safe]
+        valid = anchor_valid[b, q_block_safe]
+        is_context = kv_idx < context_len
+        sees_context = is_context & (kv_idx < anchor) & valid
+        kv_block = (kv_idx - context_len) // block_size
+        sees_own_block = ~is_context & (kv_block == q_block)
+        return sees_context | sees_own_block
+
+    return dflash_mask
+
+
+def dense_mask(anchors: Tensor, anchor_valid: Tensor, context_len: int, block_size: int) -> Tensor:
+    """The mask as a boolean tensor (B, 1, N*B, S + N*B): True = may attend. Exact; O(Q*KV) memory."""
+    batch, num_anchors = anchors.shape
+    q_len = num_anchors * block_size
+    device = anchors.device
+    mask_mod = dflash_mask_mod(anchors, anchor_valid, context_len, block_size)
+    b = torch.arange(batch, device=device).view(batch, 1, 1)
+    q_idx = torch.arange(q_len, device=device).view(1, q_len, 1)
+    kv_idx = torch.arange(context_len + q_len, device=device).view(1, 1, -1)
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return mask_mod(b, zero, q_idx, kv_idx).unsqueeze(1)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Exact attention with a dense boolean mask. q (B, Hq, Q, D); k, v (B, Hkv, KV, D) -> (B, Hq, Q, D)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Compiled flex path (GPU training; CPU forward only: CPU flex has no backward).
+# ---------------------------------------------------------------------------------------------------
+
+
+def _refuse_uncompiled(what: str) -> None:
+    # Traced by Dynamo, `is_compiling()` is True and this branch vanishes from the graph. Run as plain
+    # Python it means Dynamo fell back to eager (recompile limit hit, nested FX trace, disabled compile):
+    # flex would then materialise the full score matrix and OOM at real sizes. Fail loudly instead.
+    if not torch.compiler.is_compiling():
+        raise FlexNotCompiledError(
+            f"{what} ran outside torch.compile (Dynamo fell back to eager: recompile limit hit, "
+            "error_on_nested_fx_trace=False, or compile disabled). The uncompiled path materialises the "
+            "full score matrix. Keep shapes static, set torch._dynamo.config.fail_on_recompile_limit_hit "
+            "= True, and warm up in the main thread before starting other threads."
+        )
+
+
+def dflash_flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """flex_attention with the DFlash block mask; only ever run through `compiled_flex_attention`."""
+    _refuse_uncompiled("flex_attention")
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def dflash_block_mask(
+    anchors: Tensor, anchor_valid: Tensor, context_len: int, block_size: int, q_len: int
+) -> BlockMask:
+    """The sparse block mask for one step; only ever run through `compiled_block_mask`."""
+    _refuse_uncompiled("create_block_mask")
+    mask_mod = dflash_mask_mod(anchors, anchor_valid, context_len, block_size)
+    batch = anchors.shape[0]
+    return create_block_mask(mask_mod, batch, None, q_len, context_len + q_len, device=anchors.device)
+
+
+# Compiled once per process, at import, with stable names; shapes are static per run (dynamic=False),
+# so a run compiles each exactly once (per device/shape) and a warm Inductor cache serves it.
+compiled_flex_attention = torch.compile(dflash_flex_attention, dynamic=False)
+compiled_block_mask = torch.compile(dflash_block_mask, dynamic=False)

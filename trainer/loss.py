@@ -1,0 +1,156 @@
+"""The DFlash training loss: decayed cross-entropy over block slots, computed in checkpointed chunks.
+
+Slot k of the block anchored at position a predicts the token AT a + k (same position, no shift: the
+slot's input is the mask token, its RoPE position is a + k). Slot 0 holds the real anchor token and is
+never supervised; a slot whose position is >= S or off the loss mask is dropped, and so is every slot
+of an invalid (padding) anchor. Weights decay with the slot: w_k = exp(-(k - 1) / gamma) for k >= 1,
+and loss = sum(w * CE) / sum(w).
+
+The LM head is the target's (frozen). Its logits for all N*B rows would be huge (512 anchors x 16 x
+151936 vocab = 1.25B values per sample), so head + CE run over row chunks under activation
+checkpointing: each chunk's logits live only inside its own forward and are recomputed in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+# The published defaults (DFlash recipe). Other block sizes interpolate linearly between these points
+# and extend the end segments' slopes beyond them (B/2 below 8; 7 + (B - 16)/3 above 16), floor 1.
+_PUBLISHED_GAMMA = ((8, 4.0), (10, 5.0), (16, 7.0))
+
+
+@dataclass
+class LossOutput:
+    loss: Tensor  # scalar: sum(w * CE) / sum(w)
+    correct: Tensor  # (block_size,) float: correct predictions per slot (slot 0 always 0)
+    counted: Tensor  # (block_size,) float: supervised predictions per slot
+    accept_len_sum: Tensor  # scalar: sum over valid anchors of (1 + leading correct slots)
+    anchors: Tensor  # scalar: number of valid anchors
+
+
+def default_gamma(block_size: int) -> float:
+    """Decay constant for a block size: 4 for 8, 5 for 10, 7 for 16; piecewise linear elsewhere."""
+    low, mid, high = _PUBLISHED_GAMMA
+    (x0, y0), (x1, y1) = (low, mid) if block_size <= mid[0] else (mid, high)
+    gamma = y0 + (y1 - y0) * (block_size - x0) / (x1 - x0)
+    return max(1.0, gamma)
+
+
+def slot_weights(block_size: int, gamma: float, device: torch.device | str | None = None) -> Tensor:
+    """(block_size,) float32: w_0 = 0 (the anchor slot), w_k = exp(-(k - 1) / gamma) for k >= 1."""
+    k = torch.arange(block_size, dtype=torch.float32, device=device)
+    weights = torch.exp(-(k - 1) / gamma)
+    weights[0] = 0.0
+    return weights
+
+
+def block_targets(
+    input_ids: Tensor, loss_mask: Tensor, anchors: Tensor, anchor_valid: Tensor, block_size: int
+) -> tuple[Tensor, Tensor]:
+    """Labels and supervision for every block slot.
+
+    Returns labels (B, N, block) int64 = input_ids[b, anchor + k] (0 where past the end) and supervised
+    (B, N, block) bool: slot k >= 1, position < S, on the loss mask, anchor valid.
+    """
+    seq_len = input_ids.shape[1]
+    offsets = torch.arange(block_size, device=anchors.device)
+    positions = anchors.unsqueeze(-1) + offsets  # (B, N, block)
+    in_range = positions < seq_len
+    safe = positions.clamp(max=seq_len - 1).flatten(1)  # (B, N*block)
+    labels = torch.gather(input_ids, 1, safe).view_as(positions)
+    on_mask = torch.gather(loss_mask.bool(), 1, safe).view_as(positions)
+    supervised = in_range & on_mask & anchor_valid.unsqueeze(-1) & (offsets > 0)
+    labels = torch.where(in_range, labels, torch.zeros_like(labels))
+    return labels, supervised
+
+
+def _head_and_ce(
+    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One chunk: weighted CE sum (fp32) and per-row top-1 correctness. hidden (R, H) -> logits (R, V)."""
+    if lm_head_weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        lm_head_weight = lm_head_weight.to(hidden.dtype)
+    logits = F.linear(hidden, lm_head_weight).float()
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    correct = logits.argmax(dim=-1) == labels
+    return (ce * weights).sum(), correct
+
+
+def chunked_weighted_ce(
+    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """sum(weights * CE(hidden @ W^T, labels)) over rows, and per-row correctness, chunk rows at a time.
+
+    hidden (R, H), labels (R,), weights (R,) float. Only one chunk's logits (chunk, V) exist at a time,
+    in forward and in backward.
+    """
+    total = hidden.new_zeros((), dtype=torch.float32)
+    correct = []
+    for start in range(0, hidden.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        part, part_correct = checkpoint(
+            _head_and_ce, hidden[rows], lm_head_weight, labels[rows], weights[rows], use_reentrant=False
+        )
+        total = total + part
+        correct.append(part_correct)
+    return total, torch.cat(correct)
+
+
+def dflash_loss(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    supervised: Tensor,
+    anchor_valid: Tensor,
+    gamma: float,
+    chunk: int,
+) -> LossOutput:
+    """The loss and its accuracy statistics from the drafter's final hidden states.
+
+    hidden (B, N, block, H) after the final norm; labels/supervised (B, N, block) from `block_targets`.
+    Slot 0 is sliced away before the LM head (it is never supervised): 1/block of the head's work saved.
+    """
+    batch, num_anchors, block_size, width = hidden.shape
+    weights = slot_weights(block_size, gamma, hidden.device)[1:] * supervised[..., 1:]  # (B, N, block-1)
+    rows = hidden[:, :, 1:, :].reshape(-1, width)  # (B*N*(block-1), H)
+    weighted_sum, correct_rows = chunked_weighted_ce(
+        rows, lm_head_weight, labels[..., 1:].reshape(-1), weights.reshape(-1), chunk
+    )
+    loss = weighted_sum / weights.sum().clamp(min=1e-12)
+
+    with torch.no_grad():
+        hit = correct_rows.view(batch, num_anchors, block_size - 1) & supervised[..., 1:]
+        zero = hit.new_zeros(()).float().view(1)
+        correct = torch.cat([zero, hit.float().sum(dim=(0, 1))])
+        counted = torch.cat([zero, supervised[..., 1:].float().sum(dim=(0, 1))])
+        leading = hit.long().cumprod(dim=-1).sum(dim=-1)  # (B, N): correct slots before the first miss
+        accept_len_sum = ((1 + leading) * anchor_valid).sum().float()
+        valid_anchors = anchor_valid.sum().float()
+    return LossOutput(loss, correct, counted, accept_len_sum, valid_anchors)
+
+
+def expected_acceptance_length(correct: Tensor, counted: Tensor) -> float:
+    """Acceptance length implied by per-slot accuracies: 1 + sum_k prod_{j<=k} acc_j (slots 1..B-1).
+
+    A cheaper, aggregate estimate than `LossOutput.accept_len_sum / anchors` (which counts leading
+    correct slots per anchor exactly); both are logged.
+    """
+    acc = (correct[1:] / counted[1:].clamp(min=1)).double()
+    return float(1 + torch.cumprod(acc, 0).sum()) if acc.numel() else 1.0
+
+
+__all__ = [
+    "LossOutput",
+    "block_targets",
+    "chunked_weighted_ce",
+    "default_gamma",
+    "dflash_loss",
+    "expected_acceptance_length",
+    "slot_weights",
+]
