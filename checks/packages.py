@@ -1,0 +1,226 @@
+"""Package-level audit: CUDA family of every CUDA package, requirements with extras, the triton pin.
+
+The seed's story: "cleaning up" CUDA 13 packages beside a CUDA torch broke cuDNN, cuSPARSELt and
+NCCL in turn, and `pip check` said nothing, because torch pulls the libraries in through
+`cuda-toolkit[cublas,...]` extras that it never evaluates. These checks read metadata only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from packaging.utils import canonicalize_name
+
+from dflash_doctor.context import CheckContext
+from dflash_doctor.cuda_family import TOOLKIT_NAME
+from dflash_doctor.findings import Finding, fail, ok, skip, warn
+from dflash_doctor.package_analyses import (
+    cuda_families,
+    record_audit,
+    requirement_graph,
+    torch_closure,
+    twin_remedy,
+)
+from dflash_doctor.pip_commands import pinned, pip_command
+from dflash_doctor.registry import check
+from dflash_doctor.requirement_graph import Problem, version_satisfies
+
+# Distributions that provide the `triton` package torch compiles with.
+TRITON_NAMES = frozenset(
+    {"triton", "pytorch-triton", "pytorch-triton-rocm", "triton-rocm", "pytorch-triton-xpu"}
+)
+
+
+def _is_runtime_package(key: str) -> bool:
+    """A library carrier (`nvidia-*`, `cuda-toolkit`) rather than something a person imports."""
+    return key.startswith("nvidia-") or key == TOOLKIT_NAME
+
+
+@check("packages.cuda_family", "CUDA family of nvidia-* / cuda-* packages")
+def cuda_family_check(ctx: CheckContext) -> Iterator[Finding]:
+    env, build = ctx.env, ctx.env.torch
+    families = cuda_families(ctx)
+    listing = {key: str(family) for key, family in sorted(families.items())}
+    if build is None:
+        yield skip("packages.cuda_family", "torch is not installed: no CUDA family to compare against")
+        return
+    graph = requirement_graph(ctx)
+    if build.cuda_major is None:
+        # A CPU (or ROCm) torch loads none of these; keep only what another installed package needs.
+        consumers = [key for key in env.distributions if key != "torch" and not _is_runtime_package(key)]
+        needed = graph.closure(*consumers)
+        dead = sorted(key for key in families if _is_runtime_package(key) and key not in needed)
+        if dead:
+            yield warn(
+                "packages.cuda_family.unused",
+                f"torch {build.version} is a {build.variant} build: {len(dead)} CUDA package(s) nothing uses",
+                remedy=pip_command(env, "uninstall", *(env.distributions[k].name for k in dead)),
+                torch=build.version,
+                unused={key: listing[key] for key in dead},
+            )
+        else:
+            yield ok(
+                "packages.cuda_family",
+                f"torch {build.version} is a {build.variant} build; no unused CUDA packages",
+                packages=listing,
+            )
+        return
+
+    closure = torch_closure(ctx)
+    foreign = {key: fam for key, fam in families.items() if fam.major != build.cuda_major}
+    colliding = {key: record_audit(ctx).twins_of(key) & closure for key in foreign}
+    for key, victims in sorted(colliding.items()):
+        if not victims:
+            continue
+        wanted = sorted(victims)
+        yield fail(
+            "packages.cuda_family.collision",
+            f"{key} (CUDA {foreign[key].major}) installs the same files as {', '.join(wanted)}, "
+            f"which torch {build.version} (CUDA {build.cuda_major}) needs",
+            remedy=twin_remedy(ctx, [key], wanted),
+            package=key,
+            family=str(foreign[key]),
+            collides_with=wanted,
+            see="ownership.twins",
+        )
+    stray = {key: fam for key, fam in foreign.items() if not colliding[key]}
+    if stray:
+        unrequired = sorted(key for key in stray if not graph.required_by(key))
+        yield warn(
+            "packages.cuda_family.mismatch",
+            f"{len(stray)} package(s) of another CUDA family beside torch {build.version} "
+            f"(CUDA {build.cuda_major}): two CUDA runtimes in one process",
+            remedy=pip_command(env, "uninstall", *(env.distributions[k].name for k in unrequired))
+            if unrequired
+            else None,
+            torch_cuda=build.cuda,
+            packages={key: str(fam) for key, fam in sorted(stray.items())},
+            required_by={key: sorted(graph.required_by(key)) for key in sorted(stray)},
+        )
+    if not foreign:
+        yield ok(
+            "packages.cuda_family",
+            f"{len(families)} CUDA package(s) all CUDA {build.cuda_major}, like torch {build.version}",
+            packages=listing,
+        )
+
+
+@check("packages.requirements", "requirements of torch and every package, extras included")
+def requirements_check(ctx: CheckContext) -> Iterator[Finding]:
+    env = ctx.env
+    graph = requirement_graph(ctx)
+    closure = torch_closure(ctx)
+    grouped: dict[tuple[str, str], list[Problem]] = {}
+    for problem in graph.problems:
+        edge = problem.edge
+        if edge.requester == "torch" and edge.target in TRITON_NAMES:
+            continue  # packages.triton owns that verdict
+        grouped.setdefault((edge.requester, edge.target), []).append(problem)
+
+    for (requester, target), problems in sorted(grouped.items()):
+        first = problems[0]
+        requirement = first.edge.requirement
+        via = sorted({p.edge.requested_as for p in problems})
+        hidden = all(p.edge.through_extra for p in problems)
+        found = f"{target} {first.installed} is installed" if first.installed else f"{target} is missing"
+        summary = f"{found}; {' and '.join(via)} needs {requirement.name}{requirement.specifier}"
+        if hidden:
+            summary += " (pip check misses this: it sits behind an extra)"
+        spec = pinned(requirement.name, requirement, first.installed)
+        facts = {
+            "requirement": str(requirement),
+            "needed_by": via,
+            "installed": first.installed or "missing",
+            "behind_extra": hidden,
+        }
+        if requester in closure:
+            yield fail(
+                "packages.requirements.torch",
+                summary,
+                remedy=pip_command(env, "install", spec),
+                **facts,
+                torch_chain=_chain(ctx, requester),
+            )
+        else:
+            yield warn(
+                "packages.requirements.other", summary, remedy=pip_command(env, "install", spec), **facts
+            )
+
+    if not grouped:
+        behind = [e for e in graph.edges if e.through_extra]
+        extras = {key: sorted(names) for key, names in sorted(graph.extras.items()) if names}
+        yield ok(
+            "packages.requirements",
+            f"{len(graph.edges)} requirements of {len(env.distributions)} distributions satisfied, "
+            f"{len(behind)} of them behind extras that pip check skips",
+            extras_followed=extras,
+            behind_extras=sorted(
+                {f"{e.requested_as} -> {e.requirement.name}{e.requirement.specifier}" for e in behind}
+            ),
+        )
+
+
+@check("packages.triton", "triton matches torch's pin")
+def triton_check(ctx: CheckContext) -> Iterator[Finding]:
+    env, build = ctx.env, ctx.env.torch
+    if build is None or env.torch_dist is None:
+        yield skip("packages.triton", "torch (with its metadata) is not installed")
+        return
+    graph = requirement_graph(ctx)
+    pins = [e.requirement for e in graph.edges if e.requester == "torch" and e.target in TRITON_NAMES]
+    if not pins:
+        yield ok(
+            "packages.triton", f"torch {build.version} does not require triton here ({build.variant} build)"
+        )
+        return
+    requirement = pins[0]
+    key = canonicalize_name(requirement.name)
+    installed = env.get(key)
+    spec = pinned(requirement.name, requirement)
+    if installed is None:
+        yield fail(
+            "packages.triton.missing",
+            f"torch {build.version} needs {requirement.name}{requirement.specifier}; it is not installed "
+            "(torch.compile and flex_attention cannot build kernels)",
+            remedy=pip_command(env, "install", spec),
+            requirement=str(requirement),
+        )
+        return
+    if not version_satisfies(installed.version, requirement):
+        yield fail(
+            "packages.triton.version",
+            f"{installed.name} {installed.version} is installed; torch {build.version} needs "
+            f"{requirement.name}{requirement.specifier}",
+            remedy=pip_command(env, "install", "--force-reinstall", spec),
+            requirement=str(requirement),
+            installed=installed.version,
+            dist_info=installed.dist_info,
+        )
+        return
+    yield ok(
+        "packages.triton",
+        f"{installed.name} {installed.version} matches torch's pin {requirement.specifier}",
+        requirement=str(requirement),
+        dist_info=installed.dist_info,
+    )
+
+
+def _chain(ctx: CheckContext, requester: str) -> str:
+    """`torch -> cuda-toolkit`: how torch comes to need the requester (shortest path)."""
+    graph = requirement_graph(ctx)
+    parents: dict[str, str] = {}
+    frontier = ["torch"]
+    seen = {"torch"}
+    while frontier and requester not in seen:
+        nxt = []
+        for node in frontier:
+            for edge in graph.edges:
+                if edge.requester == node and edge.target not in seen:
+                    seen.add(edge.target)
+                    parents[edge.target] = node
+                    nxt.append(edge.target)
+        frontier = nxt
+    path = [requester]
+    while path[-1] in parents:
+        path.append(parents[path[-1]])
+    return " -> ".join(reversed(path))

@@ -1,0 +1,128 @@
+"""The package-level analyses several checks share, computed once per run through `ctx.shared`.
+
+`packages.*` and `ownership.*` both need the requirement graph (who needs what, with which pin) and
+the RECORD audit (who claims which file, what is gone or changed); this module is the one place that
+builds them, so a `check` run reads every RECORD and hashes every file at most once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from dflash_doctor.context import CheckContext
+from dflash_doctor.cuda_family import TOOLKIT_NAME, CudaFamily, cuda_family, is_cuda_flavoured, toolkit_pins
+from dflash_doctor.distributions import Distribution
+from dflash_doctor.file_hashes import HashCache
+from dflash_doctor.pip_commands import pinned, pip_command
+from dflash_doctor.record_audit import RecordAudit, audit_records, audited_rows, is_preloaded_cuda_library
+from dflash_doctor.requirement_graph import RequirementGraph, build_requirement_graph, marker_environment
+
+
+def requirement_graph(ctx: CheckContext) -> RequirementGraph:
+    env = ctx.env
+    return ctx.shared(
+        "packages.requirement_graph",
+        lambda: build_requirement_graph(env.distributions, marker_environment(env.interpreter)),
+    )
+
+
+def torch_closure(ctx: CheckContext) -> set[str]:
+    """torch and everything it needs (through extras), by distribution key; empty without torch."""
+    if ctx.env.torch_dist is None:
+        return set()
+    return requirement_graph(ctx).closure("torch")
+
+
+def cuda_families(ctx: CheckContext) -> dict[str, CudaFamily]:
+    """Distribution key -> its CUDA family, for every distribution that has one."""
+
+    def build() -> dict[str, CudaFamily]:
+        pins: dict[str, int] = {}
+        toolkit = ctx.env.get(TOOLKIT_NAME)
+        if toolkit is not None:
+            pins = toolkit_pins(toolkit.version, toolkit.requires)
+        found = {}
+        for key, dist in ctx.env.distributions.items():
+            paths = _relative_paths(dist) if is_cuda_flavoured(dist.name) else []
+            family = cuda_family(dist.name, dist.version, paths, pins)
+            if family is not None:
+                found[key] = family
+        return found
+
+    return ctx.shared("packages.cuda_families", build)
+
+
+def record_audit(ctx: CheckContext) -> RecordAudit:
+    """The RECORD audit, with its hash cache saved afterwards."""
+
+    def build() -> RecordAudit:
+        cache = HashCache.load()
+        audit = audit_records(ctx.env.distributions, cache, libraries_worth_hashing(ctx))
+        cache.save()
+        return audit
+
+    return ctx.shared("ownership.record_audit", build)
+
+
+def libraries_worth_hashing(ctx: CheckContext) -> set[str]:
+    """What torch preloads from `nvidia/*/lib`, plus whatever the library report says the loader resolves."""
+    closure = torch_closure(ctx)
+    preloaded = {
+        entry.path
+        for key in closure
+        if (dist := ctx.env.distributions.get(key)) is not None
+        for entry in audited_rows(dist)
+        if is_preloaded_cuda_library(entry.path)
+    }
+    return preloaded | _resolved_library_paths(ctx)
+
+
+def _resolved_library_paths(ctx: CheckContext) -> set[str]:
+    """Paths from `dflash_doctor.loader.library_report(ctx).by_soname`, when that module is there.
+
+    It belongs to the library-resolution checks; we only read it and never fail because of it.
+    """
+    try:
+        from dflash_doctor import loader  # type: ignore[attr-defined]
+    except ImportError:
+        return set()
+    try:
+        by_soname = loader.library_report(ctx).by_soname
+        values: Iterable[object] = by_soname.values()
+        paths = set()
+        for value in values:
+            candidate = value if isinstance(value, str | os.PathLike) else getattr(value, "path", None)
+            if isinstance(candidate, str | os.PathLike):
+                paths.add(os.path.normpath(os.fspath(candidate)))
+        return paths
+    except Exception:  # their bug must not take our check down; we fall back to the preload list
+        return set()
+
+
+def _relative_paths(dist: Distribution) -> list[str]:
+    prefix = dist.site_dir.rstrip(os.sep) + os.sep
+    return [e.path[len(prefix) :] if e.path.startswith(prefix) else e.path for e in dist.record]
+
+
+def wanted_pin(ctx: CheckContext, key: str) -> str:
+    """`nvidia-nccl-cu13==2.30.7`: the version torch's tree pins, else the installed one."""
+    graph, closure = requirement_graph(ctx), torch_closure(ctx)
+    dist = ctx.env.get(key)
+    name = dist.name if dist is not None else key
+    for requester in sorted(graph.required_by(key) & closure):
+        requirement = graph.requirement_on(requester, key)
+        if requirement is not None and requirement.specifier:
+            return pinned(name, requirement, dist.version if dist else None)
+    return pinned(name, None, dist.version if dist else None)
+
+
+def twin_remedy(ctx: CheckContext, strays: list[str], wanted: list[str]) -> str:
+    """`pip uninstall <stray> && pip install --force-reinstall <wanted>==<pin torch needs>`.
+
+    `--force-reinstall` because pip otherwise answers "already installed" while the files are gone.
+    """
+    names = [ctx.env.distributions[k].name if k in ctx.env.distributions else k for k in strays]
+    pins = [wanted_pin(ctx, k) for k in wanted]
+    uninstall = pip_command(ctx.env, "uninstall", *names)
+    return f"{uninstall} && {pip_command(ctx.env, 'install', '--force-reinstall', *pins)}"
