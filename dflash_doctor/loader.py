@@ -23,7 +23,8 @@ import fnmatch
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -259,8 +260,10 @@ class _Process:
         if known is not None:
             self.record(requester, info.name, known.path, "loaded")
             return []
-        self.record(requester, info.name, path, "preload")
-        return self._map_dependencies(self._register(path, info, None))
+        with self._undone_on_failure() as misses:
+            self.record(requester, info.name, path, "preload")
+            misses += self._map_dependencies(self._register(path, info, None))
+        return misses
 
     def dlopen_name(self, name: str, caller: _Loaded | None, requester: str) -> list[Resolution]:
         """dlopen of a bare soname from `caller` (its RPATH applies as for NEEDED)."""
@@ -269,12 +272,29 @@ class _Process:
             self.record(requester, name, known.path, "loaded")
             return []
         path, via, searched = self.search(name, caller)
-        res = self.record(requester, name, path, via, searched)
-        if path is None:
-            return [res]
-        info = self.elf(path)
-        assert info is not None  # search only returns usable ELF files
-        return self._map_dependencies(self._register(path, info, caller))
+        with self._undone_on_failure() as misses:
+            res = self.record(requester, name, path, via, searched)
+            if path is None:
+                misses.append(res)
+            else:
+                info = self.elf(path)
+                assert info is not None  # search only returns usable ELF files
+                misses += self._map_dependencies(self._register(path, info, caller))
+        return misses
+
+    @contextmanager
+    def _undone_on_failure(self) -> Iterator[list[Resolution]]:
+        """A dlopen that misses a dependency unmaps everything it mapped (glibc rolls it back).
+
+        The lookups stay recorded as evidence; only the process state is restored.
+        """
+        names, reals, sonames = set(self.by_name), set(self.by_real), set(self.by_soname)
+        misses: list[Resolution] = []
+        yield misses
+        if misses:
+            for table, before in ((self.by_name, names), (self.by_real, reals), (self.by_soname, sonames)):
+                for key in set(table) - before:
+                    del table[key]
 
     def _map_dependencies(self, root: _Loaded) -> list[Resolution]:
         """Breadth-first over NEEDED, as `_dl_map_object_deps` does; returns the misses."""
@@ -404,27 +424,30 @@ def simulate_import(
             if misses and report.import_error is None:
                 report.import_error = _import_error(misses[0])
 
-    # 3. Libraries torch dlopens on first use (cuSOLVER linalg, NVRTC): those that need CUDA libs.
+    if report.import_error is None:
+        _after_import(env, report, proc, lib_dir, scan_extensions)
+    report.resolutions = proc.resolutions
+    report.by_soname = proc.by_soname
+    return report
+
+
+def _after_import(env: Environment, report: LibraryReport, proc: _Process, lib_dir: str, scan: bool) -> None:
+    """What a process that imported torch loads later (skipped when the import itself fails)."""
+    # Libraries torch dlopens on first use (cuSOLVER linalg, NVRTC): those that need CUDA libs.
     proc.stage = "lazy"
-    caller = proc.find("libtorch_cuda.so") or proc.find("libtorch_cpu.so")
     for path in _shared_objects_in(lib_dir):
         info = proc.elf(path)
         if info is None or info.name in proc.by_name:
             continue
         if any(is_cuda_soname(n) for n in info.needed):
-            proc.dlopen_name(info.name, caller, "torch (dlopen on first use)")
-
-    # 4. Extension libraries of other packages that link CUDA libraries.
-    if scan_extensions:
+            proc.dlopen_path(path, "torch (dlopen on first use)")
+    # Extension libraries of other packages that link CUDA libraries.
+    if scan:
         proc.stage = "extension"
         for path in cuda_extension_libraries(env, proc.elf):
             report.extensions.append(path)
             if proc.present(path):
                 proc.dlopen_path(path, f"import of {os.path.basename(path)}")
-
-    report.resolutions = proc.resolutions
-    report.by_soname = proc.by_soname
-    return report
 
 
 def _shared_objects_in(folder: str) -> list[str]:

@@ -64,7 +64,7 @@ DOCUMENTED_PLAN = PreloadPlan(DOCUMENTED_LIBS, (("nvtx", "libnvToolsExt.so.*[0-9
 
 
 def _function_source(text: str, name: str) -> str | None:
-    match = re.search(rf"^def {name}\(.*?(?=^\S)", text, re.S | re.M)
+    match = re.search(rf"^def {name}\(.*?(?=^\S|\Z)", text, re.S | re.M)
     return match.group(0) if match else None
 
 
