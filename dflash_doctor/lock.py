@@ -1,0 +1,264 @@
+"""The known-good environment, recorded: what `dflash-doctor lock` writes and `check --lock` compares.
+
+"The same torch version" is not the same build: the lock keeps what tells builds apart (git commit,
+WHEEL build tag, the sha256 of RECORD and of every library torch resolves to), so a later `diff`
+can say exactly what changed. The file is JSON with sorted keys (readable, diffable), written atomically.
+
+`build_lock` is pure (facts in, lock out); `capture_lock` gathers the facts; `read_lock`/`write_lock`
+do the file I/O. Environment variables are this process's: with `--python` the audited interpreter
+runs as our child and inherits them, so they are the ones it will see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor import __version__
+from dflash_doctor.atomic import write_json_atomic
+from dflash_doctor.environment import Environment
+from dflash_doctor.errors import DoctorError
+from dflash_doctor.gpus import GpuInventory
+
+LOCK_SCHEMA = "dflash-doctor/lock/v1"
+DEFAULT_LOCK_NAME = "dflash.lock"
+
+ENV_PREFIXES = ("TORCH", "TRITON", "NCCL", "CUDA", "LD_")  # TORCH also covers TORCHINDUCTOR*, TORCHDYNAMO*
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
+NOT_SECRET = frozenset({"TORCH_COMPILE_CACHE_KEY_TAG"})  # a cache salt, and drift in it matters
+REDACTED = "<redacted>"
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+LIBRARIES_UNAVAILABLE = "static library model unavailable"
+
+
+@dataclass
+class EnvironmentLock:
+    """One environment's identity. Every section is plain JSON; `created` is never compared."""
+
+    python: dict[str, Any]
+    distributions: dict[str, dict[str, Any]]
+    torch: dict[str, Any] | None
+    triton: dict[str, Any] | None
+    libraries: dict[str, dict[str, Any]] | None  # soname -> {path, sha256, owners}; None: not modelled
+    libraries_note: str | None
+    driver: dict[str, Any] | None
+    gpus: list[dict[str, Any]]
+    environment: dict[str, str]
+    runtime: dict[str, Any] = field(default_factory=dict)  # from `lock --deep`: context overhead, versions
+    created: str = ""
+    tool: str = __version__
+    schema: str = LOCK_SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "tool": self.tool,
+            "created": self.created,
+            "python": self.python,
+            "distributions": self.distributions,
+            "torch": self.torch,
+            "triton": self.triton,
+            "libraries": self.libraries,
+            "libraries_note": self.libraries_note,
+            "driver": self.driver,
+            "gpus": self.gpus,
+            "environment": self.environment,
+            "runtime": self.runtime,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnvironmentLock:
+        if data.get("schema") != LOCK_SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, expected {LOCK_SCHEMA!r}")
+        return cls(
+            python=dict(data["python"]),
+            distributions=dict(data["distributions"]),
+            torch=data.get("torch"),
+            triton=data.get("triton"),
+            libraries=data.get("libraries"),
+            libraries_note=data.get("libraries_note"),
+            driver=data.get("driver"),
+            gpus=list(data.get("gpus") or []),
+            environment=dict(data.get("environment") or {}),
+            runtime=dict(data.get("runtime") or {}),
+            created=str(data.get("created", "")),
+            tool=str(data.get("tool", "")),
+        )
+
+
+# --- redaction -----------------------------------------------------------------------------------
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return upper not in NOT_SECRET and any(word in upper for word in SECRET_WORDS)
+
+
+def redact_value(value: str) -> str:
+    """Drop userinfo from URLs (`redis://user:pw@host` -> `redis://<redacted>@host`)."""
+    return _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", value)
+
+
+def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """TORCH*, TORCHINDUCTOR*, TRITON*, NCCL*, CUDA*, LD_* variables, secrets redacted."""
+    picked = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIXES):
+            continue
+        picked[name] = REDACTED if is_secret_name(name) else redact_value(value)
+    return dict(sorted(picked.items()))
+
+
+# --- building the lock ---------------------------------------------------------------------------
+
+
+def sha256_file(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def distribution_rows(env: Environment) -> dict[str, dict[str, Any]]:
+    rows = {}
+    for key, dist in sorted(env.distributions.items()):
+        rows[key] = {
+            "name": dist.name,
+            "version": dist.version,
+            "wheel_tags": list(dist.wheel_tags),
+            "wheel_build": dist.wheel_build,
+            "installer": dist.installer,
+            "record_sha256": sha256_file(os.path.join(dist.dist_info, "RECORD")),
+        }
+    return rows
+
+
+def build_lock(
+    env: Environment,
+    libraries: dict[str, dict[str, Any]] | None,
+    gpus: GpuInventory | None,
+    environ: Mapping[str, str],
+    libraries_note: str | None = None,
+    runtime: dict[str, Any] | None = None,
+    created: str | None = None,
+) -> EnvironmentLock:
+    """Pure apart from reading dist-info RECORDs: the lock for these facts."""
+    interp = env.interpreter
+    build = env.torch
+    torch = None
+    if build is not None:
+        torch = {
+            "version": build.version,
+            "local_tag": build.local_tag,
+            "git_version": build.git_version,
+            "cuda": build.cuda,
+            "hip": build.hip,
+        }
+    triton_dist = env.get("triton")
+    triton = {"version": triton_dist.version} if triton_dist is not None else None
+    driver = None
+    gpu_rows: list[dict[str, Any]] = []
+    if gpus is not None:
+        driver = {"version": gpus.driver_version, "cuda": gpus.cuda_driver}
+        gpu_rows = [
+            {"index": d.index, "name": d.name, "capability": list(d.capability), "total_bytes": d.total_bytes}
+            for d in gpus.devices
+        ]
+    return EnvironmentLock(
+        python={
+            "version": interp.version,
+            "implementation": interp.implementation,
+            "machine": interp.machine,
+            "executable": interp.executable,
+        },
+        distributions=distribution_rows(env),
+        torch=torch,
+        triton=triton,
+        libraries=libraries,
+        libraries_note=libraries_note,
+        driver=driver,
+        gpus=gpu_rows,
+        environment=relevant_environment(environ),
+        runtime=runtime or {},
+        created=created if created is not None else datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def hash_libraries(
+    by_soname: Mapping[str, Any], owners_of: Callable[[str], list[str]], digest: Callable[[str], str | None]
+) -> dict[str, dict[str, Any]]:
+    """soname -> {path, sha256, owners} for every library the static model resolved to a file."""
+    rows = {}
+    for soname, resolution in sorted(by_soname.items()):
+        path = getattr(resolution, "path", None)
+        if not path:
+            rows[soname] = {"path": None, "sha256": None, "owners": []}
+            continue
+        real = os.path.realpath(path)
+        rows[soname] = {"path": real, "sha256": digest(real), "owners": sorted(owners_of(path))}
+    return rows
+
+
+def _digest_function() -> tuple[Callable[[str], str | None], Callable[[], None]]:
+    """The shared hash cache when it exists (a warm run only stats files), else hash directly."""
+    try:
+        from dflash_doctor.file_hashes import HashCache
+    except ImportError:
+        return sha256_file, lambda: None
+    cache = HashCache.load()
+    return cache.digest, cache.save
+
+
+def library_hashes(ctx: Any) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
+    """(rows, None) from the static library model, or (None, reason) when it is not available."""
+    try:
+        from dflash_doctor.loader import library_report
+    except ImportError:
+        return None, LIBRARIES_UNAVAILABLE
+    report = library_report(ctx)
+    digest, save = _digest_function()
+    rows = hash_libraries(report.by_soname, ctx.env.owners_of, digest)
+    with contextlib.suppress(OSError):
+        save()
+    return rows, None
+
+
+def capture_lock(ctx: Any, runtime: dict[str, Any] | None = None) -> EnvironmentLock:
+    """The lock of the environment a check context audits (memoise with ctx.shared("lock.current"))."""
+    from dflash_doctor.gpus import query_gpus
+
+    libraries, note = library_hashes(ctx)
+    return build_lock(ctx.env, libraries, query_gpus(), os.environ, note, runtime)
+
+
+# --- file I/O ------------------------------------------------------------------------------------
+
+
+def write_lock(lock: EnvironmentLock, path: str | os.PathLike[str]) -> Path:
+    return write_json_atomic(path, lock.to_json())
+
+
+def read_lock(path: str | os.PathLike[str]) -> EnvironmentLock:
+    """Raises DoctorError (exit 2) with what to do when the file is missing, not JSON, or not a lock."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DoctorError(
+            f"lock {path}: cannot read it ({exc.strerror})", hint="create one with `dflash-doctor lock`"
+        ) from exc
+    try:
+        return EnvironmentLock.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DoctorError(
+            f"lock {path}: not a dflash-doctor lock ({exc})", hint="re-create it with `dflash-doctor lock`"
+        ) from exc
