@@ -1,0 +1,444 @@
+"""The deep probe: runs INSIDE the audited interpreter, prints one JSON document on stdout.
+
+Stdlib + torch only (the audited environment has no dflash_doctor), runnable as a plain script:
+
+    /path/to/venv/bin/python probe_child.py [--no-flex] [--no-cuda] [--inductor-cache DIR]
+
+Only the running process knows the truth: `torch.cuda.nccl.version()` is the compile-time NCCL, while
+the library really mapped may be another (REFERENCE.md section 1). So this imports torch, initialises
+CUDA, touches cuBLAS, cuDNN and NCCL, reads /proc/self/maps, asks the loaded libraries their versions
+through ctypes, measures the CUDA context overhead, and proves compiled flex_attention runs.
+Every step records its own error; one failing step never hides the others.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+PROBE_SCHEMA = "dflash-doctor/probe/v1"
+MIB = float(1 << 20)
+DENSE_WARNINGS = ("materializes the full scores matrix", "without torch.compile")
+
+# --- pure helpers (unit-tested without torch) --------------------------------------------------------
+
+
+def parse_maps(text: str) -> list[str]:
+    """Every mapped shared object in a /proc/<pid>/maps text, deduplicated, in first-mapped order."""
+    seen: dict[str, None] = {}
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].strip()
+        if path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        if not path.startswith("/"):
+            continue
+        name = os.path.basename(path)
+        if ".so" not in name:
+            continue
+        seen.setdefault(path, None)
+    return list(seen)
+
+
+def library_family(path: str) -> str:
+    """`/x/libnccl.so.2.28.9` -> `libnccl`: two loaded files of one family are two copies of a library."""
+    return os.path.basename(path).split(".so", 1)[0]
+
+
+def version_int_to_tuple(value: int, family: str) -> list[int]:
+    """Decode the integers the libraries return (cuDNN 9: 91900, NCCL: 22809, CUDA: 13000)."""
+    if family == "cudart" or family == "cuda":
+        return [value // 1000, (value % 1000) // 10]
+    if family == "nccl" and value < 10000:  # NCCL < 2.9 encoded major*1000 + minor*100 + patch
+        return [value // 1000, (value % 1000) // 100, value % 100]
+    return [value // 10000, (value % 10000) // 100, value % 100]
+
+
+def dflash_mask_reference(
+    anchors: list[int], block: int, context: int, q_len: int, kv_len: int
+) -> list[list[bool]]:
+    """The DFlash mask as a dense list: context strictly before the anchor, own block both ways."""
+    rows = []
+    for q in range(q_len):
+        b = q // block
+        anchor = anchors[b]
+        row = []
+        for kv in range(kv_len):
+            if kv < context:
+                row.append(kv < anchor)
+            else:
+                row.append((kv - context) // block == b)
+        rows.append(row)
+    return rows
+
+
+# --- the probe steps ---------------------------------------------------------------------------------
+
+
+def _step_error(exc: BaseException) -> dict[str, object]:
+    return {"error_type": type(exc).__name__, "message": str(exc).strip()[:2000]}
+
+
+def read_loaded() -> list[str]:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            return parse_maps(handle.read())
+    except OSError:
+        return []
+
+
+# (family, file-name prefix, how to ask the loaded copy its version)
+VERSION_QUERIES = [
+    ("cudart", "libcudart.so", "cudaRuntimeGetVersion"),
+    ("cuda", "libcuda.so", "cuDriverGetVersion"),
+    ("cudnn", "libcudnn.so", "cudnnGetVersion"),
+    ("nccl", "libnccl.so", "ncclGetVersion"),
+    ("cublas", "libcublas.so", "cublasGetProperty"),
+]
+
+
+def loaded_versions(loaded: list[str]) -> dict[str, dict[str, object]]:
+    """Ask each already-loaded library its version through its own handle (RTLD_NOLOAD: never load a new copy)."""
+    found: dict[str, dict[str, object]] = {}
+    for family, prefix, func in VERSION_QUERIES:
+        for path in loaded:
+            if not os.path.basename(path).startswith(prefix):
+                continue
+            entry: dict[str, object] = {"path": path, "function": func}
+            try:
+                handle = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+                entry["version"] = _ask_version(handle, func)
+                entry["parsed"] = (
+                    entry["version"]
+                    if isinstance(entry["version"], list)
+                    else version_int_to_tuple(int(entry["version"]), family)  # type: ignore[arg-type]
+                )
+            except (OSError, AttributeError, ValueError) as exc:
+                entry.update(_step_error(exc))
+            found.setdefault(family, entry)
+    return found
+
+
+def _ask_version(handle: ctypes.CDLL, func: str) -> object:
+    if func == "cudnnGetVersion":
+        fn = handle.cudnnGetVersion
+        fn.restype = ctypes.c_size_t
+        return int(fn())
+    if func == "cublasGetProperty":
+        parts = []
+        for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            status = handle.cublasGetProperty(prop, ctypes.byref(value))
+            if status != 0:
+                raise ValueError(f"cublasGetProperty returned {status}")
+            parts.append(value.value)
+        return parts
+    value = ctypes.c_int()
+    status = getattr(handle, func)(ctypes.byref(value))
+    if status != 0:
+        raise ValueError(f"{func} returned status {status}")
+    return int(value.value)
+
+
+class Nvml:
+    """Just enough NVML through ctypes to read device memory before CUDA exists in this process."""
+
+    class _Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2() != 0:
+            raise OSError("nvmlInit_v2 failed")
+
+    def used_bytes(self, index: int) -> int:
+        handle = ctypes.c_void_p()
+        if self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+            raise OSError(f"no NVML handle for device {index}")
+        memory = self._Memory()
+        if self.lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) != 0:
+            raise OSError(f"nvmlDeviceGetMemoryInfo failed for device {index}")
+        return int(memory.used)
+
+    def count(self) -> int:
+        value = ctypes.c_uint()
+        if self.lib.nvmlDeviceGetCount_v2(ctypes.byref(value)) != 0:
+            raise OSError("nvmlDeviceGetCount_v2 failed")
+        return int(value.value)
+
+
+def torch_facts(torch: object) -> dict[str, object]:
+    t = torch  # typed loosely: this file must not import anything but the stdlib at module level
+    facts: dict[str, object] = {
+        "version": t.__version__,  # type: ignore[attr-defined]
+        "git_version": getattr(t.version, "git_version", None),  # type: ignore[attr-defined]
+        "cuda": t.version.cuda,  # type: ignore[attr-defined]
+        "file": t.__file__,  # type: ignore[attr-defined]
+    }
+    try:
+        cudnn = t._C._cudnn  # type: ignore[attr-defined]
+        facts["cudnn_compiled"] = list(cudnn.getCompileVersion())
+        facts["cudnn_runtime_torch"] = list(cudnn.getRuntimeVersion())
+    except Exception as exc:
+        facts["cudnn_error"] = _step_error(exc)
+    try:
+        facts["nccl_compiled"] = list(t.cuda.nccl.version())[:3]  # type: ignore[attr-defined]
+    except Exception as exc:
+        facts["nccl_error"] = _step_error(exc)
+    return facts
+
+
+def cuda_steps(torch: object, nvml_used_before: dict[int, int] | None) -> dict[str, object]:
+    """Init every device, touch cuBLAS (matmul) and cuDNN (conv), measure the context overhead."""
+    t = torch
+    report: dict[str, object] = {"available": bool(t.cuda.is_available())}  # type: ignore[attr-defined]
+    if not report["available"]:
+        report["reason"] = _cuda_unavailable_reason(t)
+        return report
+    count = t.cuda.device_count()  # type: ignore[attr-defined]
+    report["device_count"] = count
+    report["arch_list"] = list(t.cuda.get_arch_list())  # type: ignore[attr-defined]
+    devices, overhead, touch = [], {}, {}
+    for index in range(count):
+        props = t.cuda.get_device_properties(index)  # type: ignore[attr-defined]
+        devices.append(
+            {
+                "index": index,
+                "name": props.name,
+                "capability": [props.major, props.minor],
+                "total": props.total_memory,
+            }
+        )
+        dev = f"cuda:{index}"
+        steps: dict[str, object] = {}
+        try:
+            a = t.randn(256, 256, device=dev)  # type: ignore[attr-defined]
+            (a @ a).sum().item()
+            steps["cublas"] = "ok"
+        except Exception as exc:
+            steps["cublas"] = _step_error(exc)
+        try:
+            x = t.randn(1, 3, 16, 16, device=dev)  # type: ignore[attr-defined]
+            w = t.randn(4, 3, 3, 3, device=dev)  # type: ignore[attr-defined]
+            t.nn.functional.conv2d(x, w).sum().item()  # type: ignore[attr-defined]
+            steps["cudnn"] = "ok"
+        except Exception as exc:
+            steps["cudnn"] = _step_error(exc)
+        t.cuda.synchronize(index)  # type: ignore[attr-defined]
+        touch[str(index)] = steps
+        free, _total = t.cuda.mem_get_info(index)  # type: ignore[attr-defined]
+        reserved = t.cuda.memory_reserved(index)  # type: ignore[attr-defined]
+        if nvml_used_before is not None and index in nvml_used_before:
+            used_after = props.total_memory - free
+            overhead[str(index)] = round((used_after - nvml_used_before[index] - reserved) / MIB, 1)
+    report.update(devices=devices, touch=touch)
+    report["context_overhead_mib"] = overhead
+    report["overhead_method"] = (
+        "NVML used memory before CUDA init vs torch.cuda.mem_get_info after init + cuBLAS + cuDNN, "
+        "minus torch's reserved memory (device-wide: other processes starting meanwhile add noise)"
+        if overhead
+        else "not measured: NVML (libnvidia-ml.so.1) not readable before init"
+    )
+    report["nccl"] = nccl_one_rank(t)
+    return report
+
+
+def _cuda_unavailable_reason(t: object) -> str:
+    if t.version.cuda is None:  # type: ignore[attr-defined]
+        return "torch is a CPU build"
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return f"no NVIDIA driver: {exc}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            count = t.cuda.device_count()  # type: ignore[attr-defined]
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+    said = "; ".join(str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip())
+    return said or f"no CUDA device visible (device_count={count})"
+
+
+def nccl_one_rank(t: object) -> dict[str, object]:
+    """A one-rank NCCL process group and an all_reduce: proves NCCL initialises and runs a kernel."""
+    try:
+        dist = t.distributed  # type: ignore[attr-defined]
+        if not dist.is_available() or not dist.is_nccl_available():
+            return {"status": "skipped", "reason": "torch.distributed has no NCCL backend"}
+        store = dist.HashStore()
+        start = time.perf_counter()
+        dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=t.device("cuda:0"))  # type: ignore[attr-defined]
+        try:
+            value = t.ones(4, device="cuda:0")  # type: ignore[attr-defined]
+            dist.all_reduce(value)
+            t.cuda.synchronize()  # type: ignore[attr-defined]
+        finally:
+            dist.destroy_process_group()
+        return {"status": "ok", "seconds": round(time.perf_counter() - start, 3)}
+    except Exception as exc:
+        return {"status": "error", **_step_error(exc)}
+
+
+def flex_proof(t: object, device: str) -> dict[str, object]:
+    """Compile flex_attention with a DFlash-like mask; prove the compiled path ran and matches dense."""
+    report: dict[str, object] = {"device": device}
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except Exception as exc:
+        return {"status": "skipped", "reason": f"flex_attention not importable: {exc}"}
+    from torch._dynamo.utils import counters
+
+    on_cuda = device.startswith("cuda")
+    heads, dim, block, n_anchors, context = (4, 64, 16, 64, 4096) if on_cuda else (2, 16, 16, 8, 256)
+    q_len, kv_len = n_anchors * block, context + n_anchors * block
+    gen = t.Generator().manual_seed(0)  # type: ignore[attr-defined]
+    anchors_list = sorted(
+        int(a)
+        for a in t.randperm(context - 1, generator=gen)[:n_anchors] + 1  # type: ignore[attr-defined]
+    )
+    anchors = t.tensor(anchors_list, device=device)  # type: ignore[attr-defined]
+
+    def dflash_mask(b, h, q_idx, kv_idx):
+        blk = q_idx // block
+        anchor = anchors[blk.clamp(max=n_anchors - 1)]
+        in_context = (kv_idx < context) & (kv_idx < anchor)
+        own_block = (kv_idx >= context) & ((kv_idx - context) // block == blk)
+        return in_context | own_block
+
+    report["shape"] = {"heads": heads, "head_dim": dim, "q_len": q_len, "kv_len": kv_len, "block": block}
+    counters.clear()
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            mask = create_block_mask(dflash_mask, B=None, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=device)
+            compiled = t.compile(flex_attention)  # type: ignore[attr-defined]
+            q, k, v = (
+                t.randn(1, heads, n, dim, device=device, requires_grad=on_cuda)  # type: ignore[attr-defined]
+                for n in (q_len, kv_len, kv_len)
+            )
+            if on_cuda:
+                t.cuda.synchronize()  # type: ignore[attr-defined]
+                t.cuda.reset_peak_memory_stats()  # type: ignore[attr-defined]
+                baseline = t.cuda.memory_allocated()  # type: ignore[attr-defined]
+            out = compiled(q, k, v, block_mask=mask)
+            if on_cuda:
+                grad_out = t.randn_like(out)  # type: ignore[attr-defined]
+                out.backward(grad_out)
+                t.cuda.synchronize()  # type: ignore[attr-defined]
+                peak = t.cuda.max_memory_allocated() - baseline  # type: ignore[attr-defined]
+                report["peak_extra_mib"] = round(peak / MIB, 2)
+        except Exception as exc:
+            report.update(
+                status="error", **_step_error(exc), traceback=traceback.format_exc().splitlines()[-8:]
+            )
+            return report
+    report["compile_seconds"] = round(time.perf_counter() - start, 3)
+    report["dense_score_matrix_mib"] = round(heads * q_len * kv_len * 4 / MIB, 2)
+    report["counters"] = {
+        "frames_ok": int(counters["frames"]["ok"]),
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+    }
+    report["dense_warnings"] = [
+        str(w.message)[:300] for w in caught if any(s in str(w.message) for s in DENSE_WARNINGS)
+    ]
+    # The dense reference: the same mask as a boolean matrix, exact SDPA math.
+    with t.no_grad():  # type: ignore[attr-defined]
+        dense_mask = t.tensor(  # type: ignore[attr-defined]
+            dflash_mask_reference(anchors_list, block, context, q_len, kv_len), device=device
+        )
+    qr, kr, vr = (x.detach().clone().requires_grad_(on_cuda) for x in (q, k, v))
+    scores = (qr @ kr.transpose(-2, -1)) / (dim**0.5)
+    ref = t.softmax(scores.masked_fill(~dense_mask, float("-inf")), dim=-1) @ vr  # type: ignore[attr-defined]
+    report["forward_max_abs_diff"] = float((out.detach() - ref.detach()).abs().max())
+    if on_cuda:
+        ref.backward(grad_out)
+        report["backward_max_abs_diff"] = max(
+            float((a.grad - b.grad).abs().max())  # type: ignore[union-attr]
+            for a, b in ((q, qr), (k, kr), (v, vr))
+        )
+    report["status"] = "ok"
+    return report
+
+
+def main(argv: list[str]) -> int:
+    want_flex = "--no-flex" not in argv
+    want_cuda = "--no-cuda" not in argv
+    if "--inductor-cache" in argv:
+        cache = argv[argv.index("--inductor-cache") + 1]
+    else:
+        cache = tempfile.mkdtemp(prefix="dflash-probe-inductor-")
+    if cache != "inherit":
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    report: dict[str, object] = {
+        "schema": PROBE_SCHEMA,
+        "python": sys.executable,
+        "python_version": ".".join(str(part) for part in sys.version_info[:3]),
+        "pid": os.getpid(),
+        "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
+    }
+    nvml_before: dict[int, int] | None = None
+    if want_cuda:
+        try:
+            nvml = Nvml()
+            nvml_before = {i: nvml.used_bytes(i) for i in range(nvml.count())}
+            report["nvml"] = "ok"
+        except (OSError, AttributeError) as exc:
+            report["nvml"] = _step_error(exc)
+    start = time.perf_counter()
+    try:
+        import torch
+    except BaseException as exc:  # ImportError, OSError, undefined symbol...: the message is the finding
+        report["import"] = {
+            "ok": False,
+            **_step_error(exc),
+            "traceback": traceback.format_exc().splitlines()[-6:],
+        }
+        report["libraries"] = {"loaded": read_loaded(), "versions": {}}
+        print(json.dumps(report))
+        return 0
+    report["import"] = {"ok": True, "seconds": round(time.perf_counter() - start, 3)}
+    report["torch"] = torch_facts(torch)
+    if want_cuda:
+        try:
+            report["cuda"] = cuda_steps(torch, nvml_before)
+        except Exception as exc:
+            report["cuda"] = {"available": False, "reason": "CUDA init failed", **_step_error(exc)}
+    else:
+        report["cuda"] = {"available": False, "reason": "skipped (--no-cuda)"}
+    loaded = read_loaded()
+    report["libraries"] = {"loaded": loaded, "versions": loaded_versions(loaded)}
+    if want_flex:
+        device = "cuda:0" if report["cuda"].get("available") else "cpu"  # type: ignore[union-attr]
+        try:
+            report["flex"] = flex_proof(torch, device)
+        except Exception as exc:
+            report["flex"] = {
+                "status": "error",
+                **_step_error(exc),
+                "traceback": traceback.format_exc().splitlines()[-8:],
+            }
+        report["libraries"]["loaded"] = read_loaded()  # type: ignore[index]
+    else:
+        report["flex"] = {"status": "skipped", "reason": "skipped (--no-flex)"}
+    report["seconds"] = round(time.perf_counter() - start, 3)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

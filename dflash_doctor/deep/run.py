@@ -1,0 +1,157 @@
+"""Run the deep probe in a child process of the audited interpreter and read its one JSON answer.
+
+The child (`probe_child.py`) is stdlib + torch only, so it runs in any environment, even one where
+dflash_doctor is not installed. It gets a timeout: a hung CUDA init must not hang `check`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHILD = Path(__file__).with_name("probe_child.py")
+DEFAULT_TIMEOUT_S = 300.0  # a cold CPU compile of flex takes ~30 s on 2 cores; CUDA init of 8 GPUs adds more
+TIMEOUT_ENV = "DFLASH_DOCTOR_DEEP_TIMEOUT"
+FLEX_ENV = "DFLASH_DOCTOR_DEEP_FLEX"  # "0": skip the flex proof (the slow part on CPU)
+CACHE_ENV = "DFLASH_DOCTOR_DEEP_INDUCTOR_CACHE"  # a folder, or "inherit"; default: a fresh temp folder
+
+
+@dataclass
+class ProbeReport:
+    """The child's JSON (`raw`), or why there is none (`error`, with the child's stderr tail)."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    stderr_tail: list[str] = field(default_factory=list)
+    seconds: float | None = None
+
+    @property
+    def ran(self) -> bool:
+        return self.error is None
+
+    @property
+    def import_ok(self) -> bool:
+        return bool(self.raw.get("import", {}).get("ok"))
+
+    @property
+    def import_error(self) -> dict[str, Any]:
+        return dict(self.raw.get("import") or {})
+
+    @property
+    def torch(self) -> dict[str, Any]:
+        return dict(self.raw.get("torch") or {})
+
+    @property
+    def cuda(self) -> dict[str, Any]:
+        return dict(self.raw.get("cuda") or {})
+
+    @property
+    def loaded(self) -> list[str]:
+        return list((self.raw.get("libraries") or {}).get("loaded") or [])
+
+    @property
+    def versions(self) -> dict[str, dict[str, Any]]:
+        return dict((self.raw.get("libraries") or {}).get("versions") or {})
+
+    @property
+    def flex(self) -> dict[str, Any]:
+        return dict(self.raw.get("flex") or {})
+
+    def lock_runtime(self) -> dict[str, Any]:
+        """What `lock --deep` records: context overhead per device and the loaded libraries' versions."""
+        return {
+            "context_overhead_mib": dict(self.cuda.get("context_overhead_mib") or {}),
+            "loaded_versions": {name: v.get("parsed") for name, v in self.versions.items() if "parsed" in v},
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "raw": self.raw,
+            "error": self.error,
+            "stderr_tail": self.stderr_tail,
+            "seconds": self.seconds,
+        }
+
+
+def run_probe(
+    interpreter: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    flex: bool = True,
+    cuda: bool = True,
+    inductor_cache: str | None = None,
+) -> ProbeReport:
+    """Run the child with `interpreter`; never raises for a broken environment (that is the finding).
+
+    The compile cache goes to a fresh temp folder (removed afterwards) unless `inductor_cache` names
+    one, or is "inherit" to use what the environment says.
+    """
+    scratch = None
+    if inductor_cache is None:
+        scratch = tempfile.mkdtemp(prefix="dflash-probe-")
+        inductor_cache = scratch
+    args = [interpreter, str(CHILD), "--inductor-cache", inductor_cache]
+    args += [] if flex else ["--no-flex"]
+    args += [] if cuda else ["--no-cuda"]
+    try:
+        done = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tempfile.gettempdir(),  # never import a `torch/` folder from the user's cwd
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        tail = (
+            (exc.stderr or b"").decode(errors="replace")
+            if isinstance(exc.stderr, bytes)
+            else (exc.stderr or "")
+        )
+        return ProbeReport(
+            error=f"the probe did not finish within {timeout:.0f} s", stderr_tail=tail.splitlines()[-12:]
+        )
+    except OSError as exc:
+        return ProbeReport(error=f"cannot run {interpreter}: {exc}")
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return parse_probe_output(done.stdout, done.stderr, done.returncode)
+
+
+def parse_probe_output(stdout: str, stderr: str, returncode: int) -> ProbeReport:
+    """Pure: the last JSON line of stdout is the report; anything else is a crash (e.g. a segfault)."""
+    tail = stderr.strip().splitlines()[-12:]
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            return ProbeReport(raw=raw, stderr_tail=tail, seconds=raw.get("seconds"))
+    how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+    return ProbeReport(error=f"the probe crashed ({how}) before printing its report", stderr_tail=tail)
+
+
+def probe_timeout() -> float:
+    try:
+        return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_TIMEOUT_S
+
+
+def deep_report(ctx: Any) -> ProbeReport:
+    """The probe of the audited interpreter, run once per check run (`ctx.shared("deep.report")`)."""
+    options = getattr(ctx.options, "extra", {}) or {}
+    flex = options.get("deep_flex", os.environ.get(FLEX_ENV, "1") != "0")
+    cache = options.get("deep_inductor_cache", os.environ.get(CACHE_ENV) or None)
+    return ctx.shared(
+        "deep.report",
+        lambda: run_probe(ctx.env.interpreter.executable, probe_timeout(), flex=flex, inductor_cache=cache),
+    )
