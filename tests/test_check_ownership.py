@@ -104,3 +104,33 @@ def test_bytecode_and_hashless_rows_are_ignored(site: FakeSite) -> None:
     (site.root / "pkg/__pycache__/__init__.cpython-311.pyc").unlink()
     got = by_id(run(site, "ownership"))
     assert got["ownership.missing_files"].severity is Severity.OK
+
+
+def test_cu128_torch_story_cudnn_cu13_over_cu12_then_its_removal(site: FakeSite) -> None:
+    """The story the other way round: a cu128 torch, a CUDA 13 cuDNN installed over its cuDNN, then removed."""
+    site.add_torch(version="2.10.0+cu128", cuda="12.8", requires=["nvidia-cudnn-cu12==9.10.2.21"])
+    cudnn = "nvidia/cudnn/lib/libcudnn.so.9"
+    site.add_dist("nvidia-cudnn-cu12", "9.10.2.21", {cudnn: b"cudnn 9.10 for CUDA 12"})
+    site.add_dist("nvidia-cudnn-cu13", "9.24.0.43", {cudnn: b"cudnn 9.24 for CUDA 13"})
+    twins = by_id(run(site, "ownership.twins"))["ownership.twins"]
+    assert twins.evidence["keep"] == "nvidia-cudnn-cu12"
+    assert twins.remedy is not None
+    assert twins.remedy.endswith("pip install --force-reinstall nvidia-cudnn-cu12==9.10.2.21")
+    assert "pip uninstall nvidia-cudnn-cu13 &&" in twins.remedy
+
+    site.remove_dist("nvidia-cudnn-cu13")  # "cleaning up the CUDA 13 contaminants"
+    missing = by_id(run(site, "ownership.missing_files"))["ownership.missing_files"]
+    assert missing.evidence["files"] == [cudnn]
+    assert missing.remedy is not None and missing.remedy.endswith("nvidia-cudnn-cu12==9.10.2.21")
+
+
+def test_remedy_uses_uv_for_a_pip_less_uv_environment(site: FakeSite) -> None:
+    site.add_torch(version="2.14.1+cu130", cuda="13.0", requires=["nvidia-nccl-cu13==2.30.7"])
+    (next(site.root.glob("torch-*.dist-info")) / "INSTALLER").write_text("uv\n")
+    site.add_dist("nvidia-nccl-cu13", "2.30.7", nccl_files("cu13"), installer="uv")
+    (site.root / "nvidia/nccl/lib/libnccl.so.2").unlink()
+    missing = by_id(run(site, "ownership.missing_files"))["ownership.missing_files"]
+    assert (
+        missing.remedy
+        == "uv pip install --python /fake/bin/python --force-reinstall nvidia-nccl-cu13==2.30.7"
+    )

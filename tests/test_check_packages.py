@@ -162,3 +162,13 @@ def test_cpu_torch_needs_no_triton(site: FakeSite) -> None:
     site.add_dist("filelock", "3.20.0")
     found = by_id(run(site, "packages.triton"))["packages.triton"]
     assert found.severity is Severity.OK
+
+
+def test_cuda13_toolkit_parts_beside_a_cu128_torch_warn(site: FakeSite) -> None:
+    site.add_torch(version="2.10.0+cu128", cuda="12.8", requires=["nvidia-cublas-cu12==12.8.4.1"])
+    site.add_dist("nvidia-cublas-cu12", "12.8.4.1", {"nvidia/cublas/lib/libcublas.so.12": b"cublas12"})
+    site.add_dist("nvidia-cublas", "13.1.1.3", {"nvidia/cu13/lib/libcublas.so.13": b"cublas13"})
+    got = by_id(run(site, "packages.cuda_family"))
+    mismatch = got["packages.cuda_family.mismatch"]
+    assert list(mismatch.evidence["packages"]) == ["nvidia-cublas"]
+    assert "packages.cuda_family.collision" not in got  # different folders: no file collides
