@@ -1,0 +1,116 @@
+"""cache.*: the Inductor/Triton compile cache: where it lives, who can write it, warm for this build.
+
+It holds code that gets loaded and executed, so a cache others can write to is a failure, not a
+warning. A cold cache means every worker compiles flex_attention at once on the first launch (the
+story's crash), so a compatible snapshot is worth restoring before a launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
+from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir
+from dflash_doctor.cache.status import CacheStatus, gather_status, warmth_of
+from dflash_doctor.context import CheckContext
+from dflash_doctor.findings import Finding, fail, ok, skip, warn
+from dflash_doctor.registry import check
+
+
+def cache_status(ctx: CheckContext) -> CacheStatus:
+    """One walk of the cache folders per run, shared by the three checks (and `cache status`)."""
+    gpus = ctx.shared("cache.gpu_names", read_gpu_names)
+    return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus)))
+
+
+@check("cache.location", "compile cache")
+def cache_location(ctx: CheckContext) -> Iterator[Finding]:
+    status = cache_status(ctx)
+    for folder in status.folders:
+        facts = {"path": str(folder.path), "filesystem": folder.fs_type or "unknown", "exists": folder.exists}
+        if folder.exists:
+            facts.update(size_mb=round(folder.size_bytes / 1e6, 1), files=folder.files)
+        if folder.volatile:
+            managed = managed_inductor_dir()
+            yield warn(
+                "cache.volatile",
+                f"{folder.label} cache {folder.path} is {folder.volatile}: a cleanup or reboot makes every launch compile cold",
+                remedy=f"export {INDUCTOR_VARIABLE}={managed}  # persistent, private; then `dflash-doctor cache warm`",
+                **facts,
+            )
+        else:
+            yield ok("cache.location", f"{folder.label} cache at {folder.path}", **facts)
+
+
+@check("cache.permissions", "compile cache")
+def cache_permissions(ctx: CheckContext) -> Iterator[Finding]:
+    status = cache_status(ctx)
+    for folder in status.folders:
+        if not folder.exists:
+            yield skip("cache.permissions", f"{folder.label} cache {folder.path} does not exist yet")
+            continue
+        clean = True
+        if folder.foreign_count:
+            clean = False
+            yield fail(
+                "cache.foreign_owner",
+                f"{folder.foreign_count} entr{'y' if folder.foreign_count == 1 else 'ies'} of the {folder.label} cache "
+                f"{folder.path} belong to another user: code in it gets loaded and executed",
+                remedy=f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache only you own",
+                examples=folder.foreign_owned,
+            )
+        if folder.unsafe_count:
+            clean = False
+            yield fail(
+                "cache.writable_by_others",
+                f"{folder.unsafe_count} entr{'y' if folder.unsafe_count == 1 else 'ies'} of the {folder.label} cache "
+                f"{folder.path} are group- or world-writable: anyone could plant code that gets executed",
+                remedy=f"chmod -R go-w {folder.path}",
+                examples=folder.unsafe_writable,
+            )
+        if clean:
+            yield ok(
+                "cache.permissions",
+                f"{folder.label} cache owned by you, not writable by others",
+                mode=f"{folder.mode:04o}" if folder.mode is not None else "unknown",
+            )
+
+
+@check("cache.warm", "compile cache")
+def cache_warm(ctx: CheckContext) -> Iterator[Finding]:
+    status = cache_status(ctx)
+    folder = status.main
+    warmth = warmth_of(folder, status.current)
+    compatible = status.compatible_snapshots()
+    build = status.current.describe()
+    if warmth.state == "warm":
+        yield ok("cache.warm", f"warm for this build ({build})", path=str(folder.path), files=folder.files)
+    elif warmth.state == "cold" and compatible:
+        name = compatible[0].name
+        yield warn(
+            "cache.cold",
+            f"cache {folder.path} is cold for this build ({'; '.join(warmth.reasons)}), "
+            f"and snapshot {name} is compatible",
+            remedy=f"dflash-doctor cache restore {name}",
+            build=build,
+            compatible_snapshots=[s.name for s in compatible],
+        )
+    elif warmth.state == "cold" and folder.has_entries:
+        yield warn(
+            "cache.cold",
+            f"cache {folder.path} was made for another build ({'; '.join(warmth.reasons)}): the first launch compiles cold",
+            remedy="dflash-doctor cache warm  # compile once, in one process, before launching workers",
+            build=build,
+        )
+    elif warmth.state == "cold":
+        yield skip(
+            "cache.empty",
+            f"no compile cache yet at {folder.path} (`dflash-doctor cache warm` compiles once before a launch)",
+        )
+    else:
+        yield ok(
+            "cache.present",
+            f"{folder.files} cached files; the build they were made for is not recorded",
+            path=str(folder.path),
+            snapshots=[s.name for s in compatible],
+        )

@@ -1,0 +1,177 @@
+"""What is in a cache folder: size, files, filesystem, owner and mode, and the build it was made for.
+
+A compile cache holds code that gets loaded and executed (`.so`, `.py`, cubins), so who can write to
+it matters as much as whether it survives a reboot. The build comes from our marker file (written at
+snapshot, restore and warm); Inductor's own entries are pickles we must not load to find out.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.manifest import MARKER_NAME, read_marker
+
+VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
+SAMPLE = 5  # how many offending paths a report names
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    mount_point: str
+    fs_type: str
+
+
+def read_mounts(text: str | None = None) -> list[MountInfo]:
+    """Mount points from /proc/self/mounts (or the given text), for finding a folder's filesystem."""
+    if text is None:
+        try:
+            with open("/proc/self/mounts", encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError:
+            return []
+    mounts = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            mounts.append(MountInfo(parts[1].replace("\\040", " "), parts[2]))
+    return mounts
+
+
+def filesystem_of(path: Path, mounts: list[MountInfo]) -> str | None:
+    """The filesystem type of the longest mount point containing `path`."""
+    real = os.path.realpath(path)
+    best: MountInfo | None = None
+    for mount in mounts:
+        point = mount.mount_point.rstrip("/") or "/"
+        if (real == point or real.startswith(point + "/") or point == "/") and (
+            best is None or len(point) > len(best.mount_point.rstrip("/") or "/")
+        ):
+            best = mount
+    return best.fs_type if best else None
+
+
+def volatility(path: Path, fs_type: str | None, tempdir: str | None = None) -> str | None:
+    """Why a cache here would not survive (None when it would): tmpfs, or the shared temp folder."""
+    if fs_type in VOLATILE_FILESYSTEMS:
+        return f"on {fs_type} (emptied at reboot)"
+    real = os.path.realpath(path)
+    for shared in {os.path.realpath(tempdir or tempfile.gettempdir()), "/tmp", "/var/tmp"}:
+        if real == shared or real.startswith(shared.rstrip("/") + "/"):
+            return f"in the shared temp folder {shared} (cleaned by tmp cleaners and reboots)"
+    return None
+
+
+@dataclass
+class FolderReport:
+    """The facts `cache status` and the `cache.*` checks report for one folder."""
+
+    label: str
+    path: Path
+    exists: bool
+    size_bytes: int = 0
+    files: int = 0
+    fs_type: str | None = None
+    volatile: str | None = None
+    owner_uid: int | None = None
+    mode: int | None = None
+    unsafe_writable: list[str] = field(default_factory=list)  # group/world-writable entries
+    foreign_owned: list[str] = field(default_factory=list)  # entries owned by another user
+    unsafe_count: int = 0
+    foreign_count: int = 0
+    marker: dict[str, Any] | None = None
+
+    @property
+    def made_for(self) -> BuildFingerprint | None:
+        if self.marker and isinstance(self.marker.get("fingerprint"), dict):
+            return BuildFingerprint.from_json(self.marker["fingerprint"])
+        return None
+
+    @property
+    def has_entries(self) -> bool:
+        return self.files > (1 if self.marker else 0)
+
+    def to_json(self) -> dict[str, Any]:
+        made_for = self.made_for
+        return {
+            "label": self.label,
+            "path": str(self.path),
+            "exists": self.exists,
+            "size_bytes": self.size_bytes,
+            "files": self.files,
+            "fs_type": self.fs_type,
+            "volatile": self.volatile,
+            "owner_uid": self.owner_uid,
+            "mode": f"{self.mode:04o}" if self.mode is not None else None,
+            "group_or_world_writable": self.unsafe_writable,
+            "group_or_world_writable_count": self.unsafe_count,
+            "foreign_owned": self.foreign_owned,
+            "foreign_owned_count": self.foreign_count,
+            "made_for": made_for.to_json() if made_for else None,
+            "snapshot": self.marker.get("snapshot") if self.marker else None,
+        }
+
+
+def inspect_folder(
+    label: str,
+    path: Path,
+    uid: int | None = None,
+    mounts: list[MountInfo] | None = None,
+    tempdir: str | None = None,
+) -> FolderReport:
+    """Walk one cache folder (no file contents read, except our small marker)."""
+    me = os.getuid() if uid is None else uid
+    mounts = read_mounts() if mounts is None else mounts
+    report = FolderReport(label, path, exists=False)
+    fs_probe = path if path.exists() else _existing_parent(path)
+    report.fs_type = filesystem_of(fs_probe, mounts)
+    report.volatile = volatility(path, report.fs_type, tempdir)
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return report
+    if not stat.S_ISDIR(top.st_mode):
+        return report
+    report.exists = True
+    report.owner_uid, report.mode = top.st_uid, stat.S_IMODE(top.st_mode)
+    _judge(report, str(path), top, me)
+    for folder, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            full = os.path.join(folder, name)
+            try:
+                info = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                report.files += 1
+                report.size_bytes += info.st_size
+            if not stat.S_ISLNK(info.st_mode):
+                _judge(report, full, info, me)
+    try:
+        report.marker = read_marker((path / MARKER_NAME).read_bytes())
+    except OSError:
+        report.marker = None
+    return report
+
+
+def _judge(report: FolderReport, full: str, info: os.stat_result, me: int) -> None:
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        report.unsafe_count += 1
+        if len(report.unsafe_writable) < SAMPLE:
+            report.unsafe_writable.append(f"{full} ({stat.S_IMODE(info.st_mode):04o})")
+    if info.st_uid != me:
+        report.foreign_count += 1
+        if len(report.foreign_owned) < SAMPLE:
+            report.foreign_owned.append(f"{full} (uid {info.st_uid})")
+
+
+def _existing_parent(path: Path) -> Path:
+    for parent in path.parents:
+        if parent.exists():
+            return parent
+    return Path("/")

@@ -1,0 +1,90 @@
+"""Where the compile caches are, resolved exactly as torch resolves them, and where we keep ours.
+
+torch (`torch/_inductor/runtime/cache_dir_utils.py`): `TORCHINDUCTOR_CACHE_DIR`, else
+`<tempfile.gettempdir()>/torchinductor_<user>`; Triton kernels compiled by Inductor go to
+`TRITON_CACHE_DIR` when it is set, else to Inductor's own `triton/<device>/` subfolder. Triton on its
+own (user kernels) defaults to `~/.triton/cache`. We resolve from an environ mapping, not from
+`os.environ` directly, so the logic is a pure function and tests are hermetic.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_doctor import paths
+
+INDUCTOR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_VARIABLE = "TRITON_CACHE_DIR"
+
+# Inside a cache folder: things we never archive. `locks/` holds per-process lock files that are
+# meaningless elsewhere; `precompiled_headers/` is rebuilt on demand and is ~150 MB on CPU.
+TRANSIENT_FOLDERS = frozenset({"locks", "precompiled_headers"})
+
+
+@dataclass(frozen=True)
+class CacheLocations:
+    """The folders a compile in this environment reads and writes.
+
+    ``triton`` is None when Inductor keeps its Triton kernels inside ``inductor/triton`` (the default),
+    so one folder holds everything. ``triton_user`` is Triton's own default for non-Inductor kernels.
+    ``inductor_source`` says how the Inductor folder was chosen (the variable, or "default").
+    """
+
+    inductor: Path
+    inductor_source: str
+    triton: Path | None
+    triton_user: Path
+
+    def roots(self) -> dict[str, Path]:
+        """Archive root label -> folder: what a snapshot holds and where a restore puts it."""
+        roots = {"inductor": self.inductor}
+        if self.triton is not None:
+            roots["triton"] = self.triton
+        return roots
+
+
+def _user_name() -> str:
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", name)
+
+
+def default_inductor_dir(tempdir: str | None = None, user: str | None = None) -> Path:
+    """torch's default: `<tempdir>/torchinductor_<user>` (volatile, in the shared temp folder)."""
+    return Path(tempdir or tempfile.gettempdir()) / f"torchinductor_{user or _user_name()}"
+
+
+def resolve_locations(
+    environ: Mapping[str, str],
+    tempdir: str | None = None,
+    user: str | None = None,
+    home: str | None = None,
+) -> CacheLocations:
+    """The cache folders for a process started with this environment."""
+    configured = environ.get(INDUCTOR_VARIABLE)
+    if configured:
+        inductor, source = Path(os.path.abspath(os.path.expanduser(configured))), INDUCTOR_VARIABLE
+    else:
+        inductor, source = default_inductor_dir(tempdir, user), "default"
+    triton_var = environ.get(TRITON_VARIABLE)
+    triton = Path(os.path.abspath(os.path.expanduser(triton_var))) if triton_var else None
+    triton_home = environ.get("TRITON_HOME") or home or os.path.expanduser("~")
+    return CacheLocations(inductor, source, triton, Path(triton_home) / ".triton" / "cache")
+
+
+def snapshots_dir() -> Path:
+    """Where `cache snapshot` writes archives by default (under `$DFLASH_DOCTOR_HOME`, else platformdirs)."""
+    return paths.cache_root() / "snapshots"
+
+
+def managed_inductor_dir() -> Path:
+    """Where we advise pointing `TORCHINDUCTOR_CACHE_DIR`: persistent, private to the user."""
+    return paths.cache_root() / "inductor"

@@ -1,0 +1,325 @@
+"""`dflash-doctor cache status|snapshot|restore|list|prune|warm`: the compile-cache store."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
+from dflash_doctor.cache.locations import resolve_locations, snapshots_dir
+from dflash_doctor.cache.restore import restore_snapshot
+from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
+from dflash_doctor.cache.status import warmth_of
+from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
+from dflash_doctor.cache.warm import WarmShapes, child_command, child_environ, compile_count, run_warm_child
+from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.context import CheckContext
+from dflash_doctor.environment import Environment
+from dflash_doctor.errors import DoctorError
+from dflash_doctor.registry import run_checks
+from dflash_doctor.report import dumps, exit_code, flatten, render
+
+SCHEMA = "dflash-doctor/cache/v1"
+OutOption = typer.Option(None, "--out", help="Write the archive here (a file or a folder) instead.")
+ConfigOption = typer.Option(
+    None, "--config", help="A training config (run.toml): use its warm-up and shapes."
+)
+cache_app = typer.Typer(
+    help="The compile cache: status, fingerprinted snapshots, crash-safe restore, warm-up."
+)
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def _current(python: str | None) -> tuple[Environment, BuildFingerprint]:
+    env = Environment.load(python)
+    return env, fingerprint_of(env, read_gpu_names())
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
+
+
+def _emit(kind: str, data: dict[str, Any]) -> None:
+    typer.echo(dumps({"schema": SCHEMA, "command": kind, **data}))
+
+
+@cache_app.command("status")
+def status_command(
+    python: str | None = PythonOption,
+    json_out: bool = JsonOption,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence for passing findings too."),
+) -> None:
+    """Each cache folder: path, size, files, volatile or not, owner and mode, build, warm or cold."""
+    from checks.cache import cache_status
+
+    ctx = CheckContext(Environment.load(python))
+    runs = run_checks(ctx, ["cache"])
+    status = cache_status(ctx)
+    findings = flatten(runs)
+    if json_out:
+        _emit("status", {**status.to_json(), "findings": [f.to_json() for f in findings]})
+        raise typer.Exit(exit_code(findings))
+    console = _console()
+    table = Table(title=f"compile cache · build {escape(status.current.describe())}", title_justify="left")
+    for column in ("folder", "path", "size", "files", "filesystem", "owner/mode", "made for", "state"):
+        table.add_column(column)
+    for folder in status.folders:
+        made_for = folder.made_for
+        state = warmth_of(folder, status.current).state if folder.label == "inductor" else ""
+        table.add_row(
+            folder.label,
+            escape(str(folder.path)),
+            _mb(folder.size_bytes) if folder.exists else "missing",
+            str(folder.files),
+            (folder.fs_type or "?") + (" (volatile)" if folder.volatile else ""),
+            f"uid {folder.owner_uid} {folder.mode:04o}" if folder.mode is not None else "",
+            escape(made_for.describe()) if made_for else "unknown",
+            state,
+        )
+    console.print(table)
+    render(runs, console, verbose)
+    raise typer.Exit(exit_code(findings))
+
+
+@cache_app.command("snapshot")
+def snapshot_command(
+    name: str | None = typer.Option(
+        None, "--name", help="Snapshot name (default: torch version, GPU, time)."
+    ),
+    out: Path | None = OutOption,
+    level: int = typer.Option(
+        3, "--level", min=1, max=19, help="zstd level (3 is fast; 19 is small and slow)."
+    ),
+    python: str | None = PythonOption,
+    json_out: bool = JsonOption,
+) -> None:
+    """Archive the Inductor (and Triton) cache, fingerprinted, into the store."""
+    _, current = _current(python)
+    locations = resolve_locations(os.environ)
+    now = time.time()
+    snap_name = check_name(name) if name else default_name(current, now)
+    store = SnapshotStore(snapshots_dir())
+    with store.locked():
+        store.remove_partials()
+        dest = archive_destination(store.root, snap_name, out)
+        result = take_snapshot(locations.roots(), current, snap_name, dest, level=level, now=now)
+    manifest = result.manifest
+    if json_out:
+        _emit(
+            "snapshot",
+            {
+                "name": manifest.name,
+                "path": str(result.path),
+                "files": len(manifest.files),
+                "bytes": manifest.total_bytes,
+                "archive_bytes": result.archive_bytes,
+                "seconds": round(result.seconds, 3),
+                "fingerprint": manifest.fingerprint.to_json(),
+                "origins": manifest.origins,
+                "skipped": manifest.skipped,
+            },
+        )
+        return
+    console = _console()
+    console.print(
+        f"[green]✓[/] snapshot [bold]{escape(manifest.name)}[/]: {len(manifest.files)} files, "
+        f"{_mb(manifest.total_bytes)} -> {_mb(result.archive_bytes)} in {result.seconds:.2f} s"
+    )
+    console.print(f"  {escape(str(result.path))}\n  for {escape(manifest.fingerprint.describe())}")
+    if manifest.skipped:
+        console.print(f"  [yellow]skipped {len(manifest.skipped)} link(s) or special file(s)[/]")
+
+
+@cache_app.command("restore")
+def restore_command(
+    snapshot: str = typer.Argument(..., help="A snapshot name from `cache list`, or a path to an archive."),
+    force: bool = typer.Option(False, "--force", help="Restore even when made for another build."),
+    python: str | None = PythonOption,
+    json_out: bool = JsonOption,
+) -> None:
+    """Verify a snapshot and swap it in atomically; the previous cache is kept as a backup."""
+    _, current = _current(python)
+    locations = resolve_locations(os.environ)
+    store = SnapshotStore(snapshots_dir())
+    with store.locked():
+        archive = store.resolve(snapshot)
+        result = restore_snapshot(archive, locations.roots(), current, force=force)
+    manifest = result.manifest
+    if json_out:
+        _emit(
+            "restore",
+            {
+                "name": manifest.name,
+                "archive": str(archive),
+                "files": len(manifest.files),
+                "bytes": manifest.total_bytes,
+                "targets": {k: str(v) for k, v in result.targets.items()},
+                "backups": {k: str(v) for k, v in result.backups.items()},
+                "forced_over": result.forced_over,
+                "recovered": result.recovered,
+                "seconds": round(result.seconds, 3),
+            },
+        )
+        return
+    console = _console()
+    for action in result.recovered:
+        console.print(f"  [yellow]recovered:[/] {escape(action)}")
+    if result.forced_over:
+        console.print(f"  [yellow]--force: restored despite {escape('; '.join(result.forced_over))}[/]")
+    console.print(
+        f"[green]✓[/] restored [bold]{escape(manifest.name)}[/]: {len(manifest.files)} files, "
+        f"{_mb(manifest.total_bytes)}, every sha256 verified, in {result.seconds:.2f} s"
+    )
+    for label, target in result.targets.items():
+        backup = result.backups.get(label)
+        kept = f" (previous kept as {backup})" if backup else ""
+        console.print(f"  {label}: {escape(str(target))}{escape(kept)}")
+
+
+@cache_app.command("list")
+def list_command(python: str | None = PythonOption, json_out: bool = JsonOption) -> None:
+    """Snapshots in the store: name, size, created, build, compatible with this environment or why not."""
+    _, current = _current(python)
+    snapshots = SnapshotStore(snapshots_dir()).snapshots()
+    rows = []
+    for snap in snapshots:
+        reasons = snap.incompatible_with(current)
+        rows.append((snap, reasons))
+    if json_out:
+        _emit(
+            "list",
+            {
+                "store": str(snapshots_dir()),
+                "current_build": current.to_json(),
+                "snapshots": [
+                    {
+                        "name": s.name,
+                        "path": str(s.path),
+                        "archive_bytes": s.size_bytes,
+                        "bytes": s.manifest.total_bytes if s.manifest else None,
+                        "files": len(s.manifest.files) if s.manifest else None,
+                        "created": s.created,
+                        "fingerprint": s.manifest.fingerprint.to_json() if s.manifest else None,
+                        "compatible": not reasons,
+                        "incompatible_because": reasons,
+                    }
+                    for s, reasons in rows
+                ],
+            },
+        )
+        return
+    console = _console()
+    if not rows:
+        console.print(
+            f"no snapshots in {escape(str(snapshots_dir()))} (make one with `dflash-doctor cache snapshot`)"
+        )
+        return
+    table = Table(title=f"snapshots in {escape(str(snapshots_dir()))}", title_justify="left")
+    for column in ("name", "size", "created", "made for", "compatible"):
+        table.add_column(column)
+    for snap, reasons in rows:
+        made_for = snap.manifest.fingerprint.describe() if snap.manifest else "unreadable"
+        verdict = "[green]yes[/]" if not reasons else f"[yellow]no[/]: {escape('; '.join(reasons))}"
+        table.add_row(escape(snap.name), _mb(snap.size_bytes), _when(snap.created), escape(made_for), verdict)
+    console.print(table)
+
+
+@cache_app.command("prune")
+def prune_command(
+    keep: int | None = typer.Option(None, "--keep", min=0, help="Keep the newest N snapshots."),
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Delete snapshots older than this: 7d, 12h."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted; delete nothing."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Delete old snapshots: beyond the newest N and/or older than a duration (both: both must hold)."""
+    if keep is None and older_than is None:
+        raise DoctorError(
+            "prune needs --keep N and/or --older-than DURATION", hint="e.g. --keep 3 --older-than 7d"
+        )
+    age = parse_duration(older_than) if older_than else None
+    store = SnapshotStore(snapshots_dir())
+    with store.locked():
+        doomed = choose_prunable(store.snapshots(), keep, age, time.time())
+        if not dry_run:
+            for snap in doomed:
+                snap.path.unlink(missing_ok=True)
+    if json_out:
+        _emit("prune", {"dry_run": dry_run, "removed": [s.name for s in doomed]})
+        return
+    console = _console()
+    verb = "would delete" if dry_run else "deleted"
+    for snap in doomed:
+        console.print(f"  {verb} {escape(snap.name)} ({_mb(snap.size_bytes)}, {_when(snap.created)})")
+    console.print(f"{verb} {len(doomed)} snapshot(s)")
+
+
+@cache_app.command("warm")
+def warm_command(
+    config: Path | None = ConfigOption,
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
+    heads: int = typer.Option(WarmShapes.heads, "--heads"),
+    head_dim: int = typer.Option(WarmShapes.head_dim, "--head-dim"),
+    kv_heads: int = typer.Option(WarmShapes.kv_heads, "--kv-heads"),
+    anchors: int = typer.Option(WarmShapes.anchors, "--anchors"),
+    block: int = typer.Option(WarmShapes.block, "--block"),
+    context: int = typer.Option(WarmShapes.context, "--context"),
+    name: str | None = typer.Option(None, "--name", help="Name of the snapshot taken afterwards."),
+    no_snapshot: bool = typer.Option(False, "--no-snapshot", help="Compile only; take no snapshot."),
+    python: str | None = PythonOption,
+    json_out: bool = JsonOption,
+) -> None:
+    """Compile training's functions once, in one process, main thread, then snapshot the cache."""
+    if config is not None and not config.is_file():
+        raise DoctorError(f"--config {config}: no such file")
+    shapes = WarmShapes(heads, head_dim, kv_heads, anchors, block, context)
+    shapes.validate()
+    env, current = _current(python)
+    if env.torch is None:
+        raise DoctorError(f"torch is not installed for {env.interpreter.executable}", hint="nothing to warm")
+    locations = resolve_locations(os.environ)
+    interpreter = python or sys.executable
+    command = child_command(interpreter, device, shapes, config)
+    result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
+    misses, hits = compile_count(result)
+    snapshot: dict[str, Any] | None = None
+    if not no_snapshot:
+        store = SnapshotStore(snapshots_dir())
+        now = time.time()
+        snap_name = check_name(name) if name else default_name(current, now)
+        with store.locked():
+            dest = archive_destination(store.root, snap_name, None)
+            taken = take_snapshot(locations.roots(), current, snap_name, dest, now=now)
+        snapshot = {"name": snap_name, "path": str(taken.path), "files": len(taken.manifest.files)}
+    if json_out:
+        _emit(
+            "warm", {"result": result, "fxgraph_misses": misses, "fxgraph_hits": hits, "snapshot": snapshot}
+        )
+        return
+    console = _console()
+    console.print(
+        f"[green]✓[/] warmed: {escape(result.get('what', ''))} on {escape(str(result.get('device')))} in "
+        f"{result.get('first_call_seconds')} s (fxgraph cache: {misses} compiled, {hits} from cache)"
+    )
+    if snapshot:
+        console.print(f"  snapshot [bold]{escape(snapshot['name'])}[/]: {snapshot['files']} files")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")

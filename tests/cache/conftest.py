@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A hermetic store and cache folder: nothing outside tmp_path is read or written."""
+    home, inductor = tmp_path / "home", tmp_path / "caches" / "inductor"
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(home))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    return {"home": home, "inductor": inductor, "snapshots": home / "cache" / "snapshots"}

@@ -1,0 +1,82 @@
+"""Synthetic cache trees and hand-built (possibly hostile) archives for the cache tests."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import tarfile
+from pathlib import Path
+
+import zstandard
+
+from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.manifest import MANIFEST_MEMBER, CacheManifest, FileEntry
+
+CPU_BUILD = BuildFingerprint(
+    torch_version="2.13.0+cpu",
+    torch_git="cf30153c4c131c8164ee7798e5022d810682e2cb",
+    cuda=None,
+    triton_version=None,
+    python="3.11",
+    gpu_names=None,
+)
+
+
+def make_tree(root: Path, files: int = 40, seed: int = 0, size: int = 2000) -> dict[str, str]:
+    """A cache-like tree (`<2ch>/c<hash>.py|.so`, fxgraph entries); returns relative path -> sha256."""
+    rng = random.Random(seed)
+    digests = {}
+    for index in range(files):
+        kind = rng.choice(["py", "so", "cpp"])
+        rel = f"{rng.choice('abcdefgh')}{rng.choice('xyz')}/c{seed}_{index}.{kind}"
+        if index % 5 == 0:
+            rel = f"fxgraph/{rng.choice('ab')}q/f{seed}_{index}/entry"
+        data = rng.randbytes(rng.randint(1, size)) + f"seed {seed} file {index}\n".encode() * 20
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        digests[rel] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def tree_digests(root: Path, skip: tuple[str, ...] = (".dflash-doctor.json",)) -> dict[str, str]:
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            if rel not in skip:
+                found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def manifest_for(members: dict[str, bytes], fingerprint: BuildFingerprint = CPU_BUILD) -> CacheManifest:
+    files = [FileEntry(p, len(d), hashlib.sha256(d).hexdigest(), 0o644, 1.0) for p, d in members.items()]
+    return CacheManifest("hostile", 1.0, fingerprint, {"inductor": "/origin"}, files)
+
+
+def write_raw_archive(
+    dest: Path,
+    manifest: CacheManifest | bytes | None,
+    members: list[tarfile.TarInfo | tuple[str, bytes]],
+) -> Path:
+    """Write exactly these members (after the manifest, when given) into a .tar.zst."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if manifest is not None:
+            raw = manifest if isinstance(manifest, bytes) else manifest.to_bytes()
+            info = tarfile.TarInfo(MANIFEST_MEMBER)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+            else:
+                name, data = member
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    dest.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
+    return dest

@@ -1,0 +1,119 @@
+"""cache.* findings: each fires on a planted problem and stays quiet on a healthy cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.cache.fingerprint import fingerprint_of
+from dflash_doctor.cache.inspection import volatility
+from dflash_doctor.cache.snapshot import take_snapshot, write_marker
+from dflash_doctor.context import CheckContext
+from dflash_doctor.findings import Finding, Severity
+from dflash_doctor.registry import run_checks
+from tests.cache.helpers import make_tree
+from tests.conftest import env_for
+from tests.fakeenv import FakeSite
+
+
+@pytest.fixture
+def torch_site(site: FakeSite) -> FakeSite:
+    site.add_torch(version="2.13.0+cpu")
+    return site
+
+
+def cache_findings(site: FakeSite) -> dict[str, Finding]:
+    runs = run_checks(CheckContext(env_for(site)), ["cache"])
+    return {f.id: f for r in runs for f in r.findings}
+
+
+@pytest.fixture
+def persistent_dir() -> Iterator[Path]:
+    """A folder outside the shared temp folder (pytest's tmp_path lives in /tmp)."""
+    folder = Path(tempfile.mkdtemp(prefix=".dflash-doctor-test-", dir=Path.home()))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_volatility_is_judged_from_filesystem_and_place() -> None:
+    assert volatility(Path("/data/cache"), "ext4", tempdir="/tmp") is None
+    assert "tmpfs" in (volatility(Path("/data/cache"), "tmpfs", tempdir="/tmp") or "")
+    assert "shared temp" in (volatility(Path("/tmp/torchinductor_ana"), "ext4", tempdir="/tmp") or "")
+
+
+def test_cache_in_tmp_warns_with_managed_location(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+    make_tree(cache_env["inductor"], files=3)
+    found = cache_findings(torch_site)
+    assert found["cache.volatile"].severity is Severity.WARN
+    assert str(cache_env["home"]) in (found["cache.volatile"].remedy or "")
+
+
+def test_persistent_cache_location_is_ok(
+    torch_site: FakeSite, cache_env: dict[str, Path], persistent_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(persistent_dir / "inductor"))
+    make_tree(persistent_dir / "inductor", files=3)
+    found = cache_findings(torch_site)
+    assert "cache.volatile" not in found and found["cache.location"].severity is Severity.OK
+
+
+def test_world_writable_cache_fails(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+    make_tree(cache_env["inductor"], files=3)
+    found = cache_findings(torch_site)
+    assert found["cache.permissions"].severity is Severity.OK and "cache.writable_by_others" not in found
+    planted = next(p for p in cache_env["inductor"].rglob("*") if p.is_dir())
+    planted.chmod(0o777)
+    found = cache_findings(torch_site)
+    assert found["cache.writable_by_others"].severity is Severity.FAIL
+    assert found["cache.writable_by_others"].remedy == f"chmod -R go-w {cache_env['inductor']}"
+
+
+def test_foreign_owned_cache_fails(
+    torch_site: FakeSite, cache_env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_tree(cache_env["inductor"], files=3)
+    assert "cache.foreign_owner" not in cache_findings(torch_site)
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 4242)  # as if another user had made it
+    assert cache_findings(torch_site)["cache.foreign_owner"].severity is Severity.FAIL
+
+
+def test_cold_cache_with_compatible_snapshot_warns_restore(
+    torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
+) -> None:
+    current = fingerprint_of(env_for(torch_site))
+    source = tmp_path / "elsewhere"
+    make_tree(source, files=3)
+    cache_env["snapshots"].mkdir(parents=True)
+    take_snapshot({"inductor": source}, current, "good", cache_env["snapshots"] / "good.tar.zst")
+    found = cache_findings(torch_site)  # the cache folder does not exist: cold
+    assert found["cache.cold"].severity is Severity.WARN
+    assert found["cache.cold"].remedy == "dflash-doctor cache restore good"
+
+
+def test_warm_cache_is_ok(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+    make_tree(cache_env["inductor"], files=3)
+    write_marker(cache_env["inductor"], fingerprint_of(env_for(torch_site)), "test", None)
+    found = cache_findings(torch_site)
+    assert found["cache.warm"].severity is Severity.OK and "cache.cold" not in found
+
+
+def test_cache_for_another_build_warns(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+    make_tree(cache_env["inductor"], files=3)
+    other = dataclasses.replace(fingerprint_of(env_for(torch_site)), torch_version="2.11.0+cu130")
+    write_marker(cache_env["inductor"], other, "test", None)
+    found = cache_findings(torch_site)
+    assert found["cache.cold"].severity is Severity.WARN
+    assert "torch version 2.11.0+cu130" in found["cache.cold"].summary
+
+
+def test_no_cache_yet_is_skipped(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+    found = cache_findings(torch_site)
+    assert found["cache.empty"].severity is Severity.SKIP
+    assert found["cache.permissions"].severity is Severity.SKIP
