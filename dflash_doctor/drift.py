@@ -148,6 +148,7 @@ def _libraries(a: EnvironmentLock, b: EnvironmentLock) -> Iterator[Change]:
                 "library.unresolved", soname, old.get("path"), None, Severity.FAIL, "no longer resolves"
             )
             continue
+        moved = _location(old) != _location(new)
         if old.get("sha256") != new.get("sha256"):
             owned = bool(old.get("owners") or new.get("owners"))
             yield Change(
@@ -156,16 +157,19 @@ def _libraries(a: EnvironmentLock, b: EnvironmentLock) -> Iterator[Change]:
                 old.get("sha256"),
                 new.get("sha256"),
                 Severity.FAIL if owned else Severity.WARN,
-                f"{old.get('path')} -> {new.get('path')}"
-                if old.get("path") != new.get("path")
-                else str(new.get("path")),
+                f"{old.get('path')} -> {new.get('path')}" if moved else str(new.get("path")),
             )
-        elif old.get("path") != new.get("path"):
+        elif moved:
             yield Change(
                 "library.path", soname, old.get("path"), new.get("path"), Severity.WARN, "same bytes"
             )
         if old.get("owners") != new.get("owners"):
             yield Change("library.owner", soname, old.get("owners"), new.get("owners"), Severity.WARN)
+
+
+def _location(row: Mapping[str, Any]) -> Any:
+    """Where a library lives relative to its site-packages (locks before `location` existed: the path)."""
+    return row.get("location", row.get("path"))
 
 
 def _driver_and_gpus(a: EnvironmentLock, b: EnvironmentLock) -> Iterator[Change]:

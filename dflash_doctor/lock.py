@@ -12,6 +12,7 @@ runs as our child and inherits them, so they are the ones it will see.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -129,6 +130,30 @@ def sha256_file(path: str) -> str | None:
         return None
 
 
+def record_digest(record_path: str) -> str | None:
+    """sha256 of a RECORD's rows for files inside site-packages, sorted.
+
+    Not the raw file: rows for `../../../bin/*` scripts hash a shebang that names the venv's own
+    python, and `__pycache__` rows depend on the installer's compile setting, so the raw RECORD of
+    one wheel differs between two venvs. What is left changes exactly when the installed files do.
+    """
+    try:
+        with open(record_path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+    except OSError:
+        return None
+    kept = sorted(
+        ",".join(row[:3])
+        for row in rows
+        if row
+        and row[0]
+        and not row[0].startswith("..")
+        and "__pycache__" not in row[0]
+        and not row[0].endswith(".dist-info/RECORD")
+    )
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+
+
 def distribution_rows(env: Environment) -> dict[str, dict[str, Any]]:
     rows = {}
     for key, dist in sorted(env.distributions.items()):
@@ -138,7 +163,7 @@ def distribution_rows(env: Environment) -> dict[str, dict[str, Any]]:
             "wheel_tags": list(dist.wheel_tags),
             "wheel_build": dist.wheel_build,
             "installer": dist.installer,
-            "record_sha256": sha256_file(os.path.join(dist.dist_info, "RECORD")),
+            "record_sha256": record_digest(os.path.join(dist.dist_info, "RECORD")),
         }
     return rows
 
@@ -194,18 +219,41 @@ def build_lock(
     )
 
 
+SITE = "<site>"
+
+
+def site_relative(path: str, site_dirs: list[str]) -> str:
+    """`<site>/torch/lib/libc10.so` for a file inside site-packages, so a moved venv is no change."""
+    for site_dir in site_dirs:
+        root = os.path.realpath(site_dir).rstrip(os.sep) + os.sep
+        if path.startswith(root):
+            return f"{SITE}/{path[len(root) :]}"
+    return path
+
+
 def hash_libraries(
-    by_soname: Mapping[str, Any], owners_of: Callable[[str], list[str]], digest: Callable[[str], str | None]
+    by_soname: Mapping[str, Any],
+    owners_of: Callable[[str], list[str]],
+    digest: Callable[[str], str | None],
+    site_dirs: list[str] = [],  # noqa: B006 (read only)
 ) -> dict[str, dict[str, Any]]:
-    """soname -> {path, sha256, owners} for every library the static model resolved to a file."""
+    """soname -> {path, location, sha256, owners} for every library the static model resolved.
+
+    `path` is the absolute real path (evidence); `location` is what drift compares.
+    """
     rows = {}
     for soname, resolution in sorted(by_soname.items()):
         path = getattr(resolution, "path", None)
         if not path:
-            rows[soname] = {"path": None, "sha256": None, "owners": []}
+            rows[soname] = {"path": None, "location": None, "sha256": None, "owners": []}
             continue
         real = os.path.realpath(path)
-        rows[soname] = {"path": real, "sha256": digest(real), "owners": sorted(owners_of(path))}
+        rows[soname] = {
+            "path": real,
+            "location": site_relative(real, site_dirs),
+            "sha256": digest(real),
+            "owners": sorted(owners_of(path)),
+        }
     return rows
 
 
@@ -227,7 +275,7 @@ def library_hashes(ctx: Any) -> tuple[dict[str, dict[str, Any]] | None, str | No
         return None, LIBRARIES_UNAVAILABLE
     report = library_report(ctx)
     digest, save = _digest_function()
-    rows = hash_libraries(report.by_soname, ctx.env.owners_of, digest)
+    rows = hash_libraries(report.by_soname, ctx.env.owners_of, digest, ctx.env.interpreter.site_dirs)
     with contextlib.suppress(OSError):
         save()
     return rows, None
@@ -245,7 +293,12 @@ def capture_lock(ctx: Any, runtime: dict[str, Any] | None = None) -> Environment
 
 
 def write_lock(lock: EnvironmentLock, path: str | os.PathLike[str]) -> Path:
-    return write_json_atomic(path, lock.to_json())
+    """Atomic; readable by the group like any file the user writes (the lock holds no secrets)."""
+    written = write_json_atomic(path, lock.to_json())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(written, 0o666 & ~umask)
+    return written
 
 
 def read_lock(path: str | os.PathLike[str]) -> EnvironmentLock:

@@ -295,3 +295,23 @@ def test_diff_two_locks_and_usage_errors(
     monkeypatch.chdir(tmp_path)
     assert run(["diff"]) == 2  # no ./dflash.lock
     assert run(["diff", str(tmp_path / "missing.lock")]) == 2
+
+
+def test_a_moved_venv_is_no_change(tmp_path: Path) -> None:
+    """Same wheels in two venvs: RECORD rows for bin/ scripts differ (shebangs), locations do not."""
+    a, b = FakeSite(tmp_path / "a" / "site-packages"), FakeSite(tmp_path / "b" / "site-packages")
+    for site, shebang in ((a, b"#!/a/bin/python"), (b, b"#!/b/bin/python")):
+        site.add_dist("pip", "24.0", {"pip/__init__.py": b"", "../../bin/pip": shebang})
+        site.add_torch()
+    row = {"sha256": "a" * 64, "owners": ["torch"]}
+    libs_a = {
+        "libc10.so": {**row, "path": "/a/torch/lib/libc10.so", "location": "<site>/torch/lib/libc10.so"}
+    }
+    libs_b = {
+        "libc10.so": {**row, "path": "/b/torch/lib/libc10.so", "location": "<site>/torch/lib/libc10.so"}
+    }
+    assert diff_locks(lock_of(a, libs_a), lock_of(b, libs_b)) == []
+    libs_b["libc10.so"]["location"] = "/opt/elsewhere/libc10.so"
+    assert kinds(diff_locks(lock_of(a, libs_a), lock_of(b, libs_b))) == {
+        ("library.path", "libc10.so"): Severity.WARN
+    }
