@@ -31,26 +31,31 @@ class FlexNotCompiledError(RuntimeError):
     """flex_attention was about to run outside torch.compile: the dense O(Q*KV) fall-back."""
 
 
-def dflash_mask_mod(anchors: Tensor, anchor_valid: Tensor, context_len: int, block_size: int) -> MaskMod:
-    """The mask predicate for one step's anchors.
+def context_ends(anchors: Tensor, anchor_valid: Tensor) -> Tensor:
+    """(B, N) int64: how many context keys each block sees: its anchor position if valid, else 0.
 
-    `anchors` (B, N) int64 and `anchor_valid` (B, N) bool are captured as tensors: a new step with new
-    anchor values reuses the compiled block-mask builder. `create_block_mask` pads Q_LEN and KV_LEN to
-    its tile size (128), so `q_idx // block_size` can exceed N - 1: it is clamped before indexing, and the
-    padded rows/columns compare against block ids no real key has.
+    Computed outside the compiled mask builder on purpose: a bool tensor loaded inside the mask kernel
+    trips an Inductor CPU codegen bug in torch 2.13 (VecMask<int> vs VecMask<float>).
     """
-    num_anchors = anchors.shape[-1]
+    return torch.where(anchor_valid, anchors, torch.zeros_like(anchors)).contiguous()
+
+
+def dflash_mask_mod(context_end: Tensor, context_len: int, block_size: int) -> MaskMod:
+    """The mask predicate for one step's anchors (`context_end` from `context_ends`).
+
+    `context_end` is captured as a tensor: a new step with new anchors reuses the compiled block-mask
+    builder. `create_block_mask` pads Q_LEN and KV_LEN to its tile size (128), so `q_idx // block_size`
+    can exceed N - 1: it is clamped before indexing, and padded rows/columns only ever match padding.
+    Predicates are kept simple on purpose: the same closure runs in Inductor's CPU and Triton codegen.
+    """
+    num_anchors = context_end.shape[-1]
 
     def dflash_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         q_block = q_idx // block_size
-        q_block_safe = q_block.clamp(max=num_anchors - 1)
-        anchor = anchors[b, q_block_safe]
-        valid = anchor_valid[b, q_block_safe]
-        is_context = kv_idx < context_len
-        sees_context = is_context & (kv_idx < anchor) & valid
-        kv_block = (kv_idx - context_len) // block_size
-        sees_own_block = ~is_context & (kv_block == q_block)
-        return sees_context | sees_own_block
+        sees_context = kv_idx < context_end[b, q_block.clamp(max=num_anchors - 1)]  # strictly before
+        sees_own_block = (kv_idx - context_len) // block_size == q_block
+        # torch.where, not `|`: the `|` form miscompiles in Inductor's CPU codegen (torch 2.13, B > 1).
+        return torch.where(kv_idx < context_len, sees_context, sees_own_block)
 
     return dflash_mask
 
@@ -60,7 +65,7 @@ def dense_mask(anchors: Tensor, anchor_valid: Tensor, context_len: int, block_si
     batch, num_anchors = anchors.shape
     q_len = num_anchors * block_size
     device = anchors.device
-    mask_mod = dflash_mask_mod(anchors, anchor_valid, context_len, block_size)
+    mask_mod = dflash_mask_mod(context_ends(anchors, anchor_valid), context_len, block_size)
     b = torch.arange(batch, device=device).view(batch, 1, 1)
     q_idx = torch.arange(q_len, device=device).view(1, q_len, 1)
     kv_idx = torch.arange(context_len + q_len, device=device).view(1, 1, -1)
@@ -97,14 +102,12 @@ def dflash_flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
-def dflash_block_mask(
-    anchors: Tensor, anchor_valid: Tensor, context_len: int, block_size: int, q_len: int
-) -> BlockMask:
+def dflash_block_mask(context_end: Tensor, context_len: int, block_size: int) -> BlockMask:
     """The sparse block mask for one step; only ever run through `compiled_block_mask`."""
     _refuse_uncompiled("create_block_mask")
-    mask_mod = dflash_mask_mod(anchors, anchor_valid, context_len, block_size)
-    batch = anchors.shape[0]
-    return create_block_mask(mask_mod, batch, None, q_len, context_len + q_len, device=anchors.device)
+    mask_mod = dflash_mask_mod(context_end, context_len, block_size)
+    batch, q_len = context_end.shape[0], context_end.shape[1] * block_size
+    return create_block_mask(mask_mod, batch, None, q_len, context_len + q_len, device=context_end.device)
 
 
 # Compiled once per process, at import, with stable names; shapes are static per run (dynamic=False),

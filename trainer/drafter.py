@@ -26,7 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainer.attention import compiled_block_mask, compiled_flex_attention, dense_mask, sdpa_attention
+from trainer.attention import (
+    compiled_block_mask,
+    compiled_flex_attention,
+    context_ends,
+    dense_mask,
+    sdpa_attention,
+)
 from trainer.loss import LossOutput, block_targets, default_gamma, dflash_loss
 
 AttentionKind = Literal["sdpa", "flex"]
@@ -305,7 +311,7 @@ class DFlashDrafter(nn.Module):
 
     def _attention(self, anchors: Tensor, anchor_valid: Tensor, context_len: int) -> Attend:
         """The step's attention function; the mask (dense or block) is built once, shared by all layers."""
-        block, q_len = self.cfg.block_size, anchors.shape[1] * self.cfg.block_size
+        block = self.cfg.block_size
         if self.attention == "sdpa":
             mask = dense_mask(anchors, anchor_valid, context_len, block)
             return lambda q, k, v: sdpa_attention(q, k, v, mask)
@@ -318,7 +324,7 @@ class DFlashDrafter(nn.Module):
                 "flex_attention has no backward on CPU: train with attention='sdpa' on CPU "
                 "(flex on CPU is only for forward checks under torch.no_grad())"
             )
-        block_mask = compiled_block_mask(anchors, anchor_valid, context_len, block, q_len)
+        block_mask = compiled_block_mask(context_ends(anchors, anchor_valid), context_len, block)
         return lambda q, k, v: compiled_flex_attention(q, k, v, block_mask)
 
     def draft_hidden(

@@ -9,6 +9,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 from trainer.anchors import sample_anchors, valid_anchor_positions
 from trainer.attention import (
     FlexNotCompiledError,
+    context_ends,
     dense_mask,
     dflash_block_mask,
     dflash_flex_attention,
@@ -79,7 +80,7 @@ def test_mask_mod_survives_q_and_kv_padding() -> None:
     """create_block_mask pads Q_LEN and KV_LEN to 128: indices past the end must not index the anchors."""
     anchors = torch.tensor([[0, 9, 20]])
     valid = torch.tensor([[True, True, False]])
-    mask_mod = dflash_mask_mod(anchors, valid, 21, 4)
+    mask_mod = dflash_mask_mod(context_ends(anchors, valid), 21, 4)
     q_idx = torch.arange(128).view(1, 128, 1)  # real Q_LEN is 12
     kv_idx = torch.arange(256).view(1, 1, 256)  # real KV_LEN is 33
     padded = mask_mod(torch.zeros(1, 1, 1, dtype=torch.long), torch.tensor(0), q_idx, kv_idx)
@@ -95,7 +96,7 @@ def test_flex_and_block_mask_refuse_to_run_uncompiled() -> None:
     with pytest.raises(FlexNotCompiledError, match=r"outside torch\.compile"):
         dflash_flex_attention(q, q, q, block_mask=None)  # type: ignore[arg-type]
     with pytest.raises(FlexNotCompiledError, match="create_block_mask"):
-        dflash_block_mask(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool), 4, 2, 4)
+        dflash_block_mask(torch.zeros(1, 2, dtype=torch.long), 4, 2)
 
 
 # --- anchors --------------------------------------------------------------------------------------------
