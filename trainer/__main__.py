@@ -1,0 +1,75 @@
+"""`python -m trainer --config X [--set section.key=value ...]`
+
+Validates the config first (a bad field: one message naming it, exit code 2, no process group started).
+Under torchrun (RANK/WORLD_SIZE set) it runs this process's role. Started directly, it re-executes itself
+under `torch.distributed.run --standalone --nproc-per-node <targets + drafters> --max-restarts 0`, since
+a run always has at least one target and one drafter process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dflash_doctor.errors import DoctorError
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train a DFlash drafter.")
+    parser.add_argument(
+        "--config", required=True, help="a TOML file, or the name of a shipped config (tiny-cpu)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one field (TOML value syntax), e.g. --set optim.steps=50; repeatable",
+    )
+    return parser.parse_args(argv)
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def relaunch_under_torchrun(world_size: int, argv: list[str]) -> None:
+    """Replace this process by torchrun starting `world_size` copies of this command."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world_size}",
+        "--max-restarts=0",
+        "-m",
+        "trainer",
+        *argv,
+    ]
+    sys.stdout.flush()
+    os.execv(sys.executable, command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        from trainer.config import load_config
+
+        cfg = load_config(args.config, args.overrides)
+        if not under_torchrun():
+            relaunch_under_torchrun(cfg.world_size, argv)
+        from trainer.train import main as train_main
+
+        return train_main(cfg)
+    except DoctorError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"  hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""The run config: TOML -> nested dataclasses, validated before any process group starts.
+
+Every error names the field (`drafter.block_size: must be an integer >= 2, got "sixteen"`) and raises
+`ConfigError` (exit code 2). Unknown sections and keys are errors too: a typo must not pass silently.
+Defaults that depend on the target (layer ids, mask token id) are filled in by `load_config` once the
+target's shape is known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from dflash_doctor.errors import ConfigError
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+# Qwen3 tokenizers reserve this id as the DFlash mask token (REFERENCE.md section 5).
+QWEN3_MASK_TOKEN_ID = 151669
+
+
+@dataclass(frozen=True)
+class TargetSection:
+    path: str = "tiny"  # "tiny", "random:qwen3-8b", or a local Hugging Face folder
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
+
+
+@dataclass(frozen=True)
+class DrafterSection:
+    layers: int = 1
+    block_size: int = 16
+    target_layer_ids: list[int] | None = None  # default: evenly spaced from 1 to L-3
+    mask_token_id: int | None = None  # default: tiny -> vocab-1, Qwen3 -> 151669
+    intermediate_size: int | None = None  # default: the target's
+    attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa
+    loss_chunk: int = 2048  # rows of LM head + CE per checkpointed chunk
+
+
+@dataclass(frozen=True)
+class DataSection:
+    kind: str = "synthetic"  # synthetic | random | jsonl | text | chat
+    path: str | None = None  # a .jsonl file (jsonl/text/chat)
+    seq_len: int = 128
+    num_samples: int = 512  # synthetic / random only
+    prompt_len: int = 8  # synthetic only: random prompt tokens (not supervised)
+    temperature: float = 0.5  # synthetic only: sampling temperature of the tiny target
+
+
+@dataclass(frozen=True)
+class TopologySection:
+    targets: int = 1
+    drafters: int = 1
+    in_flight: int = 4  # batches a target rank may have sent and not yet seen received
+
+
+@dataclass(frozen=True)
+class OptimSection:
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.1
+    schedule: str = "cosine"
+    grad_clip: float = 1.0
+    steps: int | None = None  # exactly one of steps / epochs
+    epochs: float | None = None
+    batch_size: int = 1  # sequences per drafter rank per step
+    anchors: int = 512  # anchors per sequence per step
+    gamma: float | None = None  # loss decay; default chosen by the drafter from the block size
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+@dataclass(frozen=True)
+class PrecisionSection:
+    autocast: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    every: int = 500  # steps between checkpoints (0: only at the end)
+    keep: int = 3
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    dir: str = "runs/dflash"
+
+
+@dataclass(frozen=True)
+class RunSection:
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    log_every: int = 10
+    timeout_s: int = 300  # process-group timeout: how long a rank waits on a silent peer
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    target: TargetSection = field(default_factory=TargetSection)
+    drafter: DrafterSection = field(default_factory=DrafterSection)
+    data: DataSection = field(default_factory=DataSection)
+    topology: TopologySection = field(default_factory=TopologySection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    precision: PrecisionSection = field(default_factory=PrecisionSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    output: OutputSection = field(default_factory=OutputSection)
+    run: RunSection = field(default_factory=RunSection)
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.targets + self.topology.drafters
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.output.dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _section_dict(getattr(self, f.name)) for f in fields(self)}
+
+
+def _section_dict(section: Any) -> dict[str, Any]:
+    out = {}
+    for f in fields(section):
+        value = getattr(section, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+# ---------------------------------------------------------------- field parsers: (name, value) -> value
+
+Parser = Callable[[str, Any], Any]
+
+
+def _shown(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return repr(value)
+
+
+def _fail(name: str, expected: str, value: Any) -> ConfigError:
+    return ConfigError(f"{name}: must be {expected}, got {_shown(value)}")
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Parser:
+    expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    expected += f" <= {maximum}" if maximum is not None else ""
+
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(name, expected, value)
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise _fail(name, expected, value)
+        return value
+
+    return parse
+
+
+def number(minimum: float | None = None, maximum: float | None = None, above: float | None = None) -> Parser:
+    parts = ["a number"]
+    if above is not None:
+        parts.append(f"> {above}")
+    if minimum is not None:
+        parts.append(f">= {minimum}")
+    if maximum is not None:
+        parts.append(f"<= {maximum}")
+    expected = " ".join(parts)
+
+    def parse(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _fail(name, expected, value)
+        too_low = (minimum is not None and value < minimum) or (above is not None and value <= above)
+        if too_low or (maximum is not None and value > maximum):
+            raise _fail(name, expected, value)
+        return float(value)
+
+    return parse
+
+
+def choice(*options: str) -> Parser:
+    expected = "one of " + ", ".join(f'"{o}"' for o in options)
+
+    def parse(name: str, value: Any) -> str:
+        if value not in options:
+            raise _fail(name, expected, value)
+        return value
+
+    return parse
+
+
+def text() -> Parser:
+    def parse(name: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise _fail(name, "a non-empty string", value)
+        return value
+
+    return parse
+
+
+def int_list(minimum: int = 0) -> Parser:
+    expected = f"a non-empty list of distinct integers >= {minimum}"
+
+    def parse(name: str, value: Any) -> list[int]:
+        ok = isinstance(value, list) and value and len(set(value)) == len(value)
+        if not ok or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value):
+            raise _fail(name, expected, value)
+        return list(value)
+
+    return parse
+
+
+def betas() -> Parser:
+    expected = "two numbers in [0, 1), like [0.9, 0.95]"
+
+    def parse(name: str, value: Any) -> tuple[float, float]:
+        if not isinstance(value, list) or len(value) != 2:
+            raise _fail(name, expected, value)
+        if any(isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1 for v in value):
+            raise _fail(name, expected, value)
+        return (float(value[0]), float(value[1]))
+
+    return parse
+
+
+SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
+    "target": (TargetSection, {"path": text(), "dtype": choice("auto", "bf16", "fp16", "fp32")}),
+    "drafter": (
+        DrafterSection,
+        {
+            "layers": integer(1),
+            "block_size": integer(2),
+            "target_layer_ids": int_list(0),
+            "mask_token_id": integer(0),
+            "intermediate_size": integer(1),
+            "attention": choice("auto", "flex", "sdpa"),
+            "loss_chunk": integer(1),
+        },
+    ),
+    "data": (
+        DataSection,
+        {
+            "kind": choice("synthetic", "random", "jsonl", "text", "chat"),
+            "path": text(),
+            "seq_len": integer(3),
+            "num_samples": integer(1),
+            "prompt_len": integer(1),
+            "temperature": number(above=0.0),
+        },
+    ),
+    "topology": (TopologySection, {"targets": integer(1), "drafters": integer(1), "in_flight": integer(1)}),
+    "optim": (
+        OptimSection,
+        {
+            "lr": number(above=0.0),
+            "warmup_ratio": number(0.0, 1.0),
+            "min_lr_ratio": number(0.0, 1.0),
+            "schedule": choice("cosine"),
+            "grad_clip": number(above=0.0),
+            "steps": integer(1),
+            "epochs": number(above=0.0),
+            "batch_size": integer(1),
+            "anchors": integer(1),
+            "gamma": number(above=0.0),
+            "weight_decay": number(0.0),
+            "betas": betas(),
+        },
+    ),
+    "precision": (PrecisionSection, {"autocast": choice("auto", "bf16", "off")}),
+    "checkpoint": (CheckpointSection, {"every": integer(0), "keep": integer(1)}),
+    "output": (OutputSection, {"dir": text()}),
+    "run": (
+        RunSection,
+        {
+            "seed": integer(0),
+            "device": choice("auto", "cpu", "cuda"),
+            "log_every": integer(1),
+            "timeout_s": integer(1),
+        },
+    ),
+}
+
+
+def parse_config(raw: dict[str, Any]) -> TrainConfig:
+    """Validate a parsed TOML document field by field (no target lookup yet)."""
+    sections: dict[str, Any] = {}
+    for section_name, body in raw.items():
+        if section_name not in SCHEMA:
+            known = ", ".join(f"[{s}]" for s in SCHEMA)
+            raise ConfigError(f"{section_name}: unknown section (known: {known})")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{section_name}: must be a table ([{section_name}]), got {_shown(body)}")
+        cls, parsers = SCHEMA[section_name]
+        values = {}
+        for key, value in body.items():
+            name = f"{section_name}.{key}"
+            if key not in parsers:
+                raise ConfigError(f"{name}: unknown key (known: {', '.join(parsers)})")
+            values[key] = parsers[key](name, value)
+        sections[section_name] = cls(**values)
+    cfg = TrainConfig(**sections)
+    _check_relations(cfg)
+    return cfg
+
+
+def _check_relations(cfg: TrainConfig) -> None:
+    """Rules that tie several fields together."""
+    o, d = cfg.optim, cfg.data
+    if (o.steps is None) == (o.epochs is None):
+        raise ConfigError("optim.steps: set exactly one of optim.steps and optim.epochs")
+    if d.kind in ("jsonl", "text", "chat") and d.path is None:
+        raise ConfigError(f'data.path: required when data.kind = "{d.kind}"')
+    if d.kind == "synthetic" and cfg.target.path != "tiny":
+        raise ConfigError(
+            'data.kind: "synthetic" needs target.path = "tiny" (the tiny target writes the data)'
+        )
+    if d.kind in ("text", "chat") and _is_embedded(cfg.target.path):
+        raise ConfigError(f'data.kind: "{d.kind}" needs a target folder with a tokenizer (target.path)')
+    if d.kind in ("synthetic", "random") and d.prompt_len >= d.seq_len:
+        raise ConfigError(f"data.prompt_len: must be < data.seq_len ({d.seq_len}), got {d.prompt_len}")
+    if d.seq_len <= cfg.drafter.block_size:
+        raise ConfigError(
+            f"data.seq_len: must be > drafter.block_size ({cfg.drafter.block_size}), got {d.seq_len}"
+        )
+    ids = cfg.drafter.target_layer_ids
+    if ids is not None and ids != sorted(ids):
+        raise ConfigError(f"drafter.target_layer_ids: must be increasing, got {_shown(ids)}")
+    if cfg.checkpoint.every and o.steps is not None and cfg.checkpoint.every > o.steps:
+        raise ConfigError(f"checkpoint.every: must be <= optim.steps ({o.steps}), got {cfg.checkpoint.every}")
+
+
+def _is_embedded(path: str) -> bool:
+    return path == "tiny" or path.startswith("random:")
+
+
+# ---------------------------------------------------------------- target-dependent defaults
+
+
+def complete_with_target(cfg: TrainConfig, target_config: Any) -> TrainConfig:
+    """Fill in the defaults that depend on the target and check the fields that must fit it."""
+    from trainer.drafter import default_target_layer_ids
+
+    num_layers = int(target_config.num_hidden_layers)
+    vocab = int(target_config.vocab_size)
+    dr = cfg.drafter
+    ids = dr.target_layer_ids
+    if ids is None:
+        if num_layers < 4:
+            raise ConfigError(
+                f"drafter.target_layer_ids: the target has {num_layers} layers, too few for the default spacing; "
+                "set the ids"
+            )
+        ids = default_target_layer_ids(num_layers, dr.layers)
+    elif max(ids) >= num_layers:
+        raise ConfigError(
+            f"drafter.target_layer_ids: must be < the target's {num_layers} layers, got {_shown(ids)}"
+        )
+    mask = dr.mask_token_id
+    if mask is None:
+        mask = default_mask_token_id(cfg.target.path, target_config)
+    if mask >= vocab:
+        raise ConfigError(f"drafter.mask_token_id: must be < the target's vocab size {vocab}, got {mask}")
+    max_pos = int(getattr(target_config, "max_position_embeddings", 1 << 30))
+    if cfg.data.seq_len > max_pos:
+        raise ConfigError(
+            f"data.seq_len: must be <= the target's max_position_embeddings {max_pos}, got {cfg.data.seq_len}"
+        )
+    return replace(cfg, drafter=replace(dr, target_layer_ids=ids, mask_token_id=mask))
+
+
+def default_mask_token_id(target_path: str, target_config: Any) -> int:
+    """tiny: the last id; Qwen3-family: 151669; otherwise the tokenizer's mask token, or an error."""
+    vocab = int(target_config.vocab_size)
+    if target_path == "tiny":
+        return vocab - 1
+    if str(getattr(target_config, "model_type", "")).startswith("qwen") and vocab > QWEN3_MASK_TOKEN_ID:
+        return QWEN3_MASK_TOKEN_ID
+    folder = Path(target_path)
+    tok_cfg = folder / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        mask = json.loads(tok_cfg.read_text()).get("mask_token")
+        for token_id, added in json.loads(tok_cfg.read_text()).get("added_tokens_decoder", {}).items():
+            content = added.get("content") if isinstance(added, dict) else None
+            if mask is not None and content == mask:
+                return int(token_id)
+    raise ConfigError(
+        "drafter.mask_token_id: no default for this target (not Qwen3, no mask token in its tokenizer); set it"
+    )
+
+
+# ---------------------------------------------------------------- loading
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A path to a TOML file, or the name of a shipped config (`tiny-cpu` or `tiny-cpu.toml`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    stem = path.name.removesuffix(".toml")
+    shipped = SHIPPED_CONFIGS / f"{stem}.toml"
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.toml")))
+    raise ConfigError(
+        f"config: no file {str(name_or_path)!r} and no shipped config of that name (shipped: {names})"
+    )
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`section.key=value` strings (value in TOML syntax, bare words taken as strings) on top of the file."""
+    for item in overrides:
+        dotted, sep, value_text = item.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not sep or not dot or not section or not key:
+            raise ConfigError(f"--set {item}: must look like section.key=value")
+        try:
+            value = tomllib.loads(f"v = {value_text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = value_text.strip()
+        body = raw.setdefault(section, {})
+        if not isinstance(body, dict):
+            raise ConfigError(f"{section}: must be a table ([{section}]), got {_shown(body)}")
+        body[key] = value
+    return raw
+
+
+def read_raw(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config: {path} is not valid TOML: {exc}") from exc
+
+
+def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing."""
+    from trainer.target import target_hf_config
+
+    raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
+    cfg = parse_config(raw)
+    return complete_with_target(cfg, target_hf_config(cfg.target.path))

@@ -1,0 +1,123 @@
+"""What a run reports: one JSONL line per step, live progress, and a final summary.
+
+Written by the first drafter rank only. `metrics.jsonl` holds per step: step, loss, lr, grad_norm,
+per-position accuracy (slot 0 is the anchor itself and always 0), acceptance length (measured per anchor,
+and the estimate implied by the accuracies), tok/s and samples/s over all drafters, the step time and the
+time spent waiting for data. `summary.json` (steps, final loss, mean tok/s, exit status) is what the
+launcher reads when the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from dflash_doctor.atomic import write_bytes_atomic, write_json_atomic
+
+
+@dataclass
+class StepMetrics:
+    step: int  # 1-based: the number of optimiser steps done
+    loss: float
+    lr: float
+    grad_norm: float
+    accuracy: list[float]  # per block slot
+    accept_len: float  # mean over valid anchors of 1 + leading correct slots
+    accept_len_from_accuracy: float
+    tok_s: float  # context tokens trained on per second (all drafters)
+    samples_s: float
+    step_time_s: float
+    data_wait_s: float
+
+
+class MetricsLog:
+    """Append-only JSONL. On resume it first drops lines past the resume step, so each step appears once."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
+        write_bytes_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self._handle = open(path, "a")  # noqa: SIM115  (held for the run, closed in close())
+
+    def write(self, m: StepMetrics) -> None:
+        self._handle.write(json.dumps(asdict(m)) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Progress:
+    """Live progress on the first drafter rank: a rich bar on a terminal, plain lines otherwise."""
+
+    def __init__(
+        self, total_steps: int, start_step: int, log_every: int, stream: TextIO | None = None
+    ) -> None:
+        self.total, self.start, self.log_every = total_steps, start_step, log_every
+        self.stream = stream or sys.stdout
+        self.began = time.monotonic()
+        self._bar = None
+        if self.stream.isatty():
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("[bold]step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+            )
+            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, status="")
+            self._bar.start()
+
+    def eta_s(self, step: int) -> float:
+        done = step - self.start
+        return (time.monotonic() - self.began) / done * (self.total - step) if done > 0 else float("nan")
+
+    def update(self, m: StepMetrics) -> None:
+        status = f"loss {m.loss:.4f}  accept {m.accept_len:.2f}  {m.tok_s:,.0f} tok/s"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=m.step, status=status)
+        elif m.step % self.log_every == 0 or m.step == self.total or m.step == self.start + 1:
+            print(
+                f"step {m.step}/{self.total}  {status}  eta {self.eta_s(m.step):.0f}s",
+                file=self.stream,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path:
+    """`<output>/summary.json`, atomically: the launcher reads it when the run ends."""
+    return write_json_atomic(output_dir / "summary.json", summary)
+
+
+def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra: Any) -> dict[str, Any]:
+    """The summary of a run from its metric lines."""
+    first, last = (records[0], records[-1]) if records else ({}, {})
+    tok = [r["tok_s"] for r in records[1:]] or [r["tok_s"] for r in records]  # step 1 includes warm caches
+    return {
+        "status": status,
+        "steps": last.get("step", 0),
+        "first_loss": first.get("loss"),
+        "final_loss": last.get("loss"),
+        "final_accuracy": last.get("accuracy"),
+        "final_accept_len": last.get("accept_len"),
+        "mean_tok_s": sum(tok) / len(tok) if tok else 0.0,
+        "wall_s": wall_s,
+        **extra,
+    }

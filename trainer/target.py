@@ -1,0 +1,143 @@
+"""The frozen target on target ranks: run the causal LM up to the last captured layer, return CapturedBatch.
+
+The layers past the last captured one and the LM head are dropped before the weights load (they cost memory
+and time and feed nothing). The captured tensor of layer i is that layer's output, i.e. Hugging Face's
+`hidden_states[i + 1]`; HF's *last* `hidden_states` entry has the final norm applied, which is why we hook the
+decoder layers instead of asking for `output_hidden_states`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dflash_doctor.errors import ConfigError
+from trainer.batch import CapturedBatch
+from trainer.tiny import build_embedded_target, embedded_config, is_embedded, seeded_frozen_weights
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def target_hf_config(path: str) -> Any:
+    """The transformers config of `target.path`, read without loading weights (no network)."""
+    if is_embedded(path):
+        try:
+            return embedded_config(path)
+        except KeyError:
+            raise ConfigError(
+                f'target.path: unknown embedded target "{path}" (known: "tiny", "random:qwen3-8b")'
+            ) from None
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(
+            f'target.path: "{path}" is not a Hugging Face model folder (no config.json); '
+            'use a local folder, "tiny" or "random:qwen3-8b"'
+        )
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder, local_files_only=True)
+
+
+def target_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`target.dtype`: auto means bf16 on CUDA and fp32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class CaptureTarget:
+    """A frozen causal LM cut after its last captured layer; `capture` returns the concatenated layer outputs."""
+
+    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
+        body = model.model  # the decoder stack without the LM head
+        keep = max(layer_ids) + 1
+        if len(body.layers) < keep:
+            raise ValueError(f"target has {len(body.layers)} layers, capture needs {keep}")
+        body.layers = body.layers[:keep]
+        body.config.num_hidden_layers = keep
+        self.body = body.eval().requires_grad_(False)
+        self.layer_ids = list(layer_ids)
+        self._outputs: dict[int, torch.Tensor] = {}
+        for layer_id in self.layer_ids:
+            body.layers[layer_id].register_forward_hook(self._hook(layer_id))
+
+    def _hook(self, layer_id: int):
+        def keep_output(_module: nn.Module, _args: Any, output: Any) -> None:
+            self._outputs[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return keep_output
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.body.parameters()).device
+
+    @torch.inference_mode()
+    def capture(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, index: int) -> CapturedBatch:
+        """(B, S) ids -> CapturedBatch with hidden (B, S, n_captured * H). Right padding needs no attention
+        mask: the model is causal, so pad tokens after a sequence never change the states before them."""
+        self._outputs.clear()
+        self.body(input_ids=input_ids, use_cache=False)
+        hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
+        self._outputs.clear()
+        return CapturedBatch(input_ids, loss_mask, hidden, index)
+
+
+def load_capture_target(
+    path: str, layer_ids: list[int], seed: int, device: torch.device, dtype: torch.dtype
+) -> CaptureTarget:
+    """Build the embedded target, or load a local folder with only the layers capture needs."""
+    if is_embedded(path):
+        return CaptureTarget(build_embedded_target(path, seed, device, dtype), layer_ids)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    keep = max(layer_ids) + 1
+    config.num_hidden_layers = keep  # the weights of later layers are never read into memory
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:keep]
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, dtype=dtype)
+    return CaptureTarget(model.to(device), layer_ids)
+
+
+# ---------------------------------------------------------------- what drafter ranks need from the target
+
+_EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
+_LM_HEAD_KEYS = ("lm_head.weight",)
+
+
+def load_frozen_embeddings(path: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """(embed_weight, lm_head_weight, hf_config) for drafter ranks: only those two tensors are read."""
+    hf_config = target_hf_config(path)
+    if is_embedded(path):
+        embed, lm_head = seeded_frozen_weights(hf_config, seed)
+        return embed, lm_head, hf_config
+    embed = _read_tensor(Path(path), _EMBED_KEYS)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    lm_head = embed if tied else _read_tensor(Path(path), _LM_HEAD_KEYS)
+    return embed, lm_head, hf_config
+
+
+def _read_tensor(folder: Path, names: tuple[str, ...]) -> torch.Tensor:
+    """One tensor from a safetensors folder (sharded or not), without reading the others."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = {name: folder / weight_map[name] for name in names if name in weight_map}
+    else:
+        single = folder / "model.safetensors"
+        if not single.is_file():
+            raise ConfigError(f"target.path: {folder} has no model.safetensors(.index.json)")
+        with safe_open(str(single), framework="pt") as handle:
+            keys = set(handle.keys())
+        files = {name: single for name in names if name in keys}
+    if not files:
+        raise ConfigError(f"target.path: {folder} has none of {', '.join(names)} in its safetensors")
+    name, file = next(iter(files.items()))
+    with safe_open(str(file), framework="pt") as handle:
+        return handle.get_tensor(name)

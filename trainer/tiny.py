@@ -1,0 +1,110 @@
+"""Targets that need no download: an embedded tiny Qwen3 and Qwen3-shaped presets, with seeded random weights.
+
+`target.path = "tiny"` is the default for CPU runs and tests; `target.path = "random:qwen3-8b"` gives a
+Qwen3-8B-shaped model with random weights, for measuring throughput on a GPU without fetching 16 GB.
+Every weight is a pure function of the seed, so each rank (and each restart) builds the same model.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+TINY = "tiny"
+RANDOM_PREFIX = "random:"
+
+# The tiny target's embedding and LM head are drawn larger than its layers (0.02): the residual stream is
+# then led by the current token, the next-token distribution is peaked, and sequences sampled at a low
+# temperature carry structure a drafter can learn (with every weight at 0.02 the logits are near uniform).
+_TINY_FROZEN_STD = 0.25
+
+
+def tiny_qwen3_config() -> Qwen3Config:
+    """hidden 128, 4 layers, 4 heads, 2 KV heads, head_dim 32, vocab 512 (mask token = 511)."""
+    return Qwen3Config(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.02,
+    )
+
+
+def qwen3_8b_config() -> Qwen3Config:
+    """The shapes of Qwen3-8B (36 layers, hidden 4096, 32 heads, 8 KV heads, vocab 151936)."""
+    return Qwen3Config(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+    )
+
+
+PRESETS = {"qwen3-8b": qwen3_8b_config}
+
+
+def is_embedded(path: str) -> bool:
+    """True for the targets this module builds (no folder on disk)."""
+    return path == TINY or path.startswith(RANDOM_PREFIX)
+
+
+def embedded_config(path: str) -> Qwen3Config:
+    """The transformers config of an embedded target ("tiny" or "random:<preset>")."""
+    if path == TINY:
+        return tiny_qwen3_config()
+    name = path.removeprefix(RANDOM_PREFIX)
+    if name not in PRESETS:
+        raise KeyError(name)
+    return PRESETS[name]()
+
+
+def seeded_frozen_weights(config: Qwen3Config, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed, lm_head) of an embedded target, drawn from their own generator.
+
+    Drafter ranks need only these two tensors; drawing them apart from the body means a drafter rank can make
+    them without building the whole (possibly 8B-parameter) target.
+    """
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+    std = (
+        _TINY_FROZEN_STD if config.vocab_size == tiny_qwen3_config().vocab_size else config.initializer_range
+    )
+    shape = (config.vocab_size, config.hidden_size)
+    embed = torch.randn(shape, generator=gen) * std
+    lm_head = torch.randn(shape, generator=gen) * std
+    return embed, lm_head
+
+
+def build_embedded_target(
+    path: str, seed: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Qwen3ForCausalLM:
+    """The embedded target with seeded random weights, frozen, in eval mode."""
+    config = embedded_config(path)
+    previous_dtype = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)  # build in the final dtype: an 8B model in fp32 would be 32 GB
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            with torch.device(device):
+                model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    embed, lm_head = seeded_frozen_weights(config, seed)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(lm_head)
+    model.to(dtype=dtype).eval().requires_grad_(False)
+    return model

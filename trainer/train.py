@@ -1,0 +1,369 @@
+"""The training run, one process per device under torchrun. Read top to bottom.
+
+1. `main`: join the process group (torchrun's env), split roles once: ranks [0, N) targets, [N, N+M)
+   drafters; agree on the resume step (the first drafter reads the newest checkpoint and tells everyone).
+2. `run_target`: capture the configured layers for every global batch i with i % N == rank, from the
+   resume point on, and stream them to drafter i % M with a bounded number in flight.
+3. `run_drafter`: build the drafter, compile and warm it in this main thread, wrap it in DDP over the
+   drafter-only group, restore a checkpoint if there is one, then per step: receive, sample anchors,
+   forward/backward (bf16 autocast on CUDA), clip, step, schedule, metrics, checkpoint. Export at the end.
+
+No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
+`fail_on_recompile_limit_hit` is on, so a shape change fails loudly instead of silently going dense.
+A rank that dies makes its peers' point-to-point calls fail (or time out after `run.timeout_s`) and torchrun
+stops the job with a non-zero status.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dflash_doctor.errors import ConfigError
+from trainer import checkpoint as ckpt
+from trainer.anchors import sample_anchors
+from trainer.batch import CapturedBatch
+from trainer.config import TrainConfig
+from trainer.data import (
+    BatchOrder,
+    RunPlan,
+    batches_of_target,
+    build_source,
+    make_batch,
+    num_sequences,
+    plan_run,
+)
+from trainer.faults import fault_from_env, maybe_exit_target
+from trainer.loss import LossOutput, expected_acceptance_length
+from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
+from trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from trainer.target import load_capture_target, load_frozen_embeddings, target_dtype, target_hf_config
+from trainer.transport import BatchReceiver, BatchSender, Topology, TransportError
+from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the job (from torchrun's environment)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_environ(cls) -> Rank:
+        return cls(
+            int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+        )
+
+
+def main(cfg: TrainConfig) -> int:
+    me = Rank.from_environ()
+    if me.world_size != cfg.world_size:
+        raise ConfigError(
+            f"topology: targets + drafters = {cfg.world_size}, but torchrun started {me.world_size} processes "
+            f"(use --nproc-per-node {cfg.world_size})"
+        )
+    device = resolve_device(cfg.run.device, me.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    topology = Topology(cfg.topology.targets, cfg.topology.drafters)
+    plan = plan_run(cfg, num_sequences(cfg))
+
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.run.timeout_s)
+    )
+    try:
+        drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
+        resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
+        if topology.is_target(me.rank):
+            run_target(cfg, plan, topology, me.rank, device, resume_step)
+            return 0
+        return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step)
+    except TransportError as exc:
+        print(f"dflash trainer: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        dist.destroy_process_group()
+
+
+def agree_on_resume_step(cfg: TrainConfig, topology: Topology, rank: int, device: torch.device) -> int:
+    """The first drafter decides (newest checkpoint, else 0) and broadcasts: every rank resumes alike."""
+    first_drafter = topology.drafter_rank(0)
+    step = torch.zeros(1, dtype=torch.int64, device=device)
+    if rank == first_drafter:
+        latest = ckpt.latest_checkpoint(cfg.output_dir)
+        step[0] = latest[0] if latest else 0
+    dist.broadcast(step, src=first_drafter)
+    return int(step.item())
+
+
+# ---------------------------------------------------------------- target ranks
+
+
+def run_target(
+    cfg: TrainConfig, plan: RunPlan, topology: Topology, rank: int, device: torch.device, resume_step: int
+) -> None:
+    assert cfg.drafter.target_layer_ids is not None
+    dtype = target_dtype(cfg.target.dtype, device)
+    target = load_capture_target(cfg.target.path, cfg.drafter.target_layer_ids, cfg.run.seed, device, dtype)
+    vocab = int(target_hf_config(cfg.target.path).vocab_size)
+    source = build_source(cfg, device, vocab)
+    order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)
+    sender = BatchSender(topology, cfg.topology.in_flight, device)
+    fault = fault_from_env()
+    first_batch = resume_step * topology.drafters  # the data position: global batch index
+    for index in batches_of_target(rank, topology.targets, first_batch, plan.total_batches):
+        maybe_exit_target(fault, rank, index)
+        input_ids, loss_mask = make_batch(source, order.sequence_ids(index))
+        batch = target.capture(input_ids.to(device), loss_mask.to(device), index)
+        sender.send(batch)
+    sender.close()
+
+
+# ---------------------------------------------------------------- drafter ranks
+
+
+def run_drafter(
+    cfg: TrainConfig,
+    plan: RunPlan,
+    topology: Topology,
+    rank: int,
+    device: torch.device,
+    group: dist.ProcessGroup,
+    resume_step: int,
+) -> int:
+    began = time.monotonic()
+    index = topology.drafter_index(rank)
+    is_first = index == 0
+    embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed)
+    model = build_drafter(cfg, hf_config, embed, lm_head, device)
+    warmup = warm_up_model(model, cfg, device)  # compile here, in the main thread, before the loop
+    ddp = DistributedDataParallel(
+        model, process_group=group, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    optimizer = build_optimizer(model, cfg.optim, device)
+    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
+    anchor_gen = torch.Generator(device=device).manual_seed(cfg.run.seed * 1_000_003 + 7 + index)
+    if resume_step:
+        restore(cfg, model, optimizer, scheduler, anchor_gen, index, topology, resume_step, device)
+
+    log = MetricsLog(cfg.output_dir / "metrics.jsonl", resume_step) if is_first else None
+    progress = Progress(plan.total_steps, resume_step, cfg.run.log_every) if is_first else None
+    if is_first:
+        print(
+            f"dflash trainer: {topology.targets} target + {topology.drafters} drafter ranks, {plan.total_steps} steps"
+            f"{f', resuming at step {resume_step}' if resume_step else ''}; warm-up {warmup['seconds']}s "
+            f"({warmup['attention']} on {warmup['device']})",
+            flush=True,
+        )
+    receiver = BatchReceiver(topology, index, device)
+    status = "failed"
+    try:
+        for step in range(resume_step, plan.total_steps):
+            t0 = time.perf_counter()
+            batch = receiver.receive(step)
+            waited = time.perf_counter() - t0
+            out, grad_norm = train_step(ddp, model, batch, cfg, anchor_gen, optimizer, scheduler, device)
+            stats = reduce_over_drafters(out, group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - t0
+            done = step + 1
+            if log is not None and progress is not None:
+                m = step_metrics(done, stats, scheduler, grad_norm, batch, topology, elapsed, waited)
+                log.write(m)
+                progress.update(m)
+            every = cfg.checkpoint.every
+            if (every and done % every == 0) or done == plan.total_steps:
+                save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
+        receiver.expect_end()
+        status = "ok"
+    finally:
+        if progress is not None:
+            progress.close()
+        if log is not None:
+            log.close()
+            write_summary(
+                cfg.output_dir,
+                summarize(
+                    read_metrics(cfg.output_dir / "metrics.jsonl"),
+                    status,
+                    time.monotonic() - began,
+                    resumed_from=resume_step,
+                    total_steps=plan.total_steps,
+                    warmup=warmup,
+                    topology={"targets": topology.targets, "drafters": topology.drafters},
+                ),
+            )
+    if is_first:
+        from trainer.export import export_drafter
+
+        path = export_drafter(model, cfg.output_dir / "export")
+        print(f"dflash trainer: exported the drafter to {path}", flush=True)
+    return 0
+
+
+def train_step(
+    ddp: nn.Module,
+    model: nn.Module,
+    batch: CapturedBatch,
+    cfg: TrainConfig,
+    anchor_gen: torch.Generator,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    device: torch.device,
+) -> tuple[LossOutput, float]:
+    """Anchors, forward+backward (DDP averages gradients over the drafters), clip, step, schedule."""
+    anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, anchor_gen)
+    with autocast_for(cfg, device):
+        out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
+    out.loss.backward()
+    grad_norm = clip_gradients(model, cfg.optim.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return out, grad_norm
+
+
+@dataclass
+class StepStats:
+    """One step's numbers summed over the drafter ranks."""
+
+    loss: float  # mean of the ranks' losses
+    correct: torch.Tensor
+    counted: torch.Tensor
+    accept_len_sum: float
+    anchors: float
+
+
+def reduce_over_drafters(out: LossOutput, group: dist.ProcessGroup) -> StepStats:
+    block = out.correct.numel()
+    packed = torch.cat(
+        [
+            out.loss.detach().float().view(1),
+            out.correct.float(),
+            out.counted.float(),
+            out.accept_len_sum.float().view(1),
+            out.anchors.float().view(1),
+        ]
+    )
+    dist.all_reduce(packed, group=group)
+    packed = packed.cpu()
+    world = dist.get_world_size(group)
+    return StepStats(
+        float(packed[0]) / world,
+        packed[1 : 1 + block],
+        packed[1 + block : 1 + 2 * block],
+        float(packed[-2]),
+        float(packed[-1]),
+    )
+
+
+def step_metrics(
+    step: int,
+    s: StepStats,
+    scheduler: Any,
+    grad_norm: float,
+    batch: CapturedBatch,
+    topology: Topology,
+    elapsed: float,
+    waited: float,
+) -> StepMetrics:
+    accuracy = (s.correct / s.counted.clamp(min=1)).tolist()
+    samples = batch.batch_size * topology.drafters
+    return StepMetrics(
+        step=step,
+        loss=s.loss,
+        lr=float(scheduler.get_last_lr()[0]),
+        grad_norm=grad_norm,
+        accuracy=[round(a, 5) for a in accuracy],
+        accept_len=s.accept_len_sum / max(s.anchors, 1.0),
+        accept_len_from_accuracy=expected_acceptance_length(s.correct, s.counted),
+        tok_s=samples * batch.seq_len / elapsed,
+        samples_s=samples / elapsed,
+        step_time_s=elapsed,
+        data_wait_s=waited,
+    )
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _rng_state(anchor_gen: torch.Generator, device: torch.device) -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "anchor": anchor_gen.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def save(
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    anchor_gen: torch.Generator,
+    group: dist.ProcessGroup,
+    index: int,
+    step: int,
+) -> None:
+    """Gather every drafter's RNG state; the first drafter writes the checkpoint atomically."""
+    device = next(model.parameters()).device
+    rng_states: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(rng_states, _rng_state(anchor_gen, device), group=group)
+    if index != 0:
+        return
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": [{k: v for k, v in r.items()} for r in rng_states],
+        "step": step,
+        "next_batch": step * cfg.topology.drafters,
+        "config": cfg.to_dict(),
+    }
+    meta = {"next_batch": step * cfg.topology.drafters, "drafters": cfg.topology.drafters}
+    ckpt.save_checkpoint(cfg.output_dir, step, state, meta, cfg.checkpoint.keep)
+
+
+def restore(
+    cfg: TrainConfig,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    anchor_gen: torch.Generator,
+    index: int,
+    topology: Topology,
+    step: int,
+    device: torch.device,
+) -> None:
+    """Put weights, optimiser, schedule and this rank's RNG streams back as they were after `step`."""
+    folder = ckpt.checkpoints_root(cfg.output_dir) / ckpt.checkpoint_name(step)
+    state = ckpt.load_checkpoint(folder, map_location=device)
+    if len(state["rng"]) != topology.drafters:
+        raise ConfigError(
+            f"topology.drafters: the checkpoint in {folder} was written by {len(state['rng'])} drafters, "
+            f"this run has {topology.drafters}; resume with the same topology or a new output.dir"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rng = state["rng"][index]
+    torch.set_rng_state(rng["torch"].cpu())
+    if rng["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
+    anchor_gen.set_state(rng["anchor"].cpu())
+    random.setstate(rng["python"])

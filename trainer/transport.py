@@ -1,0 +1,176 @@
+"""Target ranks -> drafter ranks: captured batches over torch.distributed point-to-point (gloo or NCCL).
+
+Ranks: [0, N) are targets, [N, N+M) drafters. Global batch i is produced by target i % N and consumed by
+drafter i % M, so drafter d at step s trains on batch s*M + d: nothing is negotiated at run time, and a
+resumed run knows where every rank stands from the step alone.
+
+On the wire, per batch: a fixed-size int64 header (kind, batch index, B, S, F, hidden dtype), then input_ids,
+loss_mask (as uint8: gloo has no bool) and hidden. Each (target, drafter) pair is a FIFO channel, so the
+header always precedes its own payload. A target keeps at most `in_flight` batches sent-but-unfinished
+(isend, then wait on the oldest when over the bound). When a target is done it sends an END header to every
+drafter; a drafter that finished its steps expects exactly that from every target.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trainer.batch import CapturedBatch
+
+HEADER_LEN = 8
+KIND_BATCH = 1
+KIND_END = 2
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+
+class TransportError(RuntimeError):
+    """A peer vanished, went silent past the timeout, or sent something other than what was due."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Who is who: targets are ranks [0, N), drafters ranks [N, N+M)."""
+
+    targets: int
+    drafters: int
+
+    @property
+    def world_size(self) -> int:
+        return self.targets + self.drafters
+
+    def is_target(self, rank: int) -> bool:
+        return rank < self.targets
+
+    def drafter_index(self, rank: int) -> int:
+        return rank - self.targets
+
+    def drafter_rank(self, drafter_index: int) -> int:
+        return self.targets + drafter_index
+
+    @property
+    def drafter_ranks(self) -> list[int]:
+        return [self.drafter_rank(d) for d in range(self.drafters)]
+
+    def producer_of(self, batch_index: int) -> int:
+        """The target rank that makes global batch i."""
+        return batch_index % self.targets
+
+    def consumer_of(self, batch_index: int) -> int:
+        """The drafter index that trains on global batch i."""
+        return batch_index % self.drafters
+
+    def batch_for(self, step: int, drafter_index: int) -> int:
+        return step * self.drafters + drafter_index
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: int
+    index: int
+    batch_size: int
+    seq_len: int
+    features: int
+    dtype: torch.dtype
+
+
+def encode_header(batch: CapturedBatch | None, index: int = -1) -> torch.Tensor:
+    """The int64 header of a batch, or of END when batch is None."""
+    if batch is None:
+        return torch.tensor([KIND_END, index, 0, 0, 0, 0, 0, 0], dtype=torch.int64)
+    b, s, f = batch.hidden.shape
+    code = _DTYPE_CODES[batch.hidden.dtype]
+    return torch.tensor([KIND_BATCH, batch.index, b, s, f, code, 0, 0], dtype=torch.int64)
+
+
+def decode_header(header: torch.Tensor) -> Header:
+    kind, index, b, s, f, code = (int(v) for v in header.tolist()[:6])
+    if kind not in (KIND_BATCH, KIND_END) or code not in _CODE_DTYPES:
+        raise TransportError(f"malformed header {header.tolist()}")
+    return Header(kind, index, b, s, f, _CODE_DTYPES[code])
+
+
+class BatchSender:
+    """A target rank's outbox: isend with at most `in_flight` batches unfinished."""
+
+    def __init__(self, topology: Topology, in_flight: int, device: torch.device) -> None:
+        self.topology, self.in_flight, self.device = topology, in_flight, device
+        self._pending: deque[tuple[list[dist.Work], list[torch.Tensor]]] = deque()
+        self.max_pending_seen = 0
+
+    def send(self, batch: CapturedBatch) -> None:
+        dst = self.topology.drafter_rank(self.topology.consumer_of(batch.index))
+        tensors = [
+            encode_header(batch).to(self.device),
+            batch.input_ids.contiguous(),
+            batch.loss_mask.to(torch.uint8).contiguous(),
+            batch.hidden.contiguous(),
+        ]
+        works = [dist.isend(t, dst) for t in tensors]
+        self._pending.append((works, tensors))  # the tensors must outlive their sends
+        self.max_pending_seen = max(self.max_pending_seen, len(self._pending))
+        while len(self._pending) > self.in_flight:
+            self._wait_oldest()
+
+    def _wait_oldest(self) -> None:
+        works, _ = self._pending.popleft()
+        for work in works:
+            work.wait()
+
+    def close(self) -> None:
+        """Finish every send, then tell every drafter this target is done."""
+        while self._pending:
+            self._wait_oldest()
+        for d in range(self.topology.drafters):
+            dist.send(encode_header(None).to(self.device), self.topology.drafter_rank(d))
+
+
+class BatchReceiver:
+    """A drafter rank's inbox: receives exactly the batches the assignment gives it, in order."""
+
+    def __init__(self, topology: Topology, drafter_index: int, device: torch.device) -> None:
+        self.topology, self.drafter_index, self.device = topology, drafter_index, device
+        self.rank = topology.drafter_rank(drafter_index)
+
+    def _recv(self, tensor: torch.Tensor, src: int, what: str) -> torch.Tensor:
+        try:
+            dist.recv(tensor, src)
+        except RuntimeError as exc:  # gloo: connection closed / timed out; NCCL: watchdog abort
+            raise TransportError(
+                f"drafter rank {self.rank}: lost target rank {src} while waiting for {what}: {exc}"
+            ) from exc
+        return tensor
+
+    def _header(self, src: int, what: str) -> Header:
+        return decode_header(
+            self._recv(torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device), src, what)
+        )
+
+    def receive(self, step: int) -> CapturedBatch:
+        index = self.topology.batch_for(step, self.drafter_index)
+        src = self.topology.producer_of(index)
+        what = f"batch {index}"
+        head = self._header(src, what)
+        if head.kind != KIND_BATCH or head.index != index:
+            got = "end of stream" if head.kind == KIND_END else f"batch {head.index}"
+            raise TransportError(
+                f"drafter rank {self.rank}: expected batch {index} from target rank {src}, got {got}"
+            )
+        b, s, f = head.batch_size, head.seq_len, head.features
+        input_ids = self._recv(torch.empty(b, s, dtype=torch.int64, device=self.device), src, what)
+        loss_mask = self._recv(torch.empty(b, s, dtype=torch.uint8, device=self.device), src, what)
+        hidden = self._recv(torch.empty(b, s, f, dtype=head.dtype, device=self.device), src, what)
+        return CapturedBatch(input_ids, loss_mask.bool(), hidden, index)
+
+    def expect_end(self) -> None:
+        """After the last step: every target must say it is done (and nothing else may be queued)."""
+        for src in range(self.topology.targets):
+            head = self._header(src, "end of stream")
+            if head.kind != KIND_END:
+                raise TransportError(
+                    f"drafter rank {self.rank}: expected end of stream from target rank {src}, got batch {head.index}"
+                )

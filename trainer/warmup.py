@@ -1,0 +1,138 @@
+"""Compile and warm every compiled function in the main thread, before any loop or thread exists.
+
+`warm_up(config)` is what `dflash-doctor cache warm` calls: it builds the drafter at the run's shapes with
+the attention the run will use on this device, runs one forward+backward on a dummy batch and reports what
+it compiled and how long it took. It needs no process group and no target weights (the frozen embedding
+and head are zeros of the right shape: values do not change what gets compiled). `train.py` calls
+`warm_up_model` on the real drafter for the same reason.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_doctor.errors import ConfigError
+from trainer.batch import CapturedBatch
+from trainer.config import TrainConfig, load_config
+from trainer.drafter import DFlashDrafter, DrafterConfig
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """`run.device`: auto picks CUDA when there is one."""
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError('run.device: "cuda" but torch sees no CUDA device')
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def attention_for(cfg: TrainConfig, device: torch.device) -> str:
+    """`drafter.attention`: auto is compiled flex on CUDA, exact SDPA on CPU (CPU flex has no backward)."""
+    kind = cfg.drafter.attention
+    if kind == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if kind == "flex" and device.type != "cuda":
+        raise ConfigError(
+            'drafter.attention: "flex" cannot train on CPU (no backward there); use "sdpa" or "auto"'
+        )
+    return kind
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device) -> AbstractContextManager[Any]:
+    """A fresh context for one step: bf16 autocast on CUDA (auto/bf16); nothing on CPU or when off."""
+    if cfg.precision.autocast == "off" or device.type != "cuda":
+        return nullcontext()
+    return torch.autocast("cuda", torch.bfloat16)
+
+
+def hidden_dtype_for(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    from trainer.target import target_dtype
+
+    return target_dtype(cfg.target.dtype, device)
+
+
+def build_drafter(
+    cfg: TrainConfig, hf_config: Any, embed: torch.Tensor, lm_head: torch.Tensor, device: torch.device
+) -> DFlashDrafter:
+    """The drafter in fp32 on `device`, its init fixed by the run seed (every drafter rank starts equal)."""
+    d = cfg.drafter
+    assert d.mask_token_id is not None and d.target_layer_ids is not None, "load_config fills these"
+    dcfg = DrafterConfig.from_target(
+        hf_config, d.layers, d.block_size, d.mask_token_id, d.target_layer_ids, d.intermediate_size
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.run.seed)
+        model = DFlashDrafter(
+            dcfg,
+            embed.float(),
+            lm_head.float(),
+            attention=attention_for(cfg, device),  # type: ignore[arg-type]
+            loss_chunk=d.loss_chunk,
+            gamma=cfg.optim.gamma,
+        )
+    return model.to(device)
+
+
+def dummy_batch(cfg: TrainConfig, model: DFlashDrafter, device: torch.device) -> CapturedBatch:
+    """A batch with the run's exact shapes and dtypes, every position supervised."""
+    b, s = cfg.optim.batch_size, cfg.data.seq_len
+    features = model.cfg.num_context_features * model.cfg.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size - 1, (b, s), generator=gen)
+    hidden = torch.randn(b, s, features, generator=gen).to(hidden_dtype_for(cfg, device))
+    return CapturedBatch(ids.to(device), torch.ones(b, s, dtype=torch.bool, device=device), hidden.to(device))
+
+
+def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
+    """One forward+backward at the run's shapes in this (main) thread; leaves no gradients behind."""
+    from torch._dynamo.utils import counters
+
+    from trainer.anchors import sample_anchors
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    batch = dummy_batch(cfg, model, device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    began = time.perf_counter()
+    anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, gen)
+    with autocast_for(cfg, device):
+        out = model(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
+    out.loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - began
+    model.zero_grad(set_to_none=True)
+    compiled = ["flex_attention", "create_block_mask"] if model.attention == "flex" else []
+    return {
+        "device": str(device),
+        "attention": model.attention,
+        "compiled": compiled,
+        "seconds": round(seconds, 3),
+        "shapes": {
+            "batch_size": cfg.optim.batch_size,
+            "seq_len": cfg.data.seq_len,
+            "anchors": cfg.optim.anchors,
+            "block_size": cfg.drafter.block_size,
+        },
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
+def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict[str, Any]:
+    """Build the drafter at the config's shapes and warm it; no process group, no target weights."""
+    from trainer.target import target_hf_config
+
+    cfg = config if isinstance(config, TrainConfig) else load_config(config)
+    dev = resolve_device(device or cfg.run.device)
+    hf_config = target_hf_config(cfg.target.path)
+    shape = (int(hf_config.vocab_size), int(hf_config.hidden_size))
+    frozen = torch.zeros(shape, device=dev)
+    model = build_drafter(cfg, hf_config, frozen, frozen, dev)
+    return warm_up_model(model, cfg, dev)
