@@ -7,6 +7,8 @@ NCCL in turn, and `pip check` said nothing, because torch pulls the libraries in
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterator
 
 from packaging.utils import canonicalize_name
@@ -18,12 +20,15 @@ from dflash_doctor.package_analyses import (
     cuda_families,
     record_audit,
     requirement_graph,
+    resolved_library_paths,
     torch_closure,
     twin_remedy,
 )
 from dflash_doctor.pip_commands import pinned, pip_command
 from dflash_doctor.registry import check
 from dflash_doctor.requirement_graph import Problem, version_satisfies
+
+_CUDA_SUFFIX = re.compile(r"-cu\d+$")
 
 # Distributions that provide the `triton` package torch compiles with.
 TRITON_NAMES = frozenset(
@@ -83,7 +88,23 @@ def cuda_family_check(ctx: CheckContext) -> Iterator[Finding]:
             collides_with=wanted,
             see="ownership.twins",
         )
-    stray = {key: fam for key, fam in foreign.items() if not colliding[key]}
+    loaded = _libraries_torch_loads_from(ctx, [k for k in foreign if not colliding[k]])
+    for key, paths in sorted(loaded.items()):
+        dist = env.distributions[key]
+        wanted = _counterparts_missing(ctx, key)
+        remedy = pip_command(env, "uninstall", dist.name)
+        if wanted:
+            remedy += f" && {pip_command(env, 'install', '--force-reinstall', *wanted)}"
+        yield fail(
+            "packages.cuda_family.loaded",
+            f"torch {build.version} (CUDA {build.cuda_major}) would load {len(paths)} library(ies) from "
+            f"{dist.name} {dist.version} ({foreign[key]})",
+            remedy=remedy,
+            package=key,
+            libraries=[os.path.basename(p) for p in paths],
+            paths=paths,
+        )
+    stray = {key: fam for key, fam in foreign.items() if not colliding[key] and key not in loaded}
     if stray:
         unrequired = sorted(key for key in stray if not graph.required_by(key))
         yield warn(
@@ -202,6 +223,34 @@ def triton_check(ctx: CheckContext) -> Iterator[Finding]:
         f"{installed.name} {installed.version} matches torch's pin {requirement.specifier}",
         requirement=str(requirement),
         dist_info=installed.dist_info,
+    )
+
+
+def _libraries_torch_loads_from(ctx: CheckContext, keys: list[str]) -> dict[str, list[str]]:
+    """Distribution key -> the files of it that the library report says `import torch` maps."""
+    wanted = set(keys)
+    found: dict[str, list[str]] = {}
+    if not wanted:
+        return found
+    for path in sorted(resolved_library_paths(ctx)):
+        for owner in ctx.env.owners_of(path):
+            if owner in wanted:
+                found.setdefault(owner, []).append(path)
+    return found
+
+
+def _counterparts_missing(ctx: CheckContext, key: str) -> list[str]:
+    """Pins of what torch's tree lacks under the same name but another suffix (`-cu12` -> `-cu13`)."""
+    closure = torch_closure(ctx)
+    stem = _CUDA_SUFFIX.sub("", key)
+    return sorted(
+        {
+            pinned(p.edge.requirement.name, p.edge.requirement)
+            for p in requirement_graph(ctx).problems
+            if p.installed is None
+            and p.edge.requester in closure
+            and _CUDA_SUFFIX.sub("", p.edge.target) == stem
+        }
     )
 
 

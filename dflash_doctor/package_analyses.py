@@ -75,10 +75,10 @@ def libraries_worth_hashing(ctx: CheckContext) -> set[str]:
         for entry in audited_rows(dist)
         if is_preloaded_cuda_library(entry.path)
     }
-    return preloaded | _resolved_library_paths(ctx)
+    return preloaded | resolved_library_paths(ctx)
 
 
-def _resolved_library_paths(ctx: CheckContext) -> set[str]:
+def resolved_library_paths(ctx: CheckContext) -> set[str]:
     """Paths from `dflash_doctor.loader.library_report(ctx).by_soname`, when that module is there.
 
     It belongs to the library-resolution checks; we only read it and never fail because of it.

@@ -8,7 +8,10 @@ import pytest
 
 from dflash_doctor.findings import Severity
 from tests.fakeenv import FakeSite
+from tests.libs_fixtures import ALL_PRELOADS, cuda_libs, install_cuda_torch
 from tests.packaging_fixtures import by_id, cu13_site, nccl_files, run
+
+__all__ = ["cuda_libs"]
 
 
 @pytest.fixture(autouse=True)
@@ -172,3 +175,27 @@ def test_cuda13_toolkit_parts_beside_a_cu128_torch_warn(site: FakeSite) -> None:
     mismatch = got["packages.cuda_family.mismatch"]
     assert list(mismatch.evidence["packages"]) == ["nvidia-cublas"]
     assert "packages.cuda_family.collision" not in got  # different folders: no file collides
+
+
+def test_torch_loading_a_library_from_a_foreign_family_package_fails(site: FakeSite, cuda_libs) -> None:
+    # nccl-cu13 replaced by nccl-cu12 (no twin left to collide with): torch's RPATH now finds cu12's libnccl.
+    install_cuda_torch(site, cuda_libs, preloads=ALL_PRELOADS, without=("nvidia-nccl-cu13",))
+    site.add_dist("nvidia-nccl-cu12", "2.27.5", {"nvidia/nccl/lib/libnccl.so.2": cuda_libs["nccl"]})
+    got = by_id(run(site, "packages.cuda_family"))
+    loaded = got["packages.cuda_family.loaded"]
+    assert loaded.severity is Severity.FAIL
+    assert loaded.evidence["libraries"] == ["libnccl.so.2"]
+    assert loaded.remedy is not None
+    assert "pip uninstall nvidia-nccl-cu12 && " in loaded.remedy
+    assert loaded.remedy.endswith("pip install --force-reinstall nvidia-nccl-cu13==2.30.7")
+    assert "packages.cuda_family.mismatch" not in got
+
+
+def test_foreign_family_package_torch_does_not_load_only_warns(site: FakeSite, cuda_libs) -> None:
+    install_cuda_torch(site, cuda_libs, preloads=ALL_PRELOADS)
+    site.add_dist(
+        "nvidia-cufft-cu12", "11.3.3.83", {"nvidia/cufft/lib/libcufft.so.11": cuda_libs["cudart12"]}
+    )
+    got = by_id(run(site, "packages.cuda_family"))
+    assert got["packages.cuda_family.mismatch"].severity is Severity.WARN
+    assert "packages.cuda_family.loaded" not in got
