@@ -25,8 +25,10 @@ from dflash_doctor.drift import CONTEXT_GROWTH_MIB
 from dflash_doctor.findings import Finding, Severity, fail, ok, skip, warn
 from dflash_doctor.registry import check
 
-FLEX_TOLERANCE = 1e-3  # fp32 on both paths: a real bug differs by far more (pytorch#158212: NaN)
-FLEX_MEMORY_FRACTION = 0.25  # the compiled kernel's extra memory must stay far below the dense matrix
+FLEX_TOLERANCE = (
+    1e-2  # relative error; fp32/TF32 rounding stays near 1e-3, a wrong kernel (pytorch#158212) near 1
+)
+FLEX_MEMORY_FRACTION = 0.5  # the dense path holds at least one full score matrix; the fused kernel far less
 
 
 def _report_or_skip(ctx: CheckContext, check_id: str, need_import: bool = True) -> ProbeReport | Finding:
@@ -311,12 +313,12 @@ def flex_findings(flex: dict[str, Any]) -> Iterator[Finding]:
         problems.append("Dynamo compiled nothing (frames_ok/unique_graphs are 0)")
     if counters.get("graph_breaks"):
         problems.append(f"{counters['graph_breaks']} graph break(s)")
-    fwd = flex.get("forward_max_abs_diff")
+    fwd = flex.get("forward_rel_err", flex.get("forward_max_abs_diff"))
     if fwd is None or not fwd <= FLEX_TOLERANCE:  # NaN fails too
-        problems.append(f"forward differs from the dense reference by {fwd}")
-    bwd = flex.get("backward_max_abs_diff")
-    if bwd is not None and not bwd <= FLEX_TOLERANCE * 10:
-        problems.append(f"gradients differ from the dense reference by {bwd} (pytorch#158212?)")
+        problems.append(f"forward differs from the dense reference (relative error {fwd})")
+    bwd = flex.get("backward_rel_err", flex.get("backward_max_abs_diff"))
+    if bwd is not None and not bwd <= FLEX_TOLERANCE:
+        problems.append(f"gradients differ from the dense reference (relative error {bwd}; pytorch#158212?)")
     peak, dense = flex.get("peak_extra_mib"), flex.get("dense_score_matrix_mib")
     if peak is not None and dense and peak > FLEX_MEMORY_FRACTION * dense:
         problems.append(f"peak memory {peak} MiB is near the dense score matrix ({dense} MiB)")
@@ -324,8 +326,8 @@ def flex_findings(flex: dict[str, Any]) -> Iterator[Finding]:
         "device": flex.get("device"),
         "shape": flex.get("shape"),
         "counters": counters,
-        "forward_max_abs_diff": fwd,
-        "backward_max_abs_diff": bwd if bwd is not None else "not run (no backward on CPU)",
+        "forward_rel_err": fwd,
+        "backward_rel_err": bwd if bwd is not None else "not run (no backward on CPU)",
         "peak_extra_mib": peak if peak is not None else "not measured on CPU",
         "dense_score_matrix_mib": dense,
         "compile_seconds": flex.get("compile_seconds"),

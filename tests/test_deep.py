@@ -381,3 +381,121 @@ def test_real_flex_proof_on_cpu_and_its_dense_fallback(monkeypatch: pytest.Monke
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # what silencing compile does: the dense path
     dense = run_probe(CPU_PYTHON, timeout=300).flex
     assert dense["counters"]["frames_ok"] == 0 and dense["dense_warnings"]
+
+
+# --- the CUDA branch of the child, against a fake torch and a fake NVML ------------------------------
+
+
+class FakeTensor:
+    def __matmul__(self, other: FakeTensor) -> FakeTensor:
+        return self
+
+    def sum(self) -> FakeTensor:
+        return self
+
+    def item(self) -> float:
+        return 0.0
+
+
+class FakeTorchCuda:
+    """The torch.cuda calls `cuda_steps` makes, for two H200s; cuDNN broken on device 1."""
+
+    def __init__(self, nvml: FakeChildNvml) -> None:
+        self.nvml = nvml
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 2
+
+    def get_arch_list(self) -> list[str]:
+        return ["sm_90", "sm_100"]
+
+    def get_device_properties(self, i: int) -> Any:
+        from types import SimpleNamespace
+
+        # CUDA_VISIBLE_DEVICES=3,2: torch's device 0 is NVML's device 3
+        uuid = ["aaaa-3", "aaaa-2"][i]
+        return SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=140 << 30, uuid=uuid)
+
+    def synchronize(self, i: int | None = None) -> None:
+        # initialising a device costs its context on the matching NVML device
+        if i is not None:
+            self.nvml.used[[3, 2][i]] += [747, 760][i] << 20
+
+    def memory_reserved(self, i: int) -> int:
+        return 2 << 20
+
+
+class FakeChildNvml:
+    def __init__(self) -> None:
+        self.used = {0: 0, 1: 0, 2: 100 << 20, 3: 0}
+
+    def used_bytes(self, i: int) -> int:
+        return self.used[i]
+
+    def uuid(self, i: int) -> str:
+        return f"aaaa-{i}"
+
+
+def fake_torch(nvml: FakeChildNvml) -> Any:
+    from types import SimpleNamespace
+
+    def conv2d(x: Any, w: Any) -> FakeTensor:
+        if conv2d.calls == 1:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_INITIALIZED")
+        conv2d.calls += 1
+        return FakeTensor()
+
+    conv2d.calls = 0  # type: ignore[attr-defined]
+    dist = SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: False)
+    return SimpleNamespace(
+        cuda=FakeTorchCuda(nvml),
+        randn=lambda *a, **k: FakeTensor(),
+        nn=SimpleNamespace(functional=SimpleNamespace(conv2d=conv2d)),
+        distributed=dist,
+        version=SimpleNamespace(cuda="13.0"),
+    )
+
+
+def test_cuda_steps_measure_overhead_per_device_through_nvml_uuids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    nvml = FakeChildNvml()
+    before = dict(nvml.used)
+    report = probe_child.cuda_steps(fake_torch(nvml), nvml, before)  # type: ignore[arg-type]
+    assert report["context_overhead_mib"] == {"0": 745.0, "1": 758.0}  # minus torch's own 2 MiB
+    assert report["touch"]["0"] == {"cublas": "ok", "cudnn": "ok"}
+    assert report["touch"]["1"]["cudnn"]["error_type"] == "RuntimeError"
+    assert report["nccl"]["status"] == "skipped"
+    findings = {
+        f.id: f for f in __import__("checks.deep", fromlist=["x"]).cuda_findings(report_for(cuda=report))
+    }
+    assert findings["deep.cuda"].severity is Severity.FAIL and "cuda:1.cudnn" in findings["deep.cuda"].summary
+
+
+def test_cuda_steps_without_nvml_say_why_overhead_is_missing() -> None:
+    nvml = FakeChildNvml()
+    report = probe_child.cuda_steps(fake_torch(nvml), None, None)  # type: ignore[arg-type]
+    assert report["context_overhead_mib"] == {}
+    assert "not measured" in str(report["overhead_method"])
+
+
+def test_dense_mask_tensor_matches_the_reference() -> None:
+    torch = pytest.importorskip("torch")
+    anchors = [3, 9, 17]
+    want = probe_child.dflash_mask_reference(anchors, block=4, context=20, q_len=12, kv_len=32)
+    got = probe_child.dense_dflash_mask(torch, torch.tensor(anchors), 4, 20, 12, 32)
+    assert got.tolist() == want
+
+
+@pytest.mark.skipif(not os.path.exists(CPU_PYTHON), reason="needs the CPU torch venv")
+def test_probe_command_prints_and_saves_the_raw_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "probe.json"
+    assert run(["probe", "--python", CPU_PYTHON, "--no-flex", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["raw"]["schema"] == "dflash-doctor/probe/v1" and printed["raw"]["import"]["ok"]
+    assert printed["raw"]["flex"]["status"] == "skipped"

@@ -1,0 +1,48 @@
+"""`dflash-doctor probe`: run the deep probe and print its raw JSON report (to save, attach, compare).
+
+`check --deep` judges this report; `probe` hands it over whole: loaded libraries, their real versions,
+CUDA context overhead per device, the flex_attention proof. The child is stdlib + torch only, so the
+same report comes from `python dflash_doctor/deep/probe_child.py` run with any interpreter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dflash_doctor.atomic import write_json_atomic
+from dflash_doctor.commands.options import PythonOption
+from dflash_doctor.deep.run import probe_timeout, run_probe
+from dflash_doctor.interpreter import interpreter_for
+from dflash_doctor.report import dumps
+
+ProbeOutOption = typer.Option(None, "--out", "-o", help="Also write the report to this file (atomically).")
+NoFlexOption = typer.Option(False, "--no-flex", help="Skip the compiled flex_attention proof.")
+CacheOption = typer.Option(
+    None,
+    "--inductor-cache",
+    help="Compile into this folder ('inherit': the environment's); default: a temp folder.",
+)
+
+
+def probe_command(
+    python: str | None = PythonOption,
+    out: Path | None = ProbeOutOption,
+    no_flex: bool = NoFlexOption,
+    inductor_cache: str | None = CacheOption,
+) -> None:
+    """Import torch in a child of the audited interpreter, init CUDA, and print what really loaded."""
+    interpreter = interpreter_for(python)
+    report = run_probe(
+        interpreter.executable, probe_timeout(), flex=not no_flex, inductor_cache=inductor_cache
+    )
+    data = report.to_json()
+    if out is not None:
+        write_json_atomic(out, data)
+    typer.echo(dumps(data))
+    raise typer.Exit(0 if report.ran else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("probe")(probe_command)
