@@ -155,3 +155,25 @@ def test_nccl_twin_then_its_uninstall(
     finally:
         restore(venv, "nvidia_nccl_cu13-*.dist-info")
     assert check(python, capsys)[0] == 0
+
+
+def test_nccl_cu13_replaced_by_cu12(
+    venv: Path, old_nccl_wheel: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    python = venv / "bin/python"
+    pip(venv, "uninstall", "-y", "nvidia-nccl-cu13")
+    pip(venv, "install", "--no-deps", str(old_nccl_wheel))
+    try:
+        code, failing = check(python, capsys)
+        assert code == 1
+        loaded = failing["packages.cuda_family.loaded"]
+        assert "libnccl.so.2" in loaded["evidence"]["libraries"]
+        assert loaded["remedy"] == (
+            f"{python} -m pip uninstall nvidia-nccl-cu12 && "
+            f"{python} -m pip install --force-reinstall nvidia-nccl-cu13==2.30.7"
+        )
+        assert failing["packages.requirements.torch"]["evidence"]["installed"] == "missing"
+    finally:
+        pip(venv, "uninstall", "-y", "nvidia-nccl-cu12")
+        restore(venv, "nvidia_nccl_cu13-*.dist-info")
+    assert check(python, capsys)[0] == 0
