@@ -88,6 +88,7 @@ class HashCache:
             return None
         self.misses += 1
         self.bytes_hashed += key[0]
+        self.entries.pop(path, None)  # re-insert at the end: the newest rows survive the size bound
         self.entries[path] = (key, value)
         self._dirty = True
         return value
