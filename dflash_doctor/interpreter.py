@@ -88,6 +88,7 @@ def current_interpreter() -> InterpreterInfo:
 
 def probe_interpreter(python: str, timeout: float = 30.0) -> InterpreterInfo:
     """Ask another interpreter for its paths. Raises InterpreterError (exit 2) with what to do."""
+    python = os.path.abspath(python)
     if not os.path.exists(python):
         raise InterpreterError(
             f"--python {python}: no such file",

@@ -128,13 +128,15 @@ def audit_records(
         for entry in audited_rows(dist):
             claims[entry.path].append((key, entry))
 
+    installed_at: dict[str, int] = {}
     result = RecordAudit()
     for path, owners in claims.items():
         result.files_checked += 1
         try:
-            size: int | None = os.stat(path).st_size
+            stat: os.stat_result | None = os.stat(path)
         except OSError:
-            size = None
+            stat = None
+        size = stat.st_size if stat is not None else None
         if len(owners) > 1:
             result.shared.append(_shared_file(path, owners, size, cache))
             continue
@@ -143,7 +145,7 @@ def audit_records(
             result.missing.setdefault(key, []).append(path)
         elif entry.size is not None and entry.size != size:
             result.changed.setdefault(key, []).append(ChangedFile(path, entry.size, size, entry.sha256, None))
-        elif path in want_hash:
+        elif path in want_hash and _changed_since_install(stat, distributions[key], installed_at):
             actual = cache.digest(path)
             if actual is not None and actual != entry.sha256:
                 result.changed.setdefault(key, []).append(
@@ -159,6 +161,25 @@ def audit_records(
     result.bytes_hashed = cache.bytes_hashed - bytes_before
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _changed_since_install(
+    stat: os.stat_result | None, dist: Distribution, installed_at: dict[str, int]
+) -> bool:
+    """Was this file written after its owner's RECORD (pip writes RECORD last)?
+
+    ctime moves on every write and on `touch`/`cp -p`, and cannot be set back, so a library whose
+    ctime is not newer than its RECORD's has its installed bytes: no need to hash 500 MB to know.
+    A wholesale copy of the environment makes every ctime new: those files are hashed once and cached.
+    """
+    if stat is None:
+        return False
+    if dist.dist_info not in installed_at:
+        try:
+            installed_at[dist.dist_info] = os.stat(os.path.join(dist.dist_info, "RECORD")).st_ctime_ns
+        except OSError:
+            installed_at[dist.dist_info] = -1
+    return stat.st_ctime_ns > installed_at[dist.dist_info]
 
 
 def is_shared_library(path: str) -> bool:

@@ -134,3 +134,28 @@ def test_remedy_uses_uv_for_a_pip_less_uv_environment(site: FakeSite) -> None:
         missing.remedy
         == "uv pip install --python /fake/bin/python --force-reinstall nvidia-nccl-cu13==2.30.7"
     )
+
+
+def test_library_untouched_since_install_is_not_rehashed(site: FakeSite, monkeypatch) -> None:
+    """ctime no newer than the owner's RECORD: the installed bytes, no 500 MB hash needed."""
+    import os
+    import time
+
+    from dflash_doctor import record_audit as audit_module
+    from tests.conftest import env_for
+    from dflash_doctor.file_hashes import HashCache
+
+    site.add_dist("nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": b"n" * 64})
+    record = next(site.root.glob("nvidia_nccl_cu13-*.dist-info")) / "RECORD"
+    later = os.stat(record).st_ctime_ns
+    lib = site.root / "nvidia/nccl/lib/libnccl.so.2"
+    hashed: list[str] = []
+    monkeypatch.setattr(HashCache, "digest", lambda self, path: hashed.append(path) or None)
+    dists = env_for(site).distributions
+    audit_module.audit_records(dists, HashCache(), [str(lib)])
+    assert os.stat(lib).st_ctime_ns <= later and hashed == []
+    time.sleep(0.02)  # past the filesystem's timestamp tick
+    lib.write_bytes(b"m" * 64)  # rewritten after install: same size, new ctime -> hashed
+    os.utime(lib, ns=(0, 0))  # `cp -p`-style old mtime: ctime still tells
+    audit_module.audit_records(dists, HashCache(), [str(lib)])
+    assert hashed == [str(lib)]
