@@ -142,8 +142,8 @@ def test_library_untouched_since_install_is_not_rehashed(site: FakeSite, monkeyp
     import time
 
     from dflash_doctor import record_audit as audit_module
-    from tests.conftest import env_for
     from dflash_doctor.file_hashes import HashCache
+    from tests.conftest import env_for
 
     site.add_dist("nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": b"n" * 64})
     record = next(site.root.glob("nvidia_nccl_cu13-*.dist-info")) / "RECORD"
