@@ -176,7 +176,7 @@ def _open_stream(path: Path) -> tuple[BinaryIO, tarfile.TarFile]:
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK, closefd=True)
-        tar = tarfile.open(fileobj=reader, mode="r|")  # noqa: SIM115 - closed by the caller
+        tar = tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK)  # noqa: SIM115 - closed by the caller
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
         raw.close()
         raise ArchiveError(f"{path}: truncated or corrupt archive, or not a snapshot ({exc})") from exc
