@@ -83,7 +83,7 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _refuse_uncompiled(what: str) -> None:
+def require_compiled(what: str) -> None:
     # Traced by Dynamo, `is_compiling()` is True and this branch vanishes from the graph. Run as plain
     # Python it means Dynamo fell back to eager (recompile limit hit, nested FX trace, disabled compile):
     # flex would then materialise the full score matrix and OOM at real sizes. Fail loudly instead.
@@ -98,13 +98,13 @@ def _refuse_uncompiled(what: str) -> None:
 
 def dflash_flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
     """flex_attention with the DFlash block mask; only ever run through `compiled_flex_attention`."""
-    _refuse_uncompiled("flex_attention")
+    require_compiled("flex_attention")
     return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def dflash_block_mask(context_end: Tensor, context_len: int, block_size: int) -> BlockMask:
     """The sparse block mask for one step; only ever run through `compiled_block_mask`."""
-    _refuse_uncompiled("create_block_mask")
+    require_compiled("create_block_mask")
     mask_mod = dflash_mask_mod(context_end, context_len, block_size)
     batch, q_len = context_end.shape[0], context_end.shape[1] * block_size
     return create_block_mask(mask_mod, batch, None, q_len, context_len + q_len, device=context_end.device)

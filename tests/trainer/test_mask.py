@@ -14,6 +14,7 @@ from trainer.attention import (
     dflash_block_mask,
     dflash_flex_attention,
     dflash_mask_mod,
+    require_compiled,
 )
 
 
@@ -162,3 +163,17 @@ def test_sampling_rejects_bad_arguments() -> None:
         sample_anchors(torch.ones(1, 5, dtype=torch.bool), 0, 4, torch.Generator())
     with pytest.raises(ValueError, match="block_size"):
         sample_anchors(torch.ones(1, 5, dtype=torch.bool), 2, 1, torch.Generator())
+
+
+def test_the_guard_fires_when_dynamo_falls_back_to_eager_at_the_recompile_limit() -> None:
+    """The silent dense fall-back of REFERENCE.md section 4: recompile limit hit without fail_on_recompile_limit_hit."""
+
+    def guarded(x: torch.Tensor) -> torch.Tensor:
+        require_compiled("guarded")
+        return x + 1
+
+    compiled = torch.compile(guarded, backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=False):
+        assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))  # compiled: the guard is traced away
+        with pytest.raises(FlexNotCompiledError, match="guarded ran outside"):
+            compiled(torch.zeros(3))  # a new shape past the limit: Dynamo runs the Python body eagerly
