@@ -86,8 +86,9 @@ def deep_import(ctx: CheckContext) -> Iterator[Finding]:
     error = report.import_error
     message = f"{error.get('error_type')}: {error.get('message')}"
     predicted = _static_predictions(ctx)
+    versions = {key: dist.version for key, dist in ctx.env.distributions.items()}
     why = explain_import_error(
-        str(error.get("message", "")), ctx.env.owners, ctx.env.interpreter.executable, predicted
+        str(error.get("message", "")), ctx.env.owners, ctx.env.interpreter.executable, predicted, versions
     )
     yield fail("deep.import", why.summary, remedy=why.remedy, error=message, **why.evidence)
 

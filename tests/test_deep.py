@@ -253,7 +253,7 @@ def test_import_failure_is_explained_with_the_static_model(site: FakeSite) -> No
     got = deep_findings(deep_ctx(site), failed)
     imp = got["deep.import"][0]
     assert imp.severity is Severity.FAIL and "nvidia-cusparselt-cu13" in imp.summary
-    assert "--force-reinstall" in (imp.remedy or "")
+    assert "--force-reinstall --no-deps nvidia-cusparselt-cu13==0.8.1" in (imp.remedy or "")
     assert got["deep.flex"][0].severity is Severity.SKIP  # nothing else pretends to know
 
 

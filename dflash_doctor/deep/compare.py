@@ -85,12 +85,15 @@ def explain_import_error(
     owners: Mapping[str, list[str]],
     python: str,
     predicted: Mapping[str, str | None] | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> ImportExplanation:
     """Why `import torch` failed, in terms of files and the distributions that own them.
 
     `owners`: absolute path -> distribution keys (`Environment.owners`); `predicted`: soname -> path
-    the static model resolves it to (None when it found nothing).
+    the static model resolves it to (None when it found nothing); `versions`: distribution -> version,
+    to pin the reinstall to what is installed.
     """
+    pinned = {**(versions or {})}
     pip = f"{python} -m pip"
     missing = _MISSING_SONAME.search(message)
     if missing:
@@ -103,10 +106,11 @@ def explain_import_error(
         if gone:
             dists = sorted({d for ds in gone.values() for d in ds})
             evidence["listed_but_deleted"] = sorted(gone)
+            specs = " ".join(f"{d}=={pinned[d]}" if d in pinned else d for d in dists)
             return ImportExplanation(
                 f"{soname} is missing: {', '.join(dists)} lists it in RECORD but the file was deleted "
-                "(uninstalling a twin that installs the same path does this)",
-                f"{pip} install --force-reinstall --no-deps {' '.join(dists)}",
+                "(uninstalling another package that installs the same path does this)",
+                f"{pip} install --force-reinstall --no-deps {specs}",
                 evidence,
             )
         if listed:

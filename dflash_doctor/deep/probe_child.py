@@ -469,6 +469,7 @@ def main(argv: list[str]) -> int:
             "traceback": traceback.format_exc().splitlines()[-6:],
         }
         report["libraries"] = {"loaded": read_loaded(), "versions": {}}
+        report["seconds"] = round(time.perf_counter() - start, 3)
         print(json.dumps(report))
         return 0
     report["import"] = {"ok": True, "seconds": round(time.perf_counter() - start, 3)}
