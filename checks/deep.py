@@ -117,10 +117,13 @@ def library_findings(
     ctx: CheckContext, report: ProbeReport, predicted: dict[str, str] | None
 ) -> Iterator[Finding]:
     loaded = report.loaded
-    listed = [f"{p}  [{_owner_label(ctx, p)}]" for p in loaded if _is_interesting(p)]
+    known = {os.path.realpath(p) for p in (predicted or {}).values()}
+    listed = [
+        f"{p}  [{_owner_label(ctx, p)}]" for p in loaded if _is_interesting(p) or os.path.realpath(p) in known
+    ]
     yield ok(
         "deep.libraries",
-        f"{len(listed)} torch/CUDA libraries mapped ({len(loaded)} shared objects in all)",
+        f"{len(listed)} libraries of torch and CUDA mapped ({len(loaded)} shared objects in all)",
         loaded=listed,
     )
     for family, paths in duplicate_families(loaded).items():
