@@ -43,7 +43,7 @@ from trainer.data import (
     num_sequences,
     plan_run,
 )
-from trainer.faults import fault_from_env, maybe_exit_target
+from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.loss import LossOutput, expected_acceptance_length
 from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
@@ -169,9 +169,11 @@ def run_drafter(
             flush=True,
         )
     receiver = BatchReceiver(topology, index, device)
+    fault = fault_from_env()
     status = "failed"
     try:
         for step in range(resume_step, plan.total_steps):
+            maybe_hang_drafter(fault, index, step)
             t0 = time.perf_counter()
             batch = receiver.receive(step)
             waited = time.perf_counter() - t0

@@ -1,0 +1,25 @@
+"""A target rank that dies makes the whole job exit non-zero, quickly, saying what happened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.trainer.trainer_runs import torchrun
+
+BOUND_S = 120  # start-up included; the failure itself is noticed within seconds
+
+
+def test_dead_target_stops_the_job(tmp_path: Path) -> None:
+    run = torchrun(
+        "configs/tiny-cpu.toml",
+        tmp_path / "out",
+        nproc=2,
+        fault="target_exit_at_batch:5",
+        timeout=BOUND_S + 60,
+    )
+    assert run.returncode != 0
+    assert run.seconds < BOUND_S
+    assert "target rank 0 exiting at batch 5" in run.stderr
+    assert "trainer FAILED" in run.stderr or "ChildFailedError" in run.stderr  # torchrun's own verdict
+    metrics = run.metrics
+    assert len(metrics) <= 5  # the drafter never trained past the last batch it received

@@ -1,0 +1,86 @@
+"""Capture: only the configured layers run, and each captured tensor equals HF's hidden_states[i + 1]."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.target import CaptureTarget, load_capture_target, load_frozen_embeddings
+from trainer.tiny import build_embedded_target, embedded_config
+
+
+def test_captured_layers_equal_hf_hidden_states() -> None:
+    ids = torch.randint(0, 511, (2, 24), generator=torch.Generator().manual_seed(0))
+    full = build_embedded_target("tiny", seed=3)
+    with torch.no_grad():
+        reference = full(input_ids=ids, output_hidden_states=True).hidden_states  # 5 entries for 4 layers
+    layer_ids = [0, 2]
+    target = CaptureTarget(build_embedded_target("tiny", seed=3), layer_ids)
+    batch = target.capture(ids, torch.ones_like(ids, dtype=torch.bool), index=7)
+    h = embedded_config("tiny").hidden_size
+    assert batch.hidden.shape == (2, 24, 2 * h)
+    assert batch.index == 7
+    for k, i in enumerate(layer_ids):
+        torch.testing.assert_close(batch.hidden[..., k * h : (k + 1) * h], reference[i + 1])
+
+
+def test_later_layers_and_lm_head_never_run() -> None:
+    target = CaptureTarget(build_embedded_target("tiny", seed=0), [1])
+    assert len(target.body.layers) == 2  # layers 2 and 3 are gone
+    assert not hasattr(target.body, "lm_head")
+
+
+def test_the_last_hidden_state_is_post_norm_so_we_do_not_use_it() -> None:
+    """HF's final hidden_states entry has the final norm applied: capturing the last layer must differ."""
+    ids = torch.randint(0, 511, (1, 16), generator=torch.Generator().manual_seed(1))
+    full = build_embedded_target("tiny", seed=0)
+    with torch.no_grad():
+        last = full(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+    batch = CaptureTarget(build_embedded_target("tiny", seed=0), [3]).capture(ids, ids > 0, 0)
+    assert not torch.allclose(batch.hidden, last)
+    torch.testing.assert_close(full.model.norm(batch.hidden), last)
+
+
+def test_tiny_target_is_a_function_of_the_seed() -> None:
+    a, b, c = (build_embedded_target("tiny", s) for s in (5, 5, 6))
+    assert torch.equal(a.model.layers[0].mlp.up_proj.weight, b.model.layers[0].mlp.up_proj.weight)
+    assert not torch.equal(a.model.layers[0].mlp.up_proj.weight, c.model.layers[0].mlp.up_proj.weight)
+
+
+def test_drafter_ranks_get_the_targets_own_embedding_and_head() -> None:
+    embed, lm_head, hf_config = load_frozen_embeddings("tiny", seed=4)
+    model = build_embedded_target("tiny", seed=4)
+    assert torch.equal(embed, model.model.embed_tokens.weight)
+    assert torch.equal(lm_head, model.lm_head.weight)
+    assert hf_config.vocab_size == embed.shape[0]
+
+
+def test_a_local_folder_loads_only_the_layers_it_needs(tmp_path: Path) -> None:
+    model = build_embedded_target("tiny", seed=2)
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 511, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(input_ids=ids, output_hidden_states=True).hidden_states
+    target = load_capture_target(str(tmp_path), [1], seed=0, device=torch.device("cpu"), dtype=torch.float32)
+    assert len(target.body.layers) == 2
+    torch.testing.assert_close(target.capture(ids, ids > 0, 0).hidden, reference[2])
+    embed, lm_head, _ = load_frozen_embeddings(str(tmp_path), seed=0)
+    assert torch.equal(embed, model.model.embed_tokens.weight)
+    assert torch.equal(lm_head, model.lm_head.weight)
+
+
+@pytest.mark.parametrize("path", ["tiny", "random:qwen3-8b"])
+def test_embedded_configs_have_the_promised_shapes(path: str) -> None:
+    cfg = embedded_config(path)
+    if path == "tiny":
+        assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+            128,
+            4,
+            4,
+            2,
+        )
+        assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (32, 384, 512)
+    else:
+        assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (4096, 36, 151936)

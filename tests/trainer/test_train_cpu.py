@@ -1,0 +1,58 @@
+"""End to end on CPU: `torchrun -m trainer` with 1 target + 1 drafter, and with 2 targets + 1 drafter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.trainer.trainer_runs import reference_run, torchrun
+
+
+def test_one_target_one_drafter_loss_falls() -> None:
+    run = reference_run()
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = run.metrics
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    first, last = metrics[0], metrics[-1]
+    assert last["loss"] < first["loss"] - 1.0
+    assert len(last["accuracy"]) == 8 and last["accuracy"][0] == 0.0  # slot 0 is the anchor: never scored
+    assert all(m["tok_s"] > 0 and m["samples_s"] > 0 and m["data_wait_s"] >= 0 for m in metrics)
+    assert metrics[9]["lr"] > metrics[-1]["lr"]  # cosine decay after warmup
+    summary = run.summary
+    assert summary["status"] == "ok" and summary["steps"] == 40 and summary["final_loss"] == last["loss"]
+    assert summary["warmup"]["attention"] == "sdpa"
+    assert "step 40/40" in run.stdout
+
+
+def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
+    run = reference_run()
+    assert run.returncode == 0, run.stderr[-3000:]
+    checkpoints = sorted(p.name for p in (run.out_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000020", "step_00000040"]
+    config = json.loads((run.out_dir / "export" / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"]
+    assert config["dflash_config"]["mask_token_id"] == 511
+
+
+def test_two_targets_one_drafter(tmp_path: Path) -> None:
+    """2+1 consumes the very same batches in the same order as 1+1: identical losses, step for step."""
+    run = torchrun("configs/tiny-cpu-2t1d.toml", tmp_path / "out", nproc=3)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.summary["topology"] == {"targets": 2, "drafters": 1}
+    reference = reference_run()
+    assert reference.returncode == 0
+    assert [m["loss"] for m in run.metrics] == [m["loss"] for m in reference.metrics]
+
+
+def test_warm_up_needs_no_process_group() -> None:
+    """What `dflash-doctor cache warm` calls: one forward+backward at the config's shapes, main thread."""
+    import torch.distributed as dist
+
+    from trainer.config import load_config
+    from trainer.warmup import warm_up
+
+    report = warm_up(load_config("tiny-cpu", ["optim.anchors=8", "data.seq_len=32", "optim.batch_size=2"]))
+    assert report["attention"] == "sdpa" and report["device"] == "cpu" and report["compiled"] == []
+    assert report["shapes"] == {"batch_size": 2, "seq_len": 32, "anchors": 8, "block_size": 8}
+    assert report["seconds"] > 0
+    assert not dist.is_initialized()
