@@ -18,9 +18,14 @@ from dflash_doctor.registry import check
 
 
 def cache_status(ctx: CheckContext) -> CacheStatus:
-    """One walk of the cache folders per run, shared by the three checks (and `cache status`)."""
+    """One walk of the cache folders per run, shared by the three checks (and `cache status`).
+
+    The launch gate sets `options.extra["cache_environ"]`: the environment the workers will get, so the
+    verdict is about the folder they will compile into, not this shell's default.
+    """
     gpus = ctx.shared("cache.gpu_names", read_gpu_names)
-    return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus)))
+    environ = ctx.options.extra.get("cache_environ")
+    return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus), environ))
 
 
 @check("cache.location", "compile cache")

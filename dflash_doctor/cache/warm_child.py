@@ -121,9 +121,8 @@ def warm_trainer(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.project_root:
         sys.path.insert(0, args.project_root)
     try:
-        from trainer.warmup import warm_up
-
         from trainer.config import load_config
+        from trainer.warmup import warm_up
     except ImportError:
         return None
     start = time.perf_counter()

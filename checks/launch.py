@@ -1,0 +1,156 @@
+"""A launch that cannot work never starts: topology against the devices, memory plan against free memory.
+
+These run only for `dflash-doctor train` (they need a training config): the gate puts the validated
+config and its LaunchPlan in the context (`options.config`, `options.extra["launch_plan"]`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import psutil
+
+from dflash_doctor.context import CheckContext
+from dflash_doctor.findings import Finding, fail, ok, warn
+from dflash_doctor.gpus import GpuInventory, gpu_inventory
+from dflash_doctor.launch_plan import LaunchPlan
+from dflash_doctor.registry import check
+
+GIB = 1024**3
+LOW_HEADROOM = 0.10  # warn under 10% spare
+
+
+def _plan(ctx: CheckContext) -> LaunchPlan:
+    plan = ctx.options.extra.get("launch_plan")
+    if not isinstance(plan, LaunchPlan):
+        raise RuntimeError("launch checks need a LaunchPlan in options.extra['launch_plan']")
+    return plan
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.1f} GiB"
+
+
+def host_available_bytes() -> int:
+    """Memory a new process can still get on this host (psutil's `available`)."""
+    return int(psutil.virtual_memory().available)
+
+
+@check("launch.topology", "launch topology", requires=["config"])
+def topology(ctx: CheckContext) -> Iterator[Finding]:
+    plan = _plan(ctx)
+    shape = f"{plan.targets} target + {plan.drafters} drafter"
+    if plan.world_size % plan.nnodes:
+        yield fail(
+            "launch.topology.nodes",
+            f"{shape} ranks do not split evenly over {plan.nnodes} nodes",
+            remedy="choose --nnodes that divides topology.targets + topology.drafters",
+            world_size=plan.world_size,
+            nnodes=plan.nnodes,
+        )
+        return
+    if plan.device_type == "cpu":
+        cores = os.cpu_count() or 1
+        if plan.nproc_per_node > cores:
+            yield warn(
+                "launch.topology.oversubscribed",
+                f"{plan.nproc_per_node} processes on {cores} CPU cores: it will run, slowly",
+                remedy="use fewer ranks on CPU, or a GPU machine",
+                processes=plan.nproc_per_node,
+                cores=cores,
+            )
+            return
+        yield ok("launch.topology", f"{shape} on CPU (gloo), {plan.nproc_per_node} processes", cores=cores)
+        return
+    gpus = gpu_inventory(ctx)
+    if not isinstance(gpus, GpuInventory):
+        yield fail(
+            "launch.topology.no_gpu",
+            f"the config asks for CUDA ({shape} = {plan.nproc_per_node} GPUs on this node) but there is no usable GPU",
+            remedy='run on a GPU machine, or set run.device = "cpu" in the config for a CPU run',
+            reason=str(gpus),
+        )
+        return
+    have = len(gpus.devices)
+    if have < plan.nproc_per_node:
+        yield fail(
+            "launch.topology.too_few_gpus",
+            f"{shape} needs {plan.nproc_per_node} GPUs on this node, {have} found",
+            remedy=f"shrink topology.targets + topology.drafters to {have} (or spread over nodes with --nnodes)",
+            needed=plan.nproc_per_node,
+            found=have,
+            gpus=[f"{d.index}: {d.name}" for d in gpus.devices],
+        )
+        return
+    roles = [f"rank {r.rank} {r.role} -> {r.device}" for r in plan.roles if r.node == 0]
+    yield ok("launch.topology", f"{shape} on {plan.nproc_per_node} of {have} GPUs", roles=roles)
+
+
+@check("launch.memory", "launch memory plan", requires=["config"])
+def memory(ctx: CheckContext) -> Iterator[Finding]:
+    plan = _plan(ctx)
+    estimates = {role: est.total for role, est in plan.memory.items()}
+    parts = {role: {k: _gib(v) for k, v in est.parts.items()} for role, est in plan.memory.items()}
+    if plan.device_type == "cpu":
+        need = sum(estimates[r.role] for r in plan.roles if r.node == 0)
+        have = host_available_bytes()
+        yield from _verdict("host memory", need, have, estimates, parts)
+        return
+    gpus = gpu_inventory(ctx)
+    if not isinstance(gpus, GpuInventory):
+        return  # launch.topology already failed for this; nothing to compare against
+    worst: tuple[float, str, int, int] | None = None
+    per_device = []
+    for role in plan.roles:
+        if role.node != 0:
+            continue
+        index = int(role.device.split(":")[1])
+        if index >= len(gpus.devices):
+            continue
+        device = gpus.devices[index]
+        need = estimates[role.role]
+        spare = (device.free_bytes - need) / device.free_bytes if device.free_bytes else -1.0
+        per_device.append(f"{role.device} {role.role}: needs {_gib(need)} of {_gib(device.free_bytes)} free")
+        if worst is None or spare < worst[0]:
+            worst = (spare, role.device, need, device.free_bytes)
+    if worst is None:
+        return
+    spare, where, need, free = worst
+    yield from _verdict(f"{where} memory", need, free, estimates, parts, per_device)
+
+
+def _verdict(
+    what: str,
+    need: int,
+    have: int,
+    estimates: dict[str, int],
+    parts: dict[str, dict[str, str]],
+    per_device: list[str] | None = None,
+) -> Iterator[Finding]:
+    evidence: dict[str, object] = {
+        "needed": _gib(need),
+        "available": _gib(have),
+        **{f"{role}_estimate": _gib(total) for role, total in estimates.items()},
+        **{f"{role}_parts": p for role, p in parts.items()},
+    }
+    if per_device:
+        evidence["devices"] = per_device
+    if need > have:
+        yield fail(
+            "launch.memory.over_budget",
+            f"estimated peak {_gib(need)} does not fit the {_gib(have)} free on {what}",
+            remedy="lower optim.anchors, optim.batch_size, data.seq_len or drafter.loss_chunk; or free the memory",
+            **evidence,
+        )
+    elif have and (have - need) / have < LOW_HEADROOM:
+        yield warn(
+            "launch.memory.tight",
+            f"estimated peak {_gib(need)} leaves under 10% of the {_gib(have)} free on {what}",
+            remedy="lower optim.anchors or drafter.loss_chunk for headroom",
+            **evidence,
+        )
+    else:
+        yield ok(
+            "launch.memory", f"estimated peak {_gib(need)} fits the {_gib(have)} free on {what}", **evidence
+        )

@@ -1,0 +1,100 @@
+"""The launch gate: validate the config, plan the launch, run every check that matters for it.
+
+A launch that cannot work never starts: any failing finding stops it (unless `--force`, which is
+recorded). The checks are the normal registry (static environment, libraries, GPUs, compile cache,
+hazards) plus the `launch.*` checks that need the config, and the deep probe.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.cache.locations import managed_inductor_dir
+from dflash_doctor.context import CheckContext, CheckOptions
+from dflash_doctor.environment import Environment
+from dflash_doctor.findings import Finding, Severity
+from dflash_doctor.gpus import GpuInventory, gpu_inventory
+from dflash_doctor.launch_plan import LaunchPlan, TorchrunOptions, build_launch_plan
+from dflash_doctor.registry import CheckRun, run_checks
+from dflash_doctor.report import flatten
+
+
+@dataclass
+class TrainingConfig:
+    """A validated, target-completed trainer config and where it came from."""
+
+    path: Path
+    config: Any  # trainer.config.TrainConfig
+    target_config: Any  # the target's transformers config
+    text: str
+
+
+def load_training_config(path_or_name: str, overrides: list[str] | None = None) -> TrainingConfig:
+    """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it."""
+    from trainer.config import load_config, resolve_config_path
+    from trainer.target import target_hf_config
+
+    path = resolve_config_path(path_or_name).resolve()
+    cfg = load_config(path, overrides or [])
+    return TrainingConfig(path, cfg, target_hf_config(cfg.target.path), path.read_text())
+
+
+def launch_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The workers' compile cache lives in the managed, non-volatile folder, one tree for Inductor and
+    Triton (TRITON_CACHE_DIR unset: Inductor keeps Triton kernels in `<cache>/triton`), so one snapshot
+    and one atomic restore cover everything they compile."""
+    environ = dict(os.environ if base is None else base)
+    environ["TORCHINDUCTOR_CACHE_DIR"] = str(managed_inductor_dir())
+    environ.pop("TRITON_CACHE_DIR", None)
+    environ.setdefault("PYTHONUNBUFFERED", "1")
+    return environ
+
+
+@dataclass
+class GateResult:
+    context: CheckContext
+    runs: list[CheckRun]
+    plan: LaunchPlan
+    environ: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return flatten(self.runs)
+
+    @property
+    def failing(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.FAIL]
+
+
+def run_gate(
+    training: TrainingConfig,
+    python: str | None,
+    torchrun: TorchrunOptions | None = None,
+    deep: bool = True,
+    lock_path: Path | None = None,
+) -> GateResult:
+    env = Environment.load(python)
+    environ = launch_environment()
+    options = CheckOptions(deep=deep, lock_path=lock_path, config_path=training.path, config=training.config)
+    ctx = CheckContext(env, options)
+    gpus = gpu_inventory(ctx)
+    gpu_count = len(gpus.devices) if isinstance(gpus, GpuInventory) else 0
+    plan = build_launch_plan(
+        training.config,
+        training.path,
+        training.target_config,
+        env.interpreter.executable,
+        gpu_count,
+        torchrun,
+        environ={k: environ[k] for k in ("TORCHINDUCTOR_CACHE_DIR",)},
+    )
+    options.extra["launch_plan"] = plan
+    # The compile-cache checks judge the folder the workers will use, not this shell's default.
+    options.extra["cache_environ"] = environ
+    # The flex proof matters where training uses flex (CUDA); on CPU training uses SDPA.
+    options.extra["deep_flex"] = plan.device_type == "cuda"
+    runs = run_checks(ctx)
+    return GateResult(ctx, runs, plan, environ)

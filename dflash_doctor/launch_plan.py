@@ -1,0 +1,202 @@
+"""The plan for one launch: which rank plays which role on which device, the torchrun command, the
+environment it gets, and the memory each role will need. Built before anything starts, shown by
+`train --dry-run`, checked by `checks/launch.py`, recorded with the run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.memory_plan import (
+    DEFAULT_CUDA_CONTEXT_BYTES,
+    ModelShape,
+    PlanInputs,
+    RoleEstimate,
+    plan,
+)
+
+# What importing torch + transformers costs a CPU process (RSS, measured here: ~330 MiB), rounded up.
+CPU_PROCESS_OVERHEAD_BYTES = 512 * 1024**2
+
+
+@dataclass(frozen=True)
+class TorchrunOptions:
+    """torchrun's multi-node options, passed through unchanged; one node (`--standalone`) by default."""
+
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def standalone(self) -> bool:
+        return self.nnodes == 1 and not self.rdzv_endpoint and not self.master_addr
+
+    def arguments(self, nproc_per_node: int) -> list[str]:
+        args = ["--standalone"] if self.standalone else [f"--nnodes={self.nnodes}"]
+        for flag, value in (
+            ("--node-rank", self.node_rank),
+            ("--rdzv-backend", self.rdzv_backend),
+            ("--rdzv-endpoint", self.rdzv_endpoint),
+            ("--rdzv-id", self.rdzv_id),
+            ("--master-addr", self.master_addr),
+            ("--master-port", self.master_port),
+        ):
+            if value is not None and not self.standalone:
+                args.append(f"{flag}={value}")
+        return [*args, f"--nproc-per-node={nproc_per_node}", "--max-restarts=0"]
+
+
+@dataclass(frozen=True)
+class RoleAssignment:
+    rank: int
+    role: str  # "target" | "drafter"
+    node: int
+    device: str  # "cuda:3" or "cpu"
+
+
+@dataclass
+class LaunchPlan:
+    config_path: str
+    device_type: str  # "cuda" | "cpu"
+    targets: int
+    drafters: int
+    nnodes: int
+    nproc_per_node: int
+    roles: list[RoleAssignment]
+    command: list[str]
+    environ: dict[str, str] = field(default_factory=dict)  # what the launch sets or overrides
+    memory: dict[str, RoleEstimate] = field(default_factory=dict)
+    memory_inputs: PlanInputs | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.targets + self.drafters
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config_path": self.config_path,
+            "device_type": self.device_type,
+            "targets": self.targets,
+            "drafters": self.drafters,
+            "nnodes": self.nnodes,
+            "nproc_per_node": self.nproc_per_node,
+            "roles": [asdict(r) for r in self.roles],
+            "command": self.command,
+            "environ": self.environ,
+            "memory": {k: v.to_json() for k, v in self.memory.items()},
+        }
+
+
+def model_shape(target_config: Any) -> ModelShape:
+    heads = int(target_config.num_attention_heads)
+    return ModelShape(
+        hidden=int(target_config.hidden_size),
+        intermediate=int(target_config.intermediate_size),
+        layers=int(target_config.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(target_config, "head_dim", None) or int(target_config.hidden_size) // heads),
+        vocab=int(target_config.vocab_size),
+        tied_embeddings=bool(getattr(target_config, "tie_word_embeddings", False)),
+    )
+
+
+def plan_inputs(
+    cfg: Any, target_config: Any, device_type: str, cuda_context_bytes: int | None = None
+) -> PlanInputs:
+    """The shapes the memory plan needs, from a completed trainer config and its target's config."""
+    shape = model_shape(target_config)
+    on_gpu = device_type == "cuda"
+    overhead = (cuda_context_bytes or DEFAULT_CUDA_CONTEXT_BYTES) if on_gpu else CPU_PROCESS_OVERHEAD_BYTES
+    return PlanInputs(
+        target=shape,
+        captured_layers=list(cfg.drafter.target_layer_ids),
+        drafter_layers=cfg.drafter.layers,
+        drafter_intermediate=cfg.drafter.intermediate_size or shape.intermediate,
+        block_size=cfg.drafter.block_size,
+        anchors=cfg.optim.anchors,
+        seq_len=cfg.data.seq_len,
+        batch_size=cfg.optim.batch_size,
+        in_flight=cfg.topology.in_flight,
+        loss_chunk=cfg.drafter.loss_chunk,
+        bf16=on_gpu,
+        cuda_context_bytes=overhead,
+    )
+
+
+def choose_device_type(requested: str, gpu_count: int) -> str:
+    if requested == "auto":
+        return "cuda" if gpu_count > 0 else "cpu"
+    return requested
+
+
+def assign_roles(targets: int, drafters: int, nnodes: int, device_type: str) -> list[RoleAssignment]:
+    """Ranks [0, N) are targets, [N, N+M) drafters (as trainer/train.py splits them); LOCAL_RANK = GPU."""
+    world = targets + drafters
+    per_node = world // nnodes
+    roles = []
+    for rank in range(world):
+        local = rank % per_node
+        roles.append(
+            RoleAssignment(
+                rank=rank,
+                role="target" if rank < targets else "drafter",
+                node=rank // per_node,
+                device=f"cuda:{local}" if device_type == "cuda" else "cpu",
+            )
+        )
+    return roles
+
+
+def torchrun_command(
+    python: str, config_path: Path, options: TorchrunOptions, nproc_per_node: int
+) -> list[str]:
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        *options.arguments(nproc_per_node),
+        "-m",
+        "trainer",
+        "--config",
+        str(config_path),
+    ]
+
+
+def build_launch_plan(
+    cfg: Any,
+    config_path: Path,
+    target_config: Any,
+    python: str,
+    gpu_count: int,
+    options: TorchrunOptions | None = None,
+    environ: dict[str, str] | None = None,
+    cuda_context_bytes: int | None = None,
+) -> LaunchPlan:
+    options = options or TorchrunOptions()
+    device_type = choose_device_type(cfg.run.device, gpu_count)
+    world = cfg.topology.targets + cfg.topology.drafters
+    nproc = world // options.nnodes if world % options.nnodes == 0 else world
+    inputs = plan_inputs(cfg, target_config, device_type, cuda_context_bytes)
+    return LaunchPlan(
+        config_path=os.fspath(config_path),
+        device_type=device_type,
+        targets=cfg.topology.targets,
+        drafters=cfg.topology.drafters,
+        nnodes=options.nnodes,
+        nproc_per_node=nproc,
+        roles=assign_roles(
+            cfg.topology.targets, cfg.topology.drafters, options.nnodes if nproc != world else 1, device_type
+        ),
+        command=torchrun_command(python, config_path, options, nproc),
+        environ=dict(environ or {}),
+        memory=plan(inputs),
+        memory_inputs=inputs,
+    )

@@ -1,0 +1,128 @@
+"""After the gate: make the compile cache warm, run torchrun, stream its output, record the outcome.
+
+Workers must never compile concurrently from a cold cache (the story's crash), so before launch the
+managed cache is made warm for this build: restored from a compatible snapshot, or compiled once by
+`cache warm` in a single process. After a successful run the cache is snapshotted (keeping the last N).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
+from dflash_doctor.cache.locations import snapshots_dir
+from dflash_doctor.cache.restore import restore_snapshot
+from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
+from dflash_doctor.cache.status import gather_status, warmth_of
+from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
+from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
+from dflash_doctor.environment import Environment
+from dflash_doctor.errors import DoctorError
+
+KEEP_SNAPSHOTS = 5
+TRAIN_PREFIX = "train-"  # snapshots taken after runs; only these are pruned automatically
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class CachePreparation:
+    action: str  # "warm" | "restored" | "warmed" | "none"
+    detail: str
+    seconds: float
+
+
+def current_fingerprint(env: Environment) -> BuildFingerprint:
+    return fingerprint_of(env, read_gpu_names())
+
+
+def prepare_compile_cache(
+    env: Environment, environ: dict[str, str], config_path: Path, device_type: str
+) -> CachePreparation:
+    """Warm the managed cache for this build before any worker starts."""
+    start = time.perf_counter()
+    fingerprint = current_fingerprint(env)
+    status = gather_status(fingerprint, environ)
+    warmth = warmth_of(status.main, fingerprint)
+    if warmth.state == "warm":
+        return CachePreparation(
+            "warm", f"{status.main.path} is warm for this build", time.perf_counter() - start
+        )
+    compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
+    if compatible:
+        newest = compatible[-1]
+        store = SnapshotStore(snapshots_dir())
+        with store.locked():
+            result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+        return CachePreparation(
+            "restored",
+            f"restored snapshot {newest.name} ({len(result.manifest.files)} files) into {status.main.path}",
+            time.perf_counter() - start,
+        )
+    command = child_command(env.interpreter.executable, device_type, WarmShapes(), config=config_path)
+    result = run_warm_child(command, environ)
+    misses, hits = compile_count(result)
+    return CachePreparation(
+        "warmed",
+        f"compiled once in one process ({misses} graphs compiled, {hits} from cache) in {result.get('first_call_seconds')} s",
+        time.perf_counter() - start,
+    )
+
+
+def run_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:
+    """Run torchrun in the foreground; its output streams through. Returns (exit code, interrupted).
+
+    Ctrl-C reaches torchrun and its workers (same process group); torchrun stops them. If it has not
+    exited after a grace period we terminate, then kill it, so nothing is left running.
+    """
+    proc = subprocess.Popen(command, env=environ)
+    try:
+        return proc.wait(), False
+    except KeyboardInterrupt:
+        try:
+            return proc.wait(timeout=STOP_GRACE_S), True
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return proc.wait(timeout=STOP_GRACE_S), True
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait(), True
+
+
+def read_summary(output_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((output_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int = KEEP_SNAPSHOTS) -> str:
+    """Snapshot the managed cache the run used and prune older ones; returns a line for the record."""
+    fingerprint = current_fingerprint(env)
+    status = gather_status(fingerprint, environ)
+    store = SnapshotStore(snapshots_dir())
+    now = time.time()
+    name = f"{TRAIN_PREFIX}{default_name(fingerprint, now)}"
+    try:
+        with store.locked():
+            store.remove_partials()
+            taken = take_snapshot(
+                status.locations.roots(),
+                fingerprint,
+                name,
+                archive_destination(store.root, name, None),
+                now=now,
+            )
+            ours = [s for s in store.snapshots() if s.name.startswith(TRAIN_PREFIX)]
+            for old in choose_prunable(ours, keep=keep, older_than=None, now=now):
+                old.path.unlink(missing_ok=True)
+    except DoctorError as exc:
+        return f"no snapshot: {exc.message}"
+    return f"snapshot {name}: {len(taken.manifest.files)} files"

@@ -1,0 +1,148 @@
+"""Estimate each role's peak GPU memory from a training config, before anything is launched.
+
+A pure function of shapes: target weights and inference activations on target ranks; drafter
+parameters, gradients, AdamW state, saved activations, attention workspace and the LM-head chunk on
+drafter ranks; plus the CUDA context every process pays. The per-token activation terms follow what
+`trainer/drafter.py` keeps for backward (fp32 norms and RoPE under bf16 autocast); their constants are
+calibrated against peaks measured on an H200 (see BENCHMARKS.md) and checked on another shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+GIB = 1024**3
+MIB = 1024**2
+
+# Measured on an H200 (torch 2.11 cu130): context + cuBLAS + cuDNN workspaces of one process
+# (shared/reference/h200-torch211-cu130-env.json). A lock or the deep probe can supply this machine's.
+DEFAULT_CUDA_CONTEXT_BYTES = int(746.8 * MIB)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The few numbers of a Qwen3-style target that decide memory."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+
+    @property
+    def layer_params(self) -> int:
+        attn = self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
+        return attn + 3 * self.hidden * self.intermediate + 2 * self.hidden + 2 * self.head_dim
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    target: ModelShape
+    captured_layers: list[int]
+    drafter_layers: int
+    drafter_intermediate: int
+    block_size: int
+    anchors: int
+    seq_len: int
+    batch_size: int
+    in_flight: int
+    loss_chunk: int
+    bf16: bool = True
+    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+
+
+@dataclass
+class RoleEstimate:
+    role: str
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def to_json(self) -> dict[str, object]:
+        return {"role": self.role, "total_bytes": self.total, "parts": dict(self.parts)}
+
+
+# Bytes kept for backward per query token per drafter layer, in units of hidden/intermediate width:
+# fp32 norms (2 per layer, ~2 fp32 copies each), q/k norm + RoPE in fp32, bf16 projections and
+# attention output, SwiGLU's gate/up/act/product in bf16. Calibrated, see module docstring.
+ACT_PER_TOKEN_HIDDEN = 36
+ACT_PER_TOKEN_INTERMEDIATE = 8
+# Per context token per drafter layer: bf16 copy of the context for k/v projections and fp32 k-norm/RoPE
+# of the context keys, in units of the KV width.
+CTX_PER_TOKEN_KV = 24
+
+
+def target_estimate(p: PlanInputs) -> RoleEstimate:
+    t, elt = p.target, 2 if p.bf16 else 4
+    kept = max(p.captured_layers) + 1  # layers past the last captured one are dropped
+    tokens = p.batch_size * p.seq_len
+    captured = tokens * len(p.captured_layers) * t.hidden * elt
+    # The largest transient inside one layer: SwiGLU holds gate, up and their product (3 x I) beside
+    # the residual stream; attention (flash/SDPA) needs O(S) only.
+    transient = tokens * (3 * t.intermediate + 3 * t.hidden) * elt
+    return RoleEstimate(
+        "target",
+        {
+            "weights": (t.vocab * t.hidden + kept * t.layer_params + t.hidden) * elt,
+            "layer_transient": transient,
+            "captured_states": captured,
+            "send_buffers": captured * p.in_flight,
+            "cuda_context": p.cuda_context_bytes,
+        },
+    )
+
+
+def drafter_params(p: PlanInputs) -> int:
+    t = p.target
+    layer = ModelShape(
+        t.hidden, p.drafter_intermediate, 1, t.heads, t.kv_heads, t.head_dim, t.vocab
+    ).layer_params
+    return p.drafter_layers * layer + len(p.captured_layers) * t.hidden * t.hidden + 2 * t.hidden
+
+
+def drafter_estimate(p: PlanInputs) -> RoleEstimate:
+    t, elt = p.target, 2 if p.bf16 else 4
+    params = drafter_params(p)
+    queries = p.batch_size * p.anchors * p.block_size
+    context = p.batch_size * p.seq_len
+    kv_width = t.kv_heads * t.head_dim
+    per_layer = queries * (
+        ACT_PER_TOKEN_HIDDEN * t.hidden + ACT_PER_TOKEN_INTERMEDIATE * p.drafter_intermediate
+    )
+    per_layer += context * CTX_PER_TOKEN_KV * kv_width
+    incoming = context * len(p.captured_layers) * t.hidden * elt
+    chunk_rows = min(p.loss_chunk, queries)
+    return RoleEstimate(
+        "drafter",
+        {
+            "parameters_fp32": params * 4,
+            "gradients_fp32": params * 4,
+            "adamw_state": params * 8,
+            "frozen_embed_and_head": 2 * t.vocab * t.hidden * 4,
+            "incoming_batches": incoming * (1 + p.in_flight),
+            "context_fused": context * t.hidden * (4 + elt),
+            "activations": p.drafter_layers * per_layer,
+            # Q x (S + Q) scores never exist with flex; the block mask and LSE are small.
+            "attention_workspace": queries * t.heads * 4 * 2,
+            # One chunk's logits in fp32, their softmax and gradient, plus the bf16 head copy.
+            "lm_head_chunk": chunk_rows * t.vocab * 4 * 3 + t.vocab * t.hidden * elt,
+            "cuda_context": p.cuda_context_bytes,
+        },
+    )
+
+
+def plan(p: PlanInputs) -> dict[str, RoleEstimate]:
+    return {"target": target_estimate(p), "drafter": drafter_estimate(p)}
+
+
+def headroom(total: int, free: int) -> float:
+    return (free - total) / free if free else -1.0
+
+
+def to_json(estimates: dict[str, RoleEstimate], inputs: PlanInputs) -> dict[str, object]:
+    return {"inputs": asdict(inputs), "roles": {k: v.to_json() for k, v in estimates.items()}}

@@ -1,0 +1,60 @@
+"""The memory plan is a pure function of shapes: check its parts against hand-computed numbers."""
+
+from __future__ import annotations
+
+from dflash_doctor.memory_plan import GIB, ModelShape, PlanInputs, drafter_estimate, drafter_params, plan
+
+QWEN3_8B = ModelShape(
+    hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936
+)
+
+
+def inputs(**changes: object) -> PlanInputs:
+    base = dict(
+        target=QWEN3_8B,
+        captured_layers=[1, 9, 17, 25, 33],
+        drafter_layers=5,
+        drafter_intermediate=12288,
+        block_size=16,
+        anchors=512,
+        seq_len=3072,
+        batch_size=1,
+        in_flight=2,
+        loss_chunk=2048,
+    )
+    base.update(changes)
+    return PlanInputs(**base)  # type: ignore[arg-type]
+
+
+def test_qwen3_8b_drafter_has_about_1_05b_trainable_parameters() -> None:
+    # REFERENCE.md section 5: ~1.05B trainable for 5 layers at Qwen3-8B sizes (fc included).
+    assert 1.0e9 < drafter_params(inputs()) < 1.1e9
+
+
+def test_target_keeps_only_layers_up_to_the_last_captured_one() -> None:
+    estimate = plan(inputs())["target"]
+    per_layer = QWEN3_8B.layer_params * 2
+    embed = QWEN3_8B.vocab * QWEN3_8B.hidden * 2
+    assert estimate.parts["weights"] == embed + 34 * per_layer + QWEN3_8B.hidden * 2
+    fewer = plan(inputs(captured_layers=[1, 5]))["target"]
+    assert fewer.parts["weights"] < estimate.parts["weights"] / 4
+
+
+def test_drafter_optimizer_state_is_16_bytes_per_parameter() -> None:
+    est = drafter_estimate(inputs())
+    params = drafter_params(inputs())
+    assert (
+        est.parts["parameters_fp32"] + est.parts["gradients_fp32"] + est.parts["adamw_state"] == 16 * params
+    )
+
+
+def test_activations_scale_with_anchors_times_block() -> None:
+    small = drafter_estimate(inputs(anchors=256)).parts["activations"]
+    large = drafter_estimate(inputs(anchors=1024, block_size=32)).parts["activations"]
+    assert large > 6 * small  # 8x the query tokens, the context term unchanged
+
+
+def test_story_shapes_fit_an_h200_and_are_far_above_the_b16_recipe() -> None:
+    b16 = plan(inputs())["drafter"].total
+    story = plan(inputs(anchors=1024, block_size=32, seq_len=40000))["drafter"].total
+    assert 20 * GIB < b16 < story < 139 * GIB

@@ -1,0 +1,68 @@
+"""Run records: atomic, listed, and `runs show` diffs a bad run's environment against the last good one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.cli import run
+from dflash_doctor.lock import build_lock
+from dflash_doctor.runs import RunStore
+from tests.conftest import env_for
+from tests.fakeenv import FakeSite
+
+
+@pytest.fixture(autouse=True)
+def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def lock_of(site: FakeSite) -> dict:
+    return build_lock(env_for(site), {}, None, {}).to_json()
+
+
+def test_show_names_the_torch_build_that_changed_since_the_last_good_run(tmp_path: Path, capsys) -> None:
+    good_site, bad_site = FakeSite(tmp_path / "a"), FakeSite(tmp_path / "b")
+    good_site.add_torch(version="2.10.0+cu128", cuda="12.8", git="a" * 40)
+    bad_site.add_torch(version="2.10.0+cu128", cuda="12.8", git="b" * 40)  # "the same" version
+    store = RunStore()
+    good = store.create("succeeded", environment=lock_of(good_site), metrics={"mean_tok_s": 20000.0})
+    bad = store.create("failed", environment=lock_of(bad_site), metrics={"mean_tok_s": 5400.0}, exit_code=1)
+    assert run(["runs", "show", bad.id, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["baseline"] == good.id
+    commits = [c for c in shown["changes"] if "commit" in c["kind"] or "git" in c["kind"]]
+    assert commits and commits[0]["before"].startswith("a") and commits[0]["after"].startswith("b")
+    assert commits[0]["severity"] == "fail"
+    assert run(["runs", "show", bad.id]) == 0
+    assert "last successful run" in capsys.readouterr().out
+
+
+def test_list_and_unknown_id(capsys) -> None:
+    assert run(["runs"]) == 0
+    assert "No runs yet" in capsys.readouterr().out
+    RunStore().create("refused", config_path="x.toml")
+    assert run(["runs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["status"] == "refused"
+    assert run(["runs", "show", "nope"]) == 2
+
+
+def test_torn_record_is_skipped_not_fatal(home: Path) -> None:
+    store = RunStore()
+    kept = store.create("succeeded")
+    (store.root / "torn").mkdir(parents=True)
+    (store.root / "torn" / "record.json").write_text('{"schema": "dflash-doc')
+    assert [r.id for r in store.all()] == [kept.id]
+    assert not list(store.root.rglob("*.tmp"))
+
+
+def test_last_successful_ignores_later_and_failed_runs() -> None:
+    store = RunStore()
+    first = store.create("succeeded")
+    failed = store.create("failed")
+    later = store.create("succeeded")
+    assert store.last_successful(before=failed).id == first.id
+    assert store.last_successful().id == later.id

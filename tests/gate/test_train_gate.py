@@ -1,0 +1,143 @@
+"""`dflash-doctor train`: each planted failure blocks the launch (exit 1, nothing started, a refusal
+record); `--force` launches over it and the record names the override."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor import gpus as gpus_module
+from dflash_doctor.cli import run
+from dflash_doctor.commands import train as train_command
+from dflash_doctor.gpus import GpuInventory
+from dflash_doctor.runs import RunStore
+from tests.fakeenv import FakeSite, make_venv
+from tests.gate.test_launch_checks import h200
+from tests.libs_fixtures import cuda_libs, install_cuda_torch  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]:
+    """Record launches instead of starting torchrun; isolate the tool's state in tmp."""
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    for name in ("TORCHDYNAMO_SUPPRESS_ERRORS", "TORCHINDUCTOR_FORCE_DISABLE_CACHES"):
+        monkeypatch.delenv(name, raising=False)
+    started: list[list[str]] = []
+
+    def fake_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:
+        started.append(command)
+        return 0, False
+
+    monkeypatch.setattr(train_command, "run_torchrun", fake_torchrun)
+    monkeypatch.setattr(train_command, "prepare_compile_cache", lambda *a, **k: train_command_prep())
+    monkeypatch.setattr(train_command, "snapshot_after_success", lambda *a, **k: "snapshot skipped in test")
+    return started
+
+
+def train_command_prep():  # a stand-in for the cache preparation (tested in tests/cache)
+    from dflash_doctor.launcher import CachePreparation
+
+    return CachePreparation("warm", "test", 0.0)
+
+
+def only_record() -> dict:
+    records = RunStore().all()
+    assert len(records) == 1
+    return records[0].to_json()
+
+
+def test_healthy_tiny_config_passes_the_gate_and_launches(launches: list[list[str]], capsys) -> None:
+    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 0
+    assert len(launches) == 1 and "torch.distributed.run" in launches[0]
+    record = only_record()
+    assert record["status"] == "succeeded" and record["overrides"] == []
+    assert record["environment"]["schema"].startswith("dflash-doctor/lock")
+
+
+def test_dry_run_starts_nothing_and_prints_the_plan(launches: list[list[str]], capsys) -> None:
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert [r["role"] for r in plan["roles"]] == ["target", "drafter"]
+    assert launches == [] and RunStore().all() == []
+
+
+def test_hazard_variable_blocks_then_force_overrides(launches, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TORCHDYNAMO_SUPPRESS_ERRORS", "1")
+    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 1
+    assert launches == []
+    refused = only_record()
+    assert refused["status"] == "refused"
+    assert any(f["id"].startswith("hazards.") and f["severity"] == "fail" for f in refused["findings"])
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--force"]) == 0
+    assert len(launches) == 1
+    forced = RunStore().all()[-1]
+    assert forced.status == "succeeded"
+    assert any(o.startswith("hazards.") for o in forced.overrides)
+
+
+def test_topology_bigger_than_the_gpus_blocks(launches, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(
+        gpus_module, "probe_gpus", lambda: GpuInventory("580.159.04", 13000, [h200(0), h200(1)])
+    )
+    code = run(
+        [
+            "train",
+            "--config",
+            "tiny-cpu",
+            "--no-deep",
+            "--set",
+            "run.device='cuda'",
+            "--set",
+            "topology.targets=5",
+            "--set",
+            "topology.drafters=3",
+        ]
+    )
+    assert code == 1 and launches == []
+    assert "launch.topology.too_few_gpus" in {f["id"] for f in only_record()["findings"]}
+
+
+def test_memory_plan_over_budget_blocks(launches) -> None:
+    code = run(
+        [
+            "train",
+            "--config",
+            "tiny-cpu",
+            "--no-deep",
+            "--set",
+            "target.path='random:qwen3-8b'",
+            "--set",
+            "data.kind='random'",
+            "--set",
+            "drafter.layers=5",
+            "--set",
+            "data.seq_len=3072",
+            "--set",
+            "optim.anchors=512",
+            "--set",
+            "drafter.block_size=16",
+        ]
+    )
+    assert code == 1 and launches == []
+    failing = {f["id"] for f in only_record()["findings"] if f["severity"] == "fail"}
+    assert "launch.memory.over_budget" in failing
+
+
+def test_missing_soname_in_another_interpreter_blocks(launches, tmp_path, cuda_libs) -> None:  # noqa: F811
+    site = FakeSite(make_venv(tmp_path / "venv"))
+    install_cuda_torch(site, cuda_libs, without=("nvidia-cudnn-cu13",))
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--python", python]) == 1
+    assert launches == []
+    failing = {f["id"] for f in only_record()["findings"] if f["severity"] == "fail"}
+    assert "libs.missing" in failing
+
+
+def test_bad_config_is_exit_2_and_starts_nothing(launches, tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[drafter]\nblock_size = "sixteen"\n')
+    assert run(["train", "--config", str(bad)]) == 2
+    assert "drafter.block_size" in capsys.readouterr().err
+    assert launches == [] and RunStore().all() == []
