@@ -377,13 +377,12 @@ def default_mask_token_id(target_path: str, target_config: Any) -> int:
         return vocab - 1
     if str(getattr(target_config, "model_type", "")).startswith("qwen") and vocab > QWEN3_MASK_TOKEN_ID:
         return QWEN3_MASK_TOKEN_ID
-    folder = Path(target_path)
-    tok_cfg = folder / "tokenizer_config.json"
+    tok_cfg = Path(target_path) / "tokenizer_config.json"
     if tok_cfg.is_file():
-        mask = json.loads(tok_cfg.read_text()).get("mask_token")
-        for token_id, added in json.loads(tok_cfg.read_text()).get("added_tokens_decoder", {}).items():
-            content = added.get("content") if isinstance(added, dict) else None
-            if mask is not None and content == mask:
+        settings = json.loads(tok_cfg.read_text())
+        mask = settings.get("mask_token")
+        for token_id, added in settings.get("added_tokens_decoder", {}).items():
+            if mask is not None and isinstance(added, dict) and added.get("content") == mask:
                 return int(token_id)
     raise ConfigError(
         "drafter.mask_token_id: no default for this target (not Qwen3, no mask token in its tokenizer); set it"

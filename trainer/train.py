@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -67,8 +68,17 @@ class Rank:
         )
 
 
+class Terminated(Exception):
+    """SIGTERM: torchrun stops every worker once one has failed. Raised so `finally` blocks still run."""
+
+
+def _raise_terminated(signum: int, _frame: Any) -> None:
+    raise Terminated(f"stopped by signal {signum} (torchrun stops all workers when one fails)")
+
+
 def main(cfg: TrainConfig) -> int:
     me = Rank.from_environ()
+    signal.signal(signal.SIGTERM, _raise_terminated)
     if me.world_size != cfg.world_size:
         raise ConfigError(
             f"topology: targets + drafters = {cfg.world_size}, but torchrun started {me.world_size} processes "
@@ -91,8 +101,8 @@ def main(cfg: TrainConfig) -> int:
             run_target(cfg, plan, topology, me.rank, device, resume_step)
             return 0
         return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step)
-    except TransportError as exc:
-        print(f"dflash trainer: {exc}", file=sys.stderr, flush=True)
+    except (TransportError, Terminated) as exc:
+        print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
         dist.destroy_process_group()
@@ -170,7 +180,7 @@ def run_drafter(
         )
     receiver = BatchReceiver(topology, index, device)
     fault = fault_from_env()
-    status = "failed"
+    status, error = "failed", None
     try:
         for step in range(resume_step, plan.total_steps):
             maybe_hang_drafter(fault, index, step)
@@ -192,6 +202,9 @@ def run_drafter(
                 save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
         receiver.expect_end()
         status = "ok"
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         if progress is not None:
             progress.close()
@@ -203,6 +216,7 @@ def run_drafter(
                     read_metrics(cfg.output_dir / "metrics.jsonl"),
                     status,
                     time.monotonic() - began,
+                    error=error,
                     resumed_from=resume_step,
                     total_steps=plan.total_steps,
                     warmup=warmup,
@@ -332,7 +346,7 @@ def save(
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "rng": [{k: v for k, v in r.items()} for r in rng_states],
+        "rng": rng_states,  # one entry per drafter rank, in drafter order
         "step": step,
         "next_batch": step * cfg.topology.drafters,
         "config": cfg.to_dict(),

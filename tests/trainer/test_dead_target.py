@@ -23,3 +23,6 @@ def test_dead_target_stops_the_job(tmp_path: Path) -> None:
     assert "trainer FAILED" in run.stderr or "ChildFailedError" in run.stderr  # torchrun's own verdict
     metrics = run.metrics
     assert len(metrics) <= 5  # the drafter never trained past the last batch it received
+    summary_file = run.out_dir / "summary.json"
+    if summary_file.is_file():  # absent only when the drafter was stopped before its loop began
+        assert run.summary["status"] == "failed" and run.summary["error"]
