@@ -187,20 +187,25 @@ def run_drafter(
             t0 = time.perf_counter()
             batch = receiver.receive(step)
             waited = time.perf_counter() - t0
-            out, grad_norm = train_step(ddp, model, batch, cfg, anchor_gen, optimizer, scheduler, device)
+            out, grad_norm, lr = train_step(ddp, model, batch, cfg, anchor_gen, optimizer, scheduler, device)
             stats = reduce_over_drafters(out, group)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
             done = step + 1
             if log is not None and progress is not None:
-                m = step_metrics(done, stats, scheduler, grad_norm, batch, topology, elapsed, waited)
+                m = step_metrics(done, stats, lr, grad_norm, batch, topology, elapsed, waited)
                 log.write(m)
                 progress.update(m)
             every = cfg.checkpoint.every
             if (every and done % every == 0) or done == plan.total_steps:
                 save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
         receiver.expect_end()
+        if is_first:
+            from trainer.export import export_drafter
+
+            exported = export_drafter(model, cfg.output_dir / "export")
+            print(f"dflash trainer: exported the drafter to {exported}", flush=True)
         status = "ok"
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -217,17 +222,13 @@ def run_drafter(
                     status,
                     time.monotonic() - began,
                     error=error,
+                    export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
                     resumed_from=resume_step,
                     total_steps=plan.total_steps,
                     warmup=warmup,
                     topology={"targets": topology.targets, "drafters": topology.drafters},
                 ),
             )
-    if is_first:
-        from trainer.export import export_drafter
-
-        path = export_drafter(model, cfg.output_dir / "export")
-        print(f"dflash trainer: exported the drafter to {path}", flush=True)
     return 0
 
 
@@ -240,17 +241,19 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     device: torch.device,
-) -> tuple[LossOutput, float]:
-    """Anchors, forward+backward (DDP averages gradients over the drafters), clip, step, schedule."""
+) -> tuple[LossOutput, float, float]:
+    """Anchors, forward+backward (DDP averages gradients over the drafters), clip, step, schedule.
+    Returns the loss output, the grad norm before clipping and the lr this step used."""
     anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, anchor_gen)
     with autocast_for(cfg, device):
         out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
     out.loss.backward()
     grad_norm = clip_gradients(model, cfg.optim.grad_clip)
+    lr = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return out, grad_norm
+    return out, grad_norm, lr
 
 
 @dataclass
@@ -290,7 +293,7 @@ def reduce_over_drafters(out: LossOutput, group: dist.ProcessGroup) -> StepStats
 def step_metrics(
     step: int,
     s: StepStats,
-    scheduler: Any,
+    lr: float,
     grad_norm: float,
     batch: CapturedBatch,
     topology: Topology,
@@ -302,7 +305,7 @@ def step_metrics(
     return StepMetrics(
         step=step,
         loss=s.loss,
-        lr=float(scheduler.get_last_lr()[0]),
+        lr=lr,
         grad_norm=grad_norm,
         accuracy=[round(a, 5) for a in accuracy],
         accept_len=s.accept_len_sum / max(s.anchors, 1.0),

@@ -199,3 +199,20 @@ def test_bad_config_in_process_never_reaches_torchrun(
     assert entry.main(["--config", str(bad), "--set", "run.device=tpu"]) == 2
     assert "run.device: must be one of" in capsys.readouterr().err
     assert not dist.is_initialized()
+
+
+def _every_field() -> list[tuple[str, str]]:
+    from trainer.config import SCHEMA
+
+    return [(section, key) for section, (_, parsers) in SCHEMA.items() for key in parsers]
+
+
+@pytest.mark.parametrize(("section", "key"), _every_field())
+def test_every_field_rejects_a_wrong_type_by_name(section: str, key: str) -> None:
+    """No field accepts a table where a value belongs, and the error always starts with the field's name."""
+    raw = _raw()
+    raw.setdefault(section, {})[key] = {"oops": 1}
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert err.value.message.startswith(f"{section}.{key}: must be "), err.value.message
+    assert '{"oops": 1}' in err.value.message

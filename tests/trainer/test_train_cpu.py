@@ -36,6 +36,20 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
     config = json.loads((run.out_dir / "export" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["mask_token_id"] == 511
+    assert run.summary["export_dir"] == str(run.out_dir / "export")
+    # the export holds the trained weights: the same as the final checkpoint's
+    import torch
+
+    from trainer.checkpoint import load_checkpoint
+    from trainer.export import load_drafter
+    from trainer.target import load_frozen_embeddings
+
+    embed, lm_head, _ = load_frozen_embeddings("tiny", seed=0)
+    exported = load_drafter(run.out_dir / "export", embed, lm_head).state_dict()
+    trained = load_checkpoint(run.out_dir / "checkpoints" / "step_00000040")["model"]
+    assert set(exported) == set(trained)
+    for name, tensor in trained.items():
+        assert torch.equal(exported[name], tensor), name
 
 
 def test_two_targets_one_drafter(tmp_path: Path) -> None:
