@@ -76,6 +76,7 @@ def test_warm_up_needs_no_process_group() -> None:
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow  # ~13 s; the folder loading itself is covered fast in test_target.py
 def test_a_local_target_folder_with_jsonl_data(tmp_path: Path) -> None:
     """A Hugging Face folder as the target (only the captured layers loaded; embedding and head read from
     its safetensors on the drafter rank) and pre-tokenised JSONL data."""
