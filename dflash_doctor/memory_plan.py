@@ -123,14 +123,14 @@ def drafter_estimate(p: PlanInputs) -> RoleEstimate:
             "parameters_fp32": params * 4,
             "gradients_fp32": params * 4,
             "adamw_state": params * 8,
-            "frozen_embed_and_head": 2 * t.vocab * t.hidden * 4,
+            "frozen_embed_and_head": 2 * t.vocab * t.hidden * elt,  # bf16 on GPU (trainer/warmup.py)
             "incoming_batches": incoming * (1 + p.in_flight),
             "context_fused": context * t.hidden * (4 + elt),
             "activations": p.drafter_layers * per_layer,
             # Q x (S + Q) scores never exist with flex; the block mask and LSE are small.
             "attention_workspace": queries * t.heads * 4 * 2,
-            # One chunk's logits in fp32, their softmax and gradient, plus the bf16 head copy.
-            "lm_head_chunk": chunk_rows * t.vocab * 4 * 3 + t.vocab * t.hidden * elt,
+            # One chunk's logits in fp32, their softmax and gradient.
+            "lm_head_chunk": chunk_rows * t.vocab * 4 * 3,
             "cuda_context": p.cuda_context_bytes,
         },
     )

@@ -30,7 +30,8 @@ from tests.libs_fixtures import cuda_libs, install_cuda_torch
 
 __all__ = ["cuda_libs"]
 
-CPU_PYTHON = "/work/venvs/cpu/bin/python"
+# Any interpreter with a CPU torch: the test run's own (the project venv has torch 2.13 CPU).
+CPU_PYTHON = os.environ.get("DFLASH_DOCTOR_CPU_PYTHON", sys.executable)
 CU13_PYTHON = "/work/venvs/cu13/bin/python"
 
 MAPS = """\
