@@ -40,6 +40,7 @@ class DrafterSection:
     intermediate_size: int | None = None  # default: the target's
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa
     loss_chunk: int = 2048  # rows of LM head + CE per checkpointed chunk
+    compile_loss: bool = True  # LM head + CE chunk through torch.compile (compiled once, in the warm-up)
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,15 @@ def choice(*options: str) -> Parser:
     return parse
 
 
+def boolean() -> Parser:
+    def parse(name: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _fail(name, "true or false", value)
+        return value
+
+    return parse
+
+
 def text() -> Parser:
     def parse(name: str, value: Any) -> str:
         if not isinstance(value, str) or not value:
@@ -239,6 +249,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "intermediate_size": integer(1),
             "attention": choice("auto", "flex", "sdpa"),
             "loss_chunk": integer(1),
+            "compile_loss": boolean(),
         },
     ),
     "data": (

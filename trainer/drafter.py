@@ -271,6 +271,7 @@ class DFlashDrafter(nn.Module):
         attention: AttentionKind = "sdpa",
         loss_chunk: int = 2048,
         gamma: float | None = None,
+        compile_loss: bool = False,
     ) -> None:
         super().__init__()
         if attention not in ("sdpa", "flex"):
@@ -286,6 +287,7 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         self.attention = attention
         self.loss_chunk = loss_chunk
+        self.compile_loss = compile_loss  # LM head + CE chunk through torch.compile (trainer/loss.py)
         self.gamma = float(gamma) if gamma is not None else default_gamma(cfg.block_size)
 
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
@@ -363,5 +365,12 @@ class DFlashDrafter(nn.Module):
         out = self.draft_hidden(input_ids, hidden, anchors, anchor_valid)
         labels, supervised = block_targets(input_ids, loss_mask, anchors, anchor_valid, self.cfg.block_size)
         return dflash_loss(
-            out, self.lm_head_weight, labels, supervised, anchor_valid, self.gamma, self.loss_chunk
+            out,
+            self.lm_head_weight,
+            labels,
+            supervised,
+            anchor_valid,
+            self.gamma,
+            self.loss_chunk,
+            self.compile_loss,
         )

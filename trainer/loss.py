@@ -13,6 +13,7 @@ checkpointing: each chunk's logits live only inside its own forward and are reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,20 +83,46 @@ def _head_and_ce(
     return (ce * weights).sum(), correct
 
 
+_COMPILED_HEAD_AND_CE: Callable[..., tuple[Tensor, Tensor]] | None = None
+
+
+def compiled_head_and_ce() -> Callable[..., tuple[Tensor, Tensor]]:
+    """`_head_and_ce` compiled once per process: the fp32 logits, log-softmax and CE fuse into a few
+    kernels instead of several memory-bound passes over (chunk, vocab)."""
+    global _COMPILED_HEAD_AND_CE
+    if _COMPILED_HEAD_AND_CE is None:
+        _COMPILED_HEAD_AND_CE = torch.compile(_head_and_ce, dynamic=False)
+    return _COMPILED_HEAD_AND_CE
+
+
+def even_chunk(rows: int, chunk: int) -> int:
+    """The chunk size that splits `rows` into equal parts (at most `chunk` each), so a compiled chunk
+    function sees one shape and never recompiles for a ragged last chunk."""
+    parts = max(1, -(-rows // max(1, chunk)))
+    return -(-rows // parts)
+
+
 def chunked_weighted_ce(
-    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor, chunk: int
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    weights: Tensor,
+    chunk: int,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """sum(weights * CE(hidden @ W^T, labels)) over rows, and per-row correctness, chunk rows at a time.
 
     hidden (R, H), labels (R,), weights (R,) float. Only one chunk's logits (chunk, V) exist at a time,
-    in forward and in backward.
+    in forward and in backward. `compiled` uses the compiled chunk function (equal chunk sizes).
     """
     total = hidden.new_zeros((), dtype=torch.float32)
     correct = []
-    for start in range(0, hidden.shape[0], chunk):
-        rows = slice(start, start + chunk)
+    head_and_ce = compiled_head_and_ce() if compiled else _head_and_ce
+    step = even_chunk(hidden.shape[0], chunk) if compiled else chunk
+    for start in range(0, hidden.shape[0], step):
+        rows = slice(start, start + step)
         part, part_correct = checkpoint(
-            _head_and_ce, hidden[rows], lm_head_weight, labels[rows], weights[rows], use_reentrant=False
+            head_and_ce, hidden[rows], lm_head_weight, labels[rows], weights[rows], use_reentrant=False
         )
         total = total + part
         correct.append(part_correct)
@@ -110,6 +137,7 @@ def dflash_loss(
     anchor_valid: Tensor,
     gamma: float,
     chunk: int,
+    compiled: bool = False,
 ) -> LossOutput:
     """The loss and its accuracy statistics from the drafter's final hidden states.
 
@@ -120,7 +148,7 @@ def dflash_loss(
     weights = slot_weights(block_size, gamma, hidden.device)[1:] * supervised[..., 1:]  # (B, N, block-1)
     rows = hidden[:, :, 1:, :].reshape(-1, width)  # (B*N*(block-1), H)
     weighted_sum, correct_rows = chunked_weighted_ce(
-        rows, lm_head_weight, labels[..., 1:].reshape(-1), weights.reshape(-1), chunk
+        rows, lm_head_weight, labels[..., 1:].reshape(-1), weights.reshape(-1), chunk, compiled
     )
     loss = weighted_sum / weights.sum().clamp(min=1e-12)
 

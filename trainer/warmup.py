@@ -80,6 +80,7 @@ def build_drafter(
             lm_head.to(frozen_dtype),
             attention=attention_for(cfg, device),  # type: ignore[arg-type]
             loss_chunk=d.loss_chunk,
+            compile_loss=d.compile_loss,
             gamma=cfg.optim.gamma,
         )
     return model.to(device)

@@ -14,9 +14,35 @@ from trainer.loss import (
     chunked_weighted_ce,
     default_gamma,
     dflash_loss,
+    even_chunk,
     expected_acceptance_length,
     slot_weights,
 )
+
+
+def test_even_chunk_splits_rows_into_equal_parts_no_larger_than_asked() -> None:
+    assert even_chunk(3584, 2048) == 1792  # two equal chunks instead of 2048 + 1536
+    assert even_chunk(7680, 2048) == 1920
+    assert even_chunk(100, 1000) == 100 and even_chunk(1, 1) == 1
+    for rows in range(1, 200):
+        for chunk in (1, 7, 64, 500):
+            step = even_chunk(rows, chunk)
+            assert step <= chunk and step * -(-rows // step) >= rows
+
+
+def test_compiled_chunk_equals_eager_in_value_and_gradient() -> None:
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(36, 16, generator=gen, requires_grad=True)
+    head = torch.randn(50, 16, generator=gen)
+    labels = torch.randint(0, 50, (36,), generator=gen)
+    weights = torch.rand(36, generator=gen)
+    eager, eager_correct = chunked_weighted_ce(hidden, head, labels, weights, chunk=10)
+    (eager_grad,) = torch.autograd.grad(eager, hidden)
+    fast, fast_correct = chunked_weighted_ce(hidden, head, labels, weights, chunk=10, compiled=True)
+    (fast_grad,) = torch.autograd.grad(fast, hidden)
+    torch.testing.assert_close(fast, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_grad, eager_grad, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast_correct, eager_correct)
 
 
 def test_gamma_defaults_follow_the_recipe() -> None:
