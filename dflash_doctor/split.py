@@ -1,0 +1,183 @@
+"""How many GPUs should capture (targets) and how many should train (drafters): project N+M on G GPUs.
+
+The two roles run at the same time and the slower side sets the pace, so with per-GPU rates measured at
+one recipe (samples/s of one target GPU, of one drafter GPU):
+
+    samples/s (N targets + M drafters) = min(N x target_rate, M x drafter_rate);  tok/s = that x seq_len
+
+This ignores transport and gradient-sync costs (bench/e2e.py measures what a real 1+1 loses to them).
+Rates per recipe live in `bench/results/role_rates.json` (filled from an H200 run by
+`bench/role_rates.py`; each entry says where its numbers came from).
+
+Public API: `recommend_split(rates, gpus)`, `recommendation_for_config(cfg, gpus)` (what `train --dry-run`
+prints), `load_role_rates(path)`, `project_split(rates, targets, drafters)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.errors import DoctorError
+
+DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "bench" / "results" / "role_rates.json"
+
+
+@dataclass(frozen=True)
+class RoleRates:
+    """Per-GPU rates of both roles at one recipe (same sequence length, anchors and block size)."""
+
+    recipe: str
+    seq_len: int
+    anchors: int
+    block_size: int
+    target_samples_s: float  # one target GPU capturing
+    drafter_samples_s: float  # one drafter GPU training
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.target_samples_s <= 0 or self.drafter_samples_s <= 0 or self.seq_len < 1:
+            raise ValueError(f"role rates for {self.recipe} must be positive, got {self}")
+
+    @classmethod
+    def from_json(cls, recipe: str, data: dict[str, Any]) -> RoleRates:
+        try:
+            return cls(
+                recipe=recipe,
+                seq_len=int(data["seq_len"]),
+                anchors=int(data["anchors"]),
+                block_size=int(data["block_size"]),
+                target_samples_s=float(data["target_samples_s"]),
+                drafter_samples_s=float(data["drafter_samples_s"]),
+                source=str(data.get("source", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DoctorError(
+                f"role rates: the entry for {recipe!r} is malformed ({exc})",
+                hint="each recipe needs seq_len, anchors, block_size, target_samples_s, drafter_samples_s",
+            ) from None
+
+
+@dataclass(frozen=True)
+class SplitOption:
+    """One way to divide the GPUs, and what it would do."""
+
+    targets: int
+    drafters: int
+    samples_s: float
+    tok_s: float
+    bottleneck: str  # "target" | "drafter" | "balanced"
+    idle_fraction: float  # share of the faster side's capacity left unused
+
+    def __str__(self) -> str:
+        return f"{self.targets}+{self.drafters} ({self.tok_s / 1000:,.1f} Ktok/s, {self.bottleneck}-bound)"
+
+
+@dataclass(frozen=True)
+class SplitRecommendation:
+    recipe: str
+    gpus: int
+    best: SplitOption
+    options: list[SplitOption]  # every N+M = gpus with N, M >= 1, best first
+    rates: RoleRates
+    current: SplitOption | None = None  # the config's own split, when it fits on `gpus`
+
+    def __str__(self) -> str:
+        line = f"{self.best} on {self.gpus} GPUs for {self.recipe}"
+        if self.current is not None and (self.current.targets, self.current.drafters) != (
+            self.best.targets,
+            self.best.drafters,
+        ):
+            line += f"; this config's {self.current}"
+        origin = self.rates.source.split(":")[0] or "unknown source"  # the full text is in to_json
+        return f"{line} [rates: {origin}]"
+
+    def to_json(self) -> dict[str, Any]:
+        def option(o: SplitOption) -> dict[str, Any]:
+            return {
+                "targets": o.targets,
+                "drafters": o.drafters,
+                "samples_s": round(o.samples_s, 4),
+                "tok_s": round(o.tok_s, 1),
+                "bottleneck": o.bottleneck,
+                "idle_fraction": round(o.idle_fraction, 4),
+            }
+
+        return {
+            "recipe": self.recipe,
+            "gpus": self.gpus,
+            "best": option(self.best),
+            "current": option(self.current) if self.current else None,
+            "options": [option(o) for o in self.options],
+            "rates_source": self.rates.source,
+        }
+
+
+def project_split(rates: RoleRates, targets: int, drafters: int) -> SplitOption:
+    """Throughput of `targets` + `drafters` GPUs: the slower side sets the pace."""
+    if targets < 1 or drafters < 1:
+        raise ValueError(f"a split needs at least one GPU per role, got {targets}+{drafters}")
+    supply = targets * rates.target_samples_s
+    demand = drafters * rates.drafter_samples_s
+    samples = min(supply, demand)
+    if abs(supply - demand) <= 1e-9 * max(supply, demand):
+        bottleneck = "balanced"
+    else:
+        bottleneck = "target" if supply < demand else "drafter"
+    idle = 1.0 - samples / max(supply, demand)
+    return SplitOption(targets, drafters, samples, samples * rates.seq_len, bottleneck, idle)
+
+
+def recommend_split(rates: RoleRates, gpus: int) -> SplitRecommendation:
+    """Every N+M = gpus split, best first (most samples/s; on a tie, the less idle, then more drafters)."""
+    if gpus < 2:
+        raise ValueError(f"a split needs at least 2 GPUs (one per role), got {gpus}")
+    options = [project_split(rates, n, gpus - n) for n in range(1, gpus)]
+    options.sort(key=lambda o: (-round(o.samples_s, 9), o.idle_fraction, -o.drafters))
+    return SplitRecommendation(rates.recipe, gpus, options[0], options, rates)
+
+
+def load_role_rates(path: Path | None = None) -> dict[str, RoleRates]:
+    """The per-recipe rates table (`{"recipes": {name: {...}}}`); empty when the file does not exist."""
+    path = path or DEFAULT_RATES_PATH
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise DoctorError(
+            f"role rates: cannot read {path}: {exc}", hint="re-run bench/role_rates.py"
+        ) from None
+    recipes = data.get("recipes") if isinstance(data, dict) else None
+    if not isinstance(recipes, dict):
+        raise DoctorError(f"role rates: {path} has no 'recipes' table", hint="re-run bench/role_rates.py")
+    return {name: RoleRates.from_json(name, entry) for name, entry in recipes.items()}
+
+
+def rates_for_config(cfg: Any, table: dict[str, RoleRates]) -> RoleRates | None:
+    """The entry measured at this config's shapes (sequence length, anchors, block size), if any."""
+    shape = (int(cfg.data.seq_len), int(cfg.optim.anchors), int(cfg.drafter.block_size))
+    for rates in table.values():
+        if (rates.seq_len, rates.anchors, rates.block_size) == shape:
+            return rates
+    return None
+
+
+def recommendation_for_config(
+    cfg: Any, gpus: int, table: dict[str, RoleRates] | None = None
+) -> SplitRecommendation | None:
+    """The best split of `gpus` for a trainer config (TrainConfig), or None when no rates were measured
+    at its shapes or there are fewer than 2 GPUs. Per-sample rates: batch size does not change them."""
+    if gpus < 2:
+        return None
+    rates = rates_for_config(cfg, load_role_rates() if table is None else table)
+    if rates is None:
+        return None
+    recommendation = recommend_split(rates, gpus)
+    targets, drafters = int(cfg.topology.targets), int(cfg.topology.drafters)
+    current = project_split(rates, targets, drafters) if targets + drafters <= gpus else None
+    return SplitRecommendation(
+        recommendation.recipe, gpus, recommendation.best, recommendation.options, rates, current
+    )
