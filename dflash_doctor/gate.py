@@ -30,6 +30,7 @@ class TrainingConfig:
     config: Any  # trainer.config.TrainConfig
     target_config: Any  # the target's transformers config
     text: str
+    overrides: list[str] = field(default_factory=list)  # `--set section.key=value`, passed to the workers
 
 
 def load_training_config(path_or_name: str, overrides: list[str] | None = None) -> TrainingConfig:
@@ -39,7 +40,9 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
 
     path = resolve_config_path(path_or_name).resolve()
     cfg = load_config(path, overrides or [])
-    return TrainingConfig(path, cfg, target_hf_config(cfg.target.path), path.read_text())
+    return TrainingConfig(
+        path, cfg, target_hf_config(cfg.target.path), path.read_text(), list(overrides or [])
+    )
 
 
 def launch_environment(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -90,6 +93,7 @@ def run_gate(
         gpu_count,
         torchrun,
         environ={k: environ[k] for k in ("TORCHINDUCTOR_CACHE_DIR",)},
+        overrides=training.overrides,
     )
     options.extra["launch_plan"] = plan
     # The compile-cache checks judge the folder the workers will use, not this shell's default.

@@ -156,8 +156,14 @@ def assign_roles(targets: int, drafters: int, nnodes: int, device_type: str) -> 
 
 
 def torchrun_command(
-    python: str, config_path: Path, options: TorchrunOptions, nproc_per_node: int
+    python: str,
+    config_path: Path,
+    options: TorchrunOptions,
+    nproc_per_node: int,
+    overrides: list[str] | None = None,
 ) -> list[str]:
+    """The command the workers start with: the config plus every `--set` the gate validated."""
+    sets = [arg for item in overrides or [] for arg in ("--set", item)]
     return [
         python,
         "-m",
@@ -167,6 +173,7 @@ def torchrun_command(
         "trainer",
         "--config",
         str(config_path),
+        *sets,
     ]
 
 
@@ -179,6 +186,7 @@ def build_launch_plan(
     options: TorchrunOptions | None = None,
     environ: dict[str, str] | None = None,
     cuda_context_bytes: int | None = None,
+    overrides: list[str] | None = None,
 ) -> LaunchPlan:
     options = options or TorchrunOptions()
     device_type = choose_device_type(cfg.run.device, gpu_count)
@@ -195,7 +203,7 @@ def build_launch_plan(
         roles=assign_roles(
             cfg.topology.targets, cfg.topology.drafters, options.nnodes if nproc != world else 1, device_type
         ),
-        command=torchrun_command(python, config_path, options, nproc),
+        command=torchrun_command(python, config_path, options, nproc, overrides),
         environ=dict(environ or {}),
         memory=plan(inputs),
         memory_inputs=inputs,

@@ -141,3 +141,9 @@ def test_bad_config_is_exit_2_and_starts_nothing(launches, tmp_path, capsys) -> 
     assert run(["train", "--config", str(bad)]) == 2
     assert "drafter.block_size" in capsys.readouterr().err
     assert launches == [] and RunStore().all() == []
+
+
+def test_overrides_reach_the_workers(launches: list[list[str]]) -> None:
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--set", "optim.steps=7"]) == 0
+    command = launches[0]
+    assert command[-2:] == ["--set", "optim.steps=7"]
