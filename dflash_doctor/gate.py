@@ -96,6 +96,13 @@ def run_gate(
         overrides=training.overrides,
     )
     options.extra["launch_plan"] = plan
+    if plan.device_type == "cuda":
+        from dflash_doctor.split import recommendation_for_config
+
+        # From the per-role rates measured on an H200 (bench/results/role_rates.json).
+        recommendation = recommendation_for_config(training.config, gpu_count * plan.nnodes)
+        if recommendation is not None:
+            options.extra["split_recommendation"] = recommendation
     # The compile-cache checks judge the folder the workers will use, not this shell's default.
     options.extra["cache_environ"] = environ
     # The flex proof matters where training uses flex (CUDA); on CPU training uses SDPA.

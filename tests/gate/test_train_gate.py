@@ -147,3 +147,13 @@ def test_overrides_reach_the_workers(launches: list[list[str]]) -> None:
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--set", "optim.steps=7"]) == 0
     command = launches[0]
     assert command[-2:] == ["--set", "optim.steps=7"]
+
+
+def test_dry_run_on_eight_gpus_prints_the_recommended_split(launches, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(
+        gpus_module, "probe_gpus", lambda: GpuInventory("580.159.04", 13000, [h200(i) for i in range(8)])
+    )
+    code = run(["train", "--config", "qwen3-8b-5t3d", "--no-deep", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "recommended split" in out and "on 8 GPUs" in out
+    assert launches == [] and code in (0, 1)
