@@ -22,7 +22,7 @@ from dflash_doctor.package_analyses import (
     twin_remedy,
 )
 from dflash_doctor.pip_commands import pip_command
-from dflash_doctor.record_audit import SharedFile
+from dflash_doctor.record_audit import SharedFile, is_shared_library
 from dflash_doctor.registry import check
 
 SHOWN = 8  # files listed in evidence; the count says how many in all
@@ -73,12 +73,21 @@ def twins_check(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
+def load_bearing(ctx: CheckContext, key: str, paths: list[str]) -> bool:
+    """A change fails when it can break training: a package torch needs (its requirement closure) or
+    a shared library anyone loads. Elsewhere it warns: images often patch data files on purpose
+    (a corporate CA appended to certifi's cacert.pem), and `pip install --target` leaves scripts
+    where RECORD does not point."""
+    return key in torch_closure(ctx) or any(is_shared_library(p) for p in paths)
+
+
 @check("ownership.clobbered", "installed files match their RECORD")
 def clobbered_check(ctx: CheckContext) -> Iterator[Finding]:
     audit = record_audit(ctx)
     for key, changed in sorted(audit.changed.items()):
         dist = ctx.env.distributions[key]
-        yield fail(
+        verdict = fail if load_bearing(ctx, key, [c.path for c in changed]) else warn
+        yield verdict(
             "ownership.clobbered",
             f"{dist.name} {dist.version}: {len(changed)} file(s) no longer match its RECORD",
             remedy=pip_command(ctx.env, "install", "--force-reinstall", f"{dist.name}=={dist.version}"),
@@ -102,7 +111,8 @@ def missing_files_check(ctx: CheckContext) -> Iterator[Finding]:
     for key, gone in sorted(audit.missing.items()):
         dist = ctx.env.distributions[key]
         needed = " (torch needs it)" if key in closure else ""
-        yield fail(
+        verdict = fail if load_bearing(ctx, key, gone) else warn
+        yield verdict(
             "ownership.missing_files",
             f"{dist.name} {dist.version}{needed}: {len(gone)} file(s) its RECORD lists are gone "
             "(a plain reinstall says 'already installed')",

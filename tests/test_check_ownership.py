@@ -159,3 +159,16 @@ def test_library_untouched_since_install_is_not_rehashed(site: FakeSite, monkeyp
     os.utime(lib, ns=(0, 0))  # `cp -p`-style old mtime: ctime still tells
     audit_module.audit_records(dists, HashCache(), [str(lib)])
     assert hashed == [str(lib)]
+
+
+def test_patched_data_file_of_an_unrelated_package_only_warns(site: FakeSite) -> None:
+    """Seen on a real H200 image: a CA appended to certifi's cacert.pem; a script `--target` left elsewhere."""
+    cu13_site(site)
+    site.add_dist("certifi", "2026.7.22", {"certifi/cacert.pem": b"-----BEGIN CERTIFICATE-----\n"})
+    site.add_dist("pyelftools", "0.33", {"../../../bin/readelf.py": b"#!python\n"}, write_files=False)
+    (site.root / "certifi/cacert.pem").write_bytes(b"-----BEGIN CERTIFICATE-----\n+ corporate CA\n")
+    got = run(site, "ownership")
+    clobbered = [f for f in got if f.id == "ownership.clobbered" and "certifi" in f.summary]
+    missing = [f for f in got if f.id == "ownership.missing_files" and "pyelftools" in f.summary]
+    assert clobbered and clobbered[0].severity is Severity.WARN
+    assert missing and missing[0].severity is Severity.WARN

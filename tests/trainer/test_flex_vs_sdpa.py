@@ -7,6 +7,8 @@ compiled flex has had wrong gradients on offset block masks (pytorch#158212).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch._dynamo
@@ -41,7 +43,7 @@ def test_compiled_flex_forward_equals_sdpa_and_new_anchors_do_not_recompile() ->
 def test_compiled_flex_matches_sdpa_forward_and_backward_on_cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    cfg = tiny_config(block_size=16)
+    cfg = replace(tiny_config(block_size=16), head_dim=32)  # GPU flex needs head_dim >= 16
     sdpa = tiny_drafter(cfg).cuda()
     flex = tiny_drafter(cfg, attention="flex").cuda()
     flex.load_state_dict(sdpa.state_dict())
