@@ -42,36 +42,78 @@ def current_fingerprint(env: Environment) -> BuildFingerprint:
 
 
 def prepare_compile_cache(
-    env: Environment, environ: dict[str, str], config_path: Path, device_type: str
+    env: Environment,
+    environ: dict[str, str],
+    config_path: Path,
+    device_type: str,
+    drafter_devices: tuple[str, ...] = (),
+    overrides: tuple[str, ...] = (),
 ) -> CachePreparation:
-    """Warm the managed cache for this build before any worker starts."""
+    """Make the managed cache warm for this build on every drafter device, before any worker starts.
+
+    1. Cold for this build and a compatible snapshot exists: restore it (verified, atomic).
+    2. Always then run the trainer's warm-up in ONE child process, device after device: from a warm
+       cache it only loads (seconds, all hits); otherwise it compiles here, alone, instead of in the
+       workers. This matters because Inductor keys compiled graphs by device index: a cache warmed on
+       cuda:0 does not serve a drafter on cuda:1 (measured on 2 H200s: the worker compiled again).
+    """
     start = time.perf_counter()
     fingerprint = current_fingerprint(env)
     status = gather_status(fingerprint, environ)
-    warmth = warmth_of(status.main, fingerprint)
-    if warmth.state == "warm":
-        return CachePreparation(
-            "warm", f"{status.main.path} is warm for this build", time.perf_counter() - start
-        )
-    compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
-    if compatible:
-        newest = compatible[-1]
-        store = SnapshotStore(snapshots_dir())
-        with store.locked():
-            result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
-        return CachePreparation(
-            "restored",
-            f"restored snapshot {newest.name} ({len(result.manifest.files)} files) into {status.main.path}",
-            time.perf_counter() - start,
-        )
-    command = child_command(env.interpreter.executable, device_type, WarmShapes(), config=config_path)
+    steps: list[str] = []
+    action = "warm"
+    if warmth_of(status.main, fingerprint).state != "warm":
+        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
+        if compatible:
+            newest = compatible[-1]
+            store = SnapshotStore(snapshots_dir())
+            with store.locked():
+                result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+            steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
+            action = "restored"
+    config = _config_with_overrides(config_path, overrides)
+    command = child_command(
+        env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
+    )
     result = run_warm_child(command, environ)
     misses, hits = compile_count(result)
-    return CachePreparation(
-        "warmed",
-        f"compiled once in one process ({misses} graphs compiled, {hits} from cache) in {result.get('first_call_seconds')} s",
-        time.perf_counter() - start,
+    where = ", ".join(drafter_devices) or device_type
+    steps.append(
+        f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {result.get('first_call_seconds')} s"
     )
+    if misses and action == "warm":
+        action = "warmed"
+    return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
+
+
+def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:
+    """The warm-up must see the shapes training will use, `--set` overrides included."""
+    if not overrides:
+        return config_path
+    import tempfile
+
+    import tomllib
+
+    from trainer.config import apply_overrides
+
+    raw = apply_overrides(tomllib.loads(config_path.read_text()), list(overrides))
+    folder = Path(tempfile.mkdtemp(prefix="dflash-warm-"))
+    target = folder / config_path.name
+    target.write_text(_to_toml(raw))
+    return target
+
+
+def _to_toml(raw: dict[str, Any]) -> str:
+    """Just enough TOML for a trainer config: tables of scalars and lists (no library writes TOML in 3.11)."""
+    import json
+
+    lines = []
+    for section, body in raw.items():
+        lines.append(f"[{section}]")
+        for key, value in body.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def run_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:

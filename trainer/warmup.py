@@ -23,7 +23,11 @@ from trainer.drafter import DFlashDrafter, DrafterConfig
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """`run.device`: auto picks CUDA when there is one."""
+    """`run.device`: auto picks CUDA when there is one; `cuda:N` names one device (warm-up)."""
+    if name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f'run.device: "{name}" but torch sees no CUDA device')
+        return torch.device(name)
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ConfigError('run.device: "cuda" but torch sees no CUDA device')
@@ -139,6 +143,8 @@ def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict
 
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     dev = resolve_device(device or cfg.run.device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # compiled graphs are keyed by device index: warm the one training uses
     hf_config = target_hf_config(cfg.target.path)
     shape = (int(hf_config.vocab_size), int(hf_config.hidden_size))
     frozen = torch.zeros(shape, device=dev)

@@ -46,13 +46,22 @@ class WarmShapes:
 
 
 def child_command(
-    python: str, device: str, shapes: WarmShapes, config: Path | None = None, backward: str = "auto"
+    python: str,
+    device: str,
+    shapes: WarmShapes,
+    config: Path | None = None,
+    backward: str = "auto",
+    trainer_devices: tuple[str, ...] = (),
 ) -> list[str]:
+    """The warm-up child's command. `trainer_devices` (with a config): warm each, one after another;
+    Inductor's graph cache is keyed by the inputs' device index, so cuda:0 does not serve cuda:1."""
     command = [python, str(CHILD_SCRIPT), "--device", device, "--backward", backward]
     for name, value in vars(shapes).items():
         command += [f"--{name.replace('_', '-')}", str(value)]
     if config is not None:
         command += ["--config", str(config), "--project-root", str(PROJECT_ROOT)]
+        for trainer_device in trainer_devices:
+            command += ["--trainer-device", trainer_device]
     return command
 
 

@@ -31,6 +31,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--backward", choices=["auto", "yes", "no"], default="auto")
     parser.add_argument("--config", default=None, help="a trainer run.toml")
     parser.add_argument("--project-root", default=None, help="folder holding the `trainer` package")
+    parser.add_argument(
+        "--trainer-device",
+        action="append",
+        default=[],
+        help="with --config: warm on this device (repeatable, e.g. cuda:1); Inductor keys graphs by device index",
+    )
     return parser.parse_args(argv)
 
 
@@ -126,10 +132,13 @@ def warm_trainer(args: argparse.Namespace) -> dict[str, Any] | None:
     except ImportError:
         return None
     start = time.perf_counter()
-    stats = warm_up(load_config(args.config))
+    config = load_config(args.config)
+    # One device after another in this one thread: never two compiles at once.
+    stats = [warm_up(config, device) for device in (args.trainer_device or [None])]
     return {
         "what": "trainer.warmup.warm_up",
-        "stats": stats,
+        "devices": args.trainer_device or ["config default"],
+        "stats": stats if len(stats) > 1 else stats[0],
         "first_call_seconds": round(time.perf_counter() - start, 4),
     }
 

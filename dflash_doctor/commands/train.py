@@ -106,7 +106,19 @@ def train_command(
         console.print(
             f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]"
         )
-    prep = prepare_compile_cache(gate.context.env, gate.environ, training.path, plan.device_type)
+    drafter_devices = tuple(
+        dict.fromkeys(
+            r.device for r in plan.roles if r.role == "drafter" and r.node == 0 and r.device != "cpu"
+        )
+    )
+    prep = prepare_compile_cache(
+        gate.context.env,
+        gate.environ,
+        training.path,
+        plan.device_type,
+        drafter_devices,
+        tuple(training.overrides),
+    )
     record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
     console.print(f"compile cache: {escape(prep.detail)}")
     store.save(record)
