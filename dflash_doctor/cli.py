@@ -43,23 +43,44 @@ def _root(
     """dflash-doctor: verdicts with evidence and exact remedies for your training environment."""
 
 
-def _register_commands() -> None:
+_REGISTERED: set[str] = set()
+
+
+def _command_modules() -> list[str]:
     from dflash_doctor import commands
 
-    for module in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        mod = importlib.import_module(f"dflash_doctor.commands.{module.name}")
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
+
+
+def _register(names: list[str]) -> None:
+    """Import command modules (each registers itself once); a module is named after its command."""
+    for name in names:
+        if name in _REGISTERED:
+            continue
+        mod = importlib.import_module(f"dflash_doctor.commands.{name}")
         register = getattr(mod, "register", None)
         if register is not None:
             register(app)
+        _REGISTERED.add(name)
 
 
-_register_commands()
+def _register_for(argv: list[str]) -> None:
+    """Only the module of the command being run: `check` must not pay for importing `train` and `cache`.
+    Anything else (no command, --help, a typo) registers every command, so help and errors list them all."""
+    words = [a for a in argv if not a.startswith("-")]
+    modules = _command_modules()
+    if words and words[0] in modules:
+        _register([words[0]])
+    else:
+        _register(modules)
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; DoctorError becomes a one-line message and exit 2."""
+    args = sys.argv[1:] if argv is None else argv
+    _register_for(args)
     try:
-        app(args=argv, prog_name="dflash-doctor")
+        app(args=args, prog_name="dflash-doctor")
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
