@@ -8,7 +8,6 @@ the static Environment model (no `import torch`) plus GPU names from NVML.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -59,26 +58,11 @@ def _text(value: object) -> str | None:
 
 
 def read_gpu_names() -> tuple[str, ...] | None:
-    """GPU names through NVML, as the driver reports them; None when there is no usable driver."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no GPU to speak of
-        return None
-    try:
-        names = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return tuple(names)
-    except Exception:
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    """GPU names through NVML (dflash_doctor.gpus), as the driver reports them; None without a driver."""
+    from dflash_doctor.gpus import query_gpus
+
+    inventory = query_gpus()
+    return None if inventory is None else tuple(d.name for d in inventory.devices)
 
 
 def fingerprint_of(env: Environment, gpu_names: tuple[str, ...] | None = None) -> BuildFingerprint:
