@@ -8,6 +8,7 @@ hazards) plus the `launch.*` checks that need the config, and the deep probe.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from dflash_doctor.cache.locations import managed_inductor_dir
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.environment import Environment
+from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.launch_plan import LaunchPlan, TorchrunOptions, build_launch_plan
@@ -34,9 +36,19 @@ class TrainingConfig:
 
 
 def load_training_config(path_or_name: str, overrides: list[str] | None = None) -> TrainingConfig:
-    """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it."""
-    from trainer.config import load_config, resolve_config_path
-    from trainer.target import target_hf_config
+    """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it.
+
+    The trainer needs torch in the interpreter running dflash-doctor (to read the config's target); when
+    that torch cannot be imported we say so plainly instead of a traceback.
+    """
+    try:
+        from trainer.config import load_config, resolve_config_path
+        from trainer.target import target_hf_config
+    except (ImportError, OSError) as exc:
+        raise DoctorError(
+            f"the trainer cannot be imported by {sys.executable}: {exc}",
+            hint=f"`dflash-doctor check --python {sys.executable}` says why and how to fix it",
+        ) from exc
 
     path = resolve_config_path(path_or_name).resolve()
     cfg = load_config(path, overrides or [])

@@ -157,3 +157,22 @@ def test_dry_run_on_eight_gpus_prints_the_recommended_split(launches, monkeypatc
     out = capsys.readouterr().out
     assert "recommended split" in out and "on 8 GPUs" in out
     assert launches == [] and code in (0, 1)
+
+
+def test_broken_torch_in_the_tools_own_interpreter_is_a_message_not_a_traceback(
+    launches, monkeypatch, capsys
+) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name.startswith("trainer"):
+            raise ImportError("libcudnn.so.9: cannot open shared object file: No such file or directory")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 2
+    err = capsys.readouterr().err
+    assert "libcudnn.so.9" in err and "dflash-doctor check --python" in err
+    assert launches == []
