@@ -110,6 +110,18 @@ def swap_in(staging: Path, target: Path, restore_id: str) -> Path | None:
     return backup
 
 
+KEEP_BACKUPS = 2  # a 350 MB cache restored daily must not fill the disk with old copies
+
+
+def prune_backups(target: Path, keep: int = KEEP_BACKUPS) -> list[Path]:
+    """Delete all but the newest `keep` backups beside `target` (names sort by their restore time)."""
+    backups = sorted(target.parent.glob(f"{target.name}{BACKUP_TAG}*"), key=lambda p: p.name, reverse=True)
+    doomed = [b for b in backups[keep:] if b.is_dir() and not b.is_symlink()]
+    for backup in doomed:
+        shutil.rmtree(backup, ignore_errors=True)
+    return doomed
+
+
 def recover_interrupted(target: Path) -> list[str]:
     """Finish or undo what a killed restore left beside `target`; say what was done."""
     actions: list[str] = []
@@ -186,6 +198,7 @@ def restore_snapshot(
         backup = swap_in(staging, chosen[label], restore_id)
         if backup is not None:
             result.backups[label] = backup
+            prune_backups(chosen[label])
     result.seconds = time.perf_counter() - start
     return result
 

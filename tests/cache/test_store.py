@@ -102,3 +102,22 @@ def test_prune_keep_and_older_than(tmp_path: Path) -> None:
     assert {s.name for s in choose_prunable(snaps, None, 7 * 86400, now)} == {"s0", "s3"}
     assert {s.name for s in choose_prunable(snaps, 3, 7 * 86400, now)} == {"s3"}
     assert choose_prunable(snaps, None, None, now) == []
+
+
+def test_restores_keep_only_the_newest_backups(tmp_path: Path) -> None:
+    """Every restore keeps the previous cache as a backup; older backups beyond KEEP_BACKUPS go."""
+    from dflash_doctor.cache.restore import KEEP_BACKUPS, restore_snapshot
+    from dflash_doctor.cache.snapshot import take_snapshot
+    from tests.cache.helpers import CPU_BUILD, make_tree, tree_digests
+
+    source, target = tmp_path / "source", tmp_path / "cache" / "inductor"
+    make_tree(source, files=5)
+    archive = tmp_path / "snap.tar.zst"
+    take_snapshot({"inductor": source}, CPU_BUILD, "snap", archive)
+    make_tree(target, files=3, seed=1)
+    for n in range(KEEP_BACKUPS + 2):
+        restore_snapshot(archive, {"inductor": target}, CPU_BUILD, restore_id=f"20261130-0000{n:02d}-aaaaaa")
+    backups = sorted(p.name for p in target.parent.glob("inductor.bak-*") if p.is_dir())
+    assert len(backups) == KEEP_BACKUPS
+    assert backups[-1].endswith(f"0000{KEEP_BACKUPS + 1:02d}-aaaaaa")
+    assert tree_digests(target) == tree_digests(source)
