@@ -25,6 +25,7 @@ from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, MARKER_NAME, ArchiveError, CacheManifest, FileEntry
 
 CHUNK = 1 << 20
+TAR_BUFFER = 64 << 10
 ARCHIVE_SUFFIX = ".tar.zst"
 
 
@@ -176,7 +177,8 @@ def _open_stream(path: Path) -> tuple[BinaryIO, tarfile.TarFile]:
     raw = open(path, "rb")  # noqa: SIM115 - closed by the caller
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK, closefd=True)
-        tar = tarfile.open(fileobj=reader, mode="r|", bufsize=CHUNK)  # noqa: SIM115 - closed by the caller
+        # A small tar buffer: stream mode slices its buffer on every read, so 1 MiB costs ~25% of a restore.
+        tar = tarfile.open(fileobj=reader, mode="r|", bufsize=TAR_BUFFER)  # noqa: SIM115 - closed by the caller
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
         raw.close()
         raise ArchiveError(f"{path}: truncated or corrupt archive, or not a snapshot ({exc})") from exc
