@@ -447,8 +447,11 @@ def read_raw(path: Path) -> dict[str, Any]:
 
 def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
     """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing."""
+    from trainer.data import check_data_file
     from trainer.target import target_hf_config
 
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
+    if cfg.data.path is not None:
+        check_data_file(cfg.data.kind, cfg.data.path)
     return complete_with_target(cfg, target_hf_config(cfg.target.path))

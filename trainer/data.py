@@ -64,6 +64,44 @@ def _jsonl_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return records
 
 
+_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
+
+
+def check_data_file(kind: str, path: str, head: int = 64) -> None:
+    """Before any process starts: the file exists, is readable, and its first records have the fields
+    `kind` needs. A full check happens when the target ranks load it; this catches the common mistakes
+    (wrong path, wrong kind, not JSONL) while they can still be a config error (exit 2)."""
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        return
+    seen = 0
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"data.path: {path} line {number}: not JSON ({exc.msg})") from exc
+                if not isinstance(record, dict):
+                    raise ConfigError(f"data.path: {path} line {number}: must be a JSON object")
+                missing = [f for f in fields if f not in record]
+                if missing:
+                    raise ConfigError(
+                        f'data.path: {path} line {number}: a "{kind}" record needs {", ".join(map(repr, missing))}'
+                    )
+                seen += 1
+                if seen >= head:
+                    return
+    except OSError as exc:
+        raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"data.path: {path} is not UTF-8 text ({exc.reason})") from exc
+    if not seen:
+        raise ConfigError(f"data.path: {path} holds no records")
+
+
 def count_records(path: str) -> int:
     """Number of non-empty lines: what every rank needs to plan the run, without parsing them."""
     try:

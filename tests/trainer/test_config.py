@@ -216,3 +216,27 @@ def test_every_field_rejects_a_wrong_type_by_name(section: str, key: str) -> Non
         parse_config(raw)
     assert err.value.message.startswith(f"{section}.{key}: must be "), err.value.message
     assert '{"oops": 1}' in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("content", "kind", "message"),
+    [
+        (None, "jsonl", "cannot read"),
+        ('{"input_ids": [1, 2]}\n', "jsonl", "'loss_mask'"),
+        ("not json\n", "jsonl", "not JSON"),
+        ("\n\n", "jsonl", "holds no records"),
+        ('{"text": "hi"}\n', "jsonl", "'input_ids'"),
+    ],
+)
+def test_data_file_mistakes_are_config_errors_before_anything_starts(
+    tmp_path, content, kind, message
+) -> None:
+    from dflash_doctor.errors import ConfigError
+    from trainer.config import load_config
+
+    data = tmp_path / "data.jsonl"
+    if content is not None:
+        data.write_text(content)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config("tiny-cpu", [f"data.kind='{kind}'", f"data.path='{data}'"])
+    assert str(caught.value).startswith("data.path")
