@@ -1,4 +1,4 @@
-"""Fill `bench/results/role_rates.json` (what dflash_doctor/split.py reads) from a GPU run's results.
+"""Fill `dflash_doctor/data/role_rates.json` (what dflash_doctor/split.py reads) from a GPU run's results.
 
 Target rate: the `capture` row of bench/target_capture.json at the recipe's sequence length. Drafter rate:
 the chosen row (`--variant`, default "trainer": what the trainer runs today) of bench/drafter_variants.json.
@@ -22,7 +22,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, write_result
-from dflash_doctor.split import RoleRates, recommend_split
+from dflash_doctor.split import DEFAULT_RATES_PATH, RoleRates, recommend_split
 
 
 def measured_rates(
@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder with the GPU run's JSON")
     parser.add_argument("--variant", default="trainer", help="the drafter row to take the rate from")
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=RESULTS / "role_rates.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RATES_PATH)
     args = parser.parse_args()
 
     capture = json.loads((args.results / "target_capture.json").read_text())

@@ -111,7 +111,7 @@ def run_gate(
     if plan.device_type == "cuda":
         from dflash_doctor.split import recommendation_for_config
 
-        # From the per-role rates measured on an H200 (bench/results/role_rates.json).
+        # From the per-role rates measured on an H200 (dflash_doctor/data/role_rates.json).
         recommendation = recommendation_for_config(training.config, gpu_count * plan.nnodes)
         if recommendation is not None:
             options.extra["split_recommendation"] = recommendation

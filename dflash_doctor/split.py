@@ -6,7 +6,7 @@ one recipe (samples/s of one target GPU, of one drafter GPU):
     samples/s (N targets + M drafters) = min(N x target_rate, M x drafter_rate);  tok/s = that x seq_len
 
 This ignores transport and gradient-sync costs (bench/e2e.py measures what a real 1+1 loses to them).
-Rates per recipe live in `bench/results/role_rates.json` (filled from an H200 run by
+Rates per recipe live in `dflash_doctor/data/role_rates.json` (filled from an H200 run by
 `bench/role_rates.py`; each entry says where its numbers came from).
 
 Public API: `recommend_split(rates, gpus)`, `recommendation_for_config(cfg, gpus)` (what `train --dry-run`
@@ -22,7 +22,7 @@ from typing import Any
 
 from dflash_doctor.errors import DoctorError
 
-DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "bench" / "results" / "role_rates.json"
+DEFAULT_RATES_PATH = Path(__file__).resolve().parent / "data" / "role_rates.json"  # shipped with the package
 
 
 @dataclass(frozen=True)
