@@ -27,6 +27,7 @@ from dflash_doctor import __version__
 from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.environment import Environment
 from dflash_doctor.errors import DoctorError
+from dflash_doctor.file_hashes import HashCache
 from dflash_doctor.gpus import GpuInventory
 
 LOCK_SCHEMA = "dflash-doctor/lock/v1"
@@ -120,14 +121,6 @@ def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 # --- building the lock ---------------------------------------------------------------------------
-
-
-def sha256_file(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    except OSError:
-        return None
 
 
 def record_digest(record_path: str) -> str | None:
@@ -258,11 +251,7 @@ def hash_libraries(
 
 
 def _digest_function() -> tuple[Callable[[str], str | None], Callable[[], None]]:
-    """The shared hash cache when it exists (a warm run only stats files), else hash directly."""
-    try:
-        from dflash_doctor.file_hashes import HashCache
-    except ImportError:
-        return sha256_file, lambda: None
+    """The shared hash cache: a warm run only stats files."""
     cache = HashCache.load()
     return cache.digest, cache.save
 

@@ -23,6 +23,7 @@ import zstandard
 
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, MARKER_NAME, ArchiveError, CacheManifest, FileEntry
+from dflash_doctor.file_hashes import sha256_of
 
 CHUNK = 1 << 20
 TAR_BUFFER = 64 << 10
@@ -97,19 +98,11 @@ def _archive_path(label: str, rel_folder: str, name: str) -> str:
     )
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def hash_files(files: list[SourceFile], threads: int | None = None) -> list[FileEntry]:
     """Manifest entries for these files, hashed in parallel."""
     workers = threads or min(8, (os.cpu_count() or 1) + 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        digests = list(pool.map(lambda f: _sha256_of(f.path), files, chunksize=16))
+        digests = list(pool.map(lambda f: sha256_of(str(f.path)), files, chunksize=16))
     return [
         FileEntry(f.archive_path, f.size, d, f.mode, f.mtime) for f, d in zip(files, digests, strict=True)
     ]
