@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,22 +44,28 @@ def fit_to_length(ids: list[int], mask: list[bool], seq_len: int) -> tuple[torch
 # ---------------------------------------------------------------- sources
 
 
-def _jsonl_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for every non-empty line; a line that is not a JSON object is a ConfigError."""
     try:
-        lines = path.read_text().splitlines()
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"data.path: {path} line {number}: not JSON ({exc.msg})") from exc
+                if not isinstance(record, dict):
+                    raise ConfigError(f"data.path: {path} line {number}: must be a JSON object")
+                yield number, record
     except OSError as exc:
         raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"data.path: {path} line {number}: not JSON ({exc.msg})") from exc
-        if not isinstance(record, dict):
-            raise ConfigError(f"data.path: {path} line {number}: must be a JSON object")
-        records.append((number, record))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"data.path: {path} is not UTF-8 text ({exc.reason})") from exc
+
+
+def _jsonl_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    records = list(_json_objects(path))
     if not records:
         raise ConfigError(f"data.path: {path} holds no records")
     return records
@@ -75,29 +82,15 @@ def check_data_file(kind: str, path: str, head: int = 64) -> None:
     if fields is None:
         return
     seen = 0
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"data.path: {path} line {number}: not JSON ({exc.msg})") from exc
-                if not isinstance(record, dict):
-                    raise ConfigError(f"data.path: {path} line {number}: must be a JSON object")
-                missing = [f for f in fields if f not in record]
-                if missing:
-                    raise ConfigError(
-                        f'data.path: {path} line {number}: a "{kind}" record needs {", ".join(map(repr, missing))}'
-                    )
-                seen += 1
-                if seen >= head:
-                    return
-    except OSError as exc:
-        raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"data.path: {path} is not UTF-8 text ({exc.reason})") from exc
+    for number, record in _json_objects(Path(path)):
+        missing = [f for f in fields if f not in record]
+        if missing:
+            raise ConfigError(
+                f'data.path: {path} line {number}: a "{kind}" record needs {", ".join(map(repr, missing))}'
+            )
+        seen += 1
+        if seen >= head:
+            return
     if not seen:
         raise ConfigError(f"data.path: {path} holds no records")
 
