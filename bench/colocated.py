@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,6 +37,7 @@ from bench.roles import (
     device_name,
     median,
     peak_gib,
+    print_rows,
     random_ids,
     reset_peak,
     synchronize,
@@ -144,12 +143,9 @@ def main() -> int:
                 torch.cuda.empty_cache()
         write_result(args.out, result)
 
-    table = Table(title=f"colocated baseline: target + drafter in one process ({result['device']})")
-    for column in COLUMNS:
-        table.add_column(column, justify="right")
-    for row in result["rows"]:
-        table.add_row(*(str(row.get(c)) for c in COLUMNS))
-    Console(width=170).print(table)
+    print_rows(
+        f"colocated baseline: target + drafter in one process ({result['device']})", COLUMNS, result["rows"]
+    )
     for error in result["errors"]:
         print(f"error: {error}")
     print(f"wrote {args.out}")

@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,6 +48,7 @@ from bench.roles import (
     frozen_weights,
     median,
     peak_gib,
+    print_rows,
     random_batch,
     reset_peak,
     synchronize,
@@ -290,13 +289,9 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    table = Table(title=f"drafter step variants ({result['device']}, torch {result['torch']})")
-    for column in COLUMNS:
-        table.add_column(column, justify="right")
-    for row in result["rows"]:
-        table.add_row(*(str(row.get(c)) for c in COLUMNS))
-    console = Console(width=170)
-    console.print(table)
+    print_rows(
+        f"drafter step variants ({result['device']}, torch {result['torch']})", COLUMNS, result["rows"]
+    )
     for row in result["rows"]:
         for kernel in row.get("top_kernels", [])[:5]:
             print(

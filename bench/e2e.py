@@ -35,12 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.roles import RESULTS, write_result
+from bench.roles import RESULTS, print_rows, write_result
 from trainer.config import apply_overrides, load_config, read_raw, resolve_config_path
 
 COLUMNS = ("recipe", "exit", "steps", "steady_tok_s", "steady_samples_s", "data_wait_fraction",
@@ -236,11 +233,9 @@ def main() -> int:
     out = args.out or RESULTS / f"e2e-{recipe}.json"
     write_result(out, row)
 
-    table = Table(title=f"end to end: dflash-doctor train ({cfg.topology.targets}+{cfg.topology.drafters})")
-    for column in COLUMNS:
-        table.add_column(column, justify="right")
-    table.add_row(*(str(row.get(c)) for c in COLUMNS))
-    Console(width=170).print(table)
+    print_rows(
+        f"end to end: dflash-doctor train ({cfg.topology.targets}+{cfg.topology.drafters})", COLUMNS, [row]
+    )
     print(f"peak memory (NVML, GiB): {row['peak_memory_gib_nvml'] or 'not available'}")
     if code != 0:
         print(f"train exited {code}; log tail:\n{row['log_tail'][-1500:]}")

@@ -208,6 +208,21 @@ def drafter_step_flops(recipe: Recipe, model: DFlashDrafter, device: torch.devic
 # ---------------------------------------------------------------- writing results
 
 
+def print_rows(
+    title: str, columns: tuple[str, ...] | list[str], rows: list[dict[str, Any]], width: int = 170
+) -> None:
+    """Every bench prints its rows the same way: one right-aligned column per key."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*(str(row.get(c)) for c in columns))
+    Console(width=width).print(table)
+
+
 def write_result(path: Path, data: dict[str, Any]) -> Path:
     """Write JSON beside, then rename: a benchmark killed by its timeout leaves the last complete file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,6 +32,7 @@ from bench.roles import (
     device_name,
     median,
     peak_gib,
+    print_rows,
     reset_peak,
     time_repeats,
     write_result,
@@ -160,12 +159,8 @@ def main() -> int:
         row["vs_full"] = round(row["tok_s"] / full[row["seq_len"]], 3) if row["seq_len"] in full else None
     write_result(args.out, result)
 
-    table = Table(title=f"target capture ({cfg.target.path}, {result['device']}, {result['dtype']})")
-    for column in COLUMNS:
-        table.add_column(column, justify="right")
-    for row in result["rows"]:
-        table.add_row(*(str(row.get(c)) for c in COLUMNS))
-    Console(width=150).print(table)
+    title = f"target capture ({cfg.target.path}, {result['device']}, {result['dtype']})"
+    print_rows(title, COLUMNS, result["rows"], width=150)
     for error in result["errors"]:
         print(f"error: {error}")
     print(f"wrote {args.out}")
