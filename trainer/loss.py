@@ -7,19 +7,20 @@ of an invalid (padding) anchor. Weights decay with the slot: w_k = exp(-(k - 1) 
 and loss = sum(w * CE) / sum(w).
 
 The LM head is the target's (frozen). Its logits for all N*B rows would be huge (512 anchors x 16 x
-151936 vocab = 1.25B values per sample), so head + CE run over row chunks under activation
-checkpointing: each chunk's logits live only inside its own forward and are recomputed in backward.
+151936 vocab = 1.25B values per sample), so head + CE run over row chunks, and because the head is frozen
+each chunk's gradient w.r.t. the hidden states is computed while its logits exist (the "fused linear
+cross-entropy" trick): nothing is recomputed in backward, which only scales the kept (R, H) gradient.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 # The published defaults (DFlash recipe). Other block sizes interpolate linearly between these points
 # and extend the end segments' slopes beyond them (B/2 below 8; 7 + (B - 16)/3 above 16), floor 1.
@@ -74,25 +75,41 @@ def block_targets(
 def _head_and_ce(
     hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """One chunk: weighted CE sum (fp32) and per-row top-1 correctness. hidden (R, H) -> logits (R, V)."""
-    if lm_head_weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):
-        lm_head_weight = lm_head_weight.to(hidden.dtype)
+    """One chunk, forward only: weighted CE sum (fp32) and per-row top-1 correctness."""
     logits = F.linear(hidden, lm_head_weight).float()
     ce = F.cross_entropy(logits, labels, reduction="none")
     correct = logits.argmax(dim=-1) == labels
     return (ce * weights).sum(), correct
 
 
-_COMPILED_HEAD_AND_CE: Callable[..., tuple[Tensor, Tensor]] | None = None
+def _head_and_ce_with_grad(
+    hidden: Tensor, lm_head_weight: Tensor, labels: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk, forward AND its gradient: (weighted CE sum, correctness, d sum / d hidden).
+
+    The head is frozen, so the only gradient is the hidden one: (softmax - onehot) * w @ W. Computing it
+    here, while the chunk's logits exist, saves the recompute that activation checkpointing would do in
+    backward (a third pass of the largest matmul of the step)."""
+    logits = F.linear(hidden, lm_head_weight).float()
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    ce = (lse - logits.gather(1, labels.unsqueeze(1))).squeeze(1)
+    correct = logits.argmax(dim=-1) == labels
+    vocab = torch.arange(logits.shape[1], device=logits.device)
+    is_label = vocab.unsqueeze(0) == labels.unsqueeze(1)
+    grad_logits = (torch.exp(logits - lse) - is_label.float()) * weights.unsqueeze(1)
+    grad_hidden = grad_logits.to(lm_head_weight.dtype) @ lm_head_weight
+    return (ce * weights).sum(), correct, grad_hidden
 
 
-def compiled_head_and_ce() -> Callable[..., tuple[Tensor, Tensor]]:
-    """`_head_and_ce` compiled once per process: the fp32 logits, log-softmax and CE fuse into a few
-    kernels instead of several memory-bound passes over (chunk, vocab)."""
-    global _COMPILED_HEAD_AND_CE
-    if _COMPILED_HEAD_AND_CE is None:
-        _COMPILED_HEAD_AND_CE = torch.compile(_head_and_ce, dynamic=False)
-    return _COMPILED_HEAD_AND_CE
+_COMPILED: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
+
+
+def compiled_chunk(fn: Callable[..., tuple[Tensor, ...]]) -> Callable[..., tuple[Tensor, ...]]:
+    """`fn` compiled once per process: the fp32 logits, log-softmax, CE and the softmax gradient fuse into
+    a few kernels instead of several memory-bound passes over (chunk, vocab)."""
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False)
+    return _COMPILED[fn.__name__]
 
 
 def even_chunk(rows: int, chunk: int) -> int:
@@ -100,6 +117,54 @@ def even_chunk(rows: int, chunk: int) -> int:
     function sees one shape and never recompiles for a ragged last chunk."""
     parts = max(1, -(-rows // max(1, chunk)))
     return -(-rows // parts)
+
+
+def _compute_dtype(hidden: Tensor, lm_head_weight: Tensor) -> torch.dtype:
+    """The matmul dtype: autocast's when it is on (bf16 on CUDA), else the hidden states' own."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return hidden.dtype
+
+
+class _ChunkedHeadCE(torch.autograd.Function):
+    """sum(w * CE(hidden @ W^T)) with the gradient computed chunk by chunk during the forward pass."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: Tensor,
+        lm_head_weight: Tensor,
+        labels: Tensor,
+        weights: Tensor,
+        step: int,
+        compiled: bool,
+    ) -> tuple[Tensor, Tensor]:
+        dtype = _compute_dtype(hidden, lm_head_weight)
+        fn = compiled_chunk(_head_and_ce_with_grad) if compiled else _head_and_ce_with_grad
+        grad = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        correct = []
+        with torch.autocast(hidden.device.type, enabled=False):
+            weight = lm_head_weight.to(dtype)
+            for start in range(0, hidden.shape[0], step):
+                rows = slice(start, start + step)
+                part, part_correct, part_grad = fn(
+                    hidden[rows].to(dtype), weight, labels[rows], weights[rows]
+                )
+                total = total + part
+                correct.append(part_correct)
+                grad[rows] = part_grad
+        ctx.save_for_backward(grad)
+        ctx.hidden_dtype = hidden.dtype
+        all_correct = torch.cat(correct)
+        ctx.mark_non_differentiable(all_correct)
+        return total, all_correct
+
+    @staticmethod
+    def backward(ctx: Any, grad_total: Tensor, _grad_correct: Tensor | None) -> tuple[Tensor | None, ...]:
+        (grad,) = ctx.saved_tensors
+        return (grad.to(ctx.hidden_dtype) * grad_total, None, None, None, None, None)
 
 
 def chunked_weighted_ce(
@@ -112,20 +177,27 @@ def chunked_weighted_ce(
 ) -> tuple[Tensor, Tensor]:
     """sum(weights * CE(hidden @ W^T, labels)) over rows, and per-row correctness, chunk rows at a time.
 
-    hidden (R, H), labels (R,), weights (R,) float. Only one chunk's logits (chunk, V) exist at a time,
-    in forward and in backward. `compiled` uses the compiled chunk function (equal chunk sizes).
+    hidden (R, H), labels (R,), weights (R,) float; W is frozen (never gets a gradient). Only one chunk's
+    logits (chunk, V) exist at a time. When `hidden` needs a gradient, each chunk's gradient is computed
+    in the same pass and kept (R, H): backward only scales it, so the head's logits are never recomputed.
+    `compiled` uses the compiled chunk function (equal chunk sizes, so it compiles once).
     """
+    if lm_head_weight.requires_grad:
+        raise ValueError("chunked_weighted_ce: the LM head must be frozen (requires_grad=False)")
+    step = even_chunk(hidden.shape[0], chunk) if compiled else chunk
+    if torch.is_grad_enabled() and hidden.requires_grad:
+        return _ChunkedHeadCE.apply(hidden, lm_head_weight, labels, weights, step, compiled)
+    dtype = _compute_dtype(hidden, lm_head_weight)
+    fn = compiled_chunk(_head_and_ce) if compiled else _head_and_ce
     total = hidden.new_zeros((), dtype=torch.float32)
     correct = []
-    head_and_ce = compiled_head_and_ce() if compiled else _head_and_ce
-    step = even_chunk(hidden.shape[0], chunk) if compiled else chunk
-    for start in range(0, hidden.shape[0], step):
-        rows = slice(start, start + step)
-        part, part_correct = checkpoint(
-            head_and_ce, hidden[rows], lm_head_weight, labels[rows], weights[rows], use_reentrant=False
-        )
-        total = total + part
-        correct.append(part_correct)
+    with torch.autocast(hidden.device.type, enabled=False):
+        weight = lm_head_weight.to(dtype)
+        for start in range(0, hidden.shape[0], step):
+            rows = slice(start, start + step)
+            part, part_correct = fn(hidden[rows].to(dtype), weight, labels[rows], weights[rows])
+            total = total + part
+            correct.append(part_correct)
     return total, torch.cat(correct)
 
 

@@ -98,10 +98,45 @@ def test_chunked_equals_unchunked_in_value_and_gradient() -> None:
     (grad_parts,) = torch.autograd.grad(parts, hidden)
 
     plain = (F.cross_entropy(hidden @ head.T, labels, reduction="none") * weights).sum()
+    (grad_plain,) = torch.autograd.grad(plain, hidden)
     torch.testing.assert_close(whole, plain)
+    torch.testing.assert_close(grad_whole, grad_plain)  # the gradient computed in forward is autograd's
     torch.testing.assert_close(parts, whole)
     torch.testing.assert_close(grad_parts, grad_whole)
     assert torch.equal(correct_parts, correct_whole)
+
+
+def test_gradient_kept_from_forward_is_scaled_by_the_upstream_gradient() -> None:
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(12, 8, generator=gen, requires_grad=True)
+    head = torch.randn(30, 8, generator=gen)
+    labels = torch.randint(0, 30, (12,), generator=gen)
+    weights = torch.rand(12, generator=gen)
+    total, _ = chunked_weighted_ce(hidden, head, labels, weights, chunk=5)
+    (grad_scaled,) = torch.autograd.grad(total * 3.0 / weights.sum(), hidden)
+    plain = (F.cross_entropy(hidden @ head.T, labels, reduction="none") * weights).sum()
+    (grad_plain,) = torch.autograd.grad(plain * 3.0 / weights.sum(), hidden)
+    torch.testing.assert_close(grad_scaled, grad_plain)
+
+
+def test_without_grad_the_loss_is_the_same_and_nothing_is_kept() -> None:
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(12, 8, generator=gen, requires_grad=True)
+    head = torch.randn(30, 8, generator=gen)
+    labels = torch.randint(0, 30, (12,), generator=gen)
+    weights = torch.rand(12, generator=gen)
+    with torch.no_grad():
+        total, correct = chunked_weighted_ce(hidden, head, labels, weights, chunk=5)
+    assert total.grad_fn is None
+    with_grad, correct_with_grad = chunked_weighted_ce(hidden, head, labels, weights, chunk=5)
+    torch.testing.assert_close(total, with_grad.detach())
+    assert torch.equal(correct, correct_with_grad)
+
+
+def test_a_trainable_head_is_refused() -> None:
+    head = torch.randn(30, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="frozen"):
+        chunked_weighted_ce(torch.randn(4, 8), head, torch.zeros(4, dtype=torch.long), torch.ones(4), chunk=2)
 
 
 def reference_loss(hidden, head, input_ids, loss_mask, anchors, valid, gamma):  # type: ignore[no-untyped-def]
