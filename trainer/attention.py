@@ -73,6 +73,17 @@ def dense_mask(anchors: Tensor, anchor_valid: Tensor, context_len: int, block_si
     return mask_mod(b, zero, q_idx, kv_idx).unsqueeze(1)
 
 
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask) -> Tensor:
+    """The step's attention: compiled flex for a BlockMask, exact SDPA for a dense boolean mask.
+
+    Layers receive the mask itself (not a closure), so a compiled decoder layer traces flex inline and
+    guards on tensors only: the same graph serves every layer and every step.
+    """
+    if isinstance(mask, BlockMask):
+        return compiled_flex_attention(q, k, v, mask)
+    return sdpa_attention(q, k, v, mask)
+
+
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Exact attention with a dense boolean mask. q (B, Hq, Q, D); k, v (B, Hkv, KV, D) -> (B, Hq, Q, D)."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])

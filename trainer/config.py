@@ -39,8 +39,9 @@ class DrafterSection:
     mask_token_id: int | None = None  # default: tiny -> vocab-1, Qwen3 -> 151669
     intermediate_size: int | None = None  # default: the target's
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa
-    loss_chunk: int = 2048  # rows of LM head + CE per checkpointed chunk
+    loss_chunk: int = 2048  # rows of LM head + CE per chunk (its gradient is computed in the same pass)
     compile_loss: bool = True  # LM head + CE chunk through torch.compile (compiled once, in the warm-up)
+    compile_layers: bool = True  # on CUDA: torch.compile each decoder layer (CPU runs stay eager)
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "attention": choice("auto", "flex", "sdpa"),
             "loss_chunk": integer(1),
             "compile_loss": boolean(),
+            "compile_layers": boolean(),
         },
     ),
     "data": (

@@ -18,25 +18,19 @@ buffers: they move with `.to()` but are neither trained, checkpointed, exported 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask
 
-from trainer.attention import (
-    compiled_block_mask,
-    compiled_flex_attention,
-    context_ends,
-    dense_mask,
-    sdpa_attention,
-)
+from trainer.attention import attend, compiled_block_mask, context_ends, dense_mask
 from trainer.loss import LossOutput, block_targets, default_gamma, dflash_loss
 
 AttentionKind = Literal["sdpa", "flex"]
-Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+Mask = Tensor | BlockMask  # dense boolean (SDPA) or sparse block mask (flex)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -201,7 +195,7 @@ class DFlashAttention(nn.Module):
         context: Tensor,  # (B, S, H) hidden_norm(fc(captured)); the same for every layer
         rope_q: tuple[Tensor, Tensor],  # cos, sin (B, Q, D): positions anchor + slot
         rope_ctx: tuple[Tensor, Tensor],  # cos, sin (S, D): positions 0..S-1
-        attend: Attend,
+        mask: Mask,
     ) -> Tensor:
         q = self.q_norm(self._heads(self.q_proj(x), self.num_heads))
         k_blk = self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads))
@@ -219,7 +213,7 @@ class DFlashAttention(nn.Module):
         k = torch.cat([k_ctx.transpose(1, 2), k_blk.transpose(1, 2)], dim=2)  # (B, Hkv, S+Q, D)
         v = torch.cat([v_ctx.transpose(1, 2), v_blk.transpose(1, 2)], dim=2)  # (B, Hkv, S+Q, D)
 
-        out = attend(q, k, v)  # (B, Hq, Q, D)
+        out = attend(q, k, v, mask)  # (B, Hq, Q, D)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.num_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -253,9 +247,9 @@ class DecoderLayer(nn.Module):
         context: Tensor,
         rope_q: tuple[Tensor, Tensor],
         rope_ctx: tuple[Tensor, Tensor],
-        attend: Attend,
+        mask: Mask,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_ctx, attend)
+        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_ctx, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -311,12 +305,20 @@ class DFlashDrafter(nn.Module):
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)  # Qwen3 initializer_range
 
-    def _attention(self, anchors: Tensor, anchor_valid: Tensor, context_len: int) -> Attend:
-        """The step's attention function; the mask (dense or block) is built once, shared by all layers."""
+    def compile_layers(self) -> None:
+        """Compile every decoder layer: two graphs for any depth (the first layer, whose input needs no
+        gradient, and one shared by the rest: same code, parameters are graph inputs).
+
+        Inductor fuses the fp32 norms, RoPE, the residual adds and SwiGLU's elementwise work into the
+        matmuls' neighbours; flex attention is traced inline. Call before the warm-up step."""
+        for layer in self.layers:
+            layer.compile(dynamic=False)
+
+    def _mask(self, anchors: Tensor, anchor_valid: Tensor, context_len: int) -> Mask:
+        """The step's mask (dense or block), built once and shared by all layers."""
         block = self.cfg.block_size
         if self.attention == "sdpa":
-            mask = dense_mask(anchors, anchor_valid, context_len, block)
-            return lambda q, k, v: sdpa_attention(q, k, v, mask)
+            return dense_mask(anchors, anchor_valid, context_len, block)
         if (
             anchors.device.type == "cpu"
             and torch.is_grad_enabled()
@@ -326,8 +328,7 @@ class DFlashDrafter(nn.Module):
                 "flex_attention has no backward on CPU: train with attention='sdpa' on CPU "
                 "(flex on CPU is only for forward checks under torch.no_grad())"
             )
-        block_mask = compiled_block_mask(context_ends(anchors, anchor_valid), context_len, block)
-        return lambda q, k, v: compiled_flex_attention(q, k, v, block_mask)
+        return compiled_block_mask(context_ends(anchors, anchor_valid), context_len, block)
 
     def draft_hidden(
         self, input_ids: Tensor, hidden: Tensor, anchors: Tensor, anchor_valid: Tensor
@@ -353,9 +354,9 @@ class DFlashDrafter(nn.Module):
         rope_q = rope_cos_sin((anchors.unsqueeze(-1) + slots).view(batch, -1), self.inv_freq)  # (B, Q, D)
         rope_ctx = rope_cos_sin(torch.arange(seq_len, device=hidden.device), self.inv_freq)  # (S, D)
 
-        attend = self._attention(anchors, anchor_valid, seq_len)
+        mask = self._mask(anchors, anchor_valid, seq_len)
         for layer in self.layers:
-            x = layer(x, context, rope_q, rope_ctx, attend)
+            x = layer(x, context, rope_q, rope_ctx, mask)
         return self.norm(x).view(batch, num_anchors, block, cfg.hidden_size)
 
     def forward(

@@ -66,7 +66,8 @@ def build_drafter(
     """The drafter in fp32 on `device`, its init fixed by the run seed (every drafter rank starts equal).
 
     The frozen embedding and LM head stay in the autocast dtype on CUDA (bf16): in fp32, autocast would
-    re-cast the whole head for every loss chunk and hold an extra ~5 GB at Qwen3 sizes.
+    re-cast the whole head for every loss chunk and hold an extra ~5 GB at Qwen3 sizes. On CUDA the
+    decoder layers are compiled (`drafter.compile_layers`); the first step, the warm-up, compiles them.
     """
     d = cfg.drafter
     assert d.mask_token_id is not None and d.target_layer_ids is not None, "load_config fills these"
@@ -87,7 +88,10 @@ def build_drafter(
             compile_loss=d.compile_loss,
             gamma=cfg.optim.gamma,
         )
-    return model.to(device)
+    model = model.to(device)
+    if d.compile_layers and device.type == "cuda":
+        model.compile_layers()  # compiled in the warm-up step, like the flex kernels
+    return model
 
 
 def dummy_batch(cfg: TrainConfig, model: DFlashDrafter, device: torch.device) -> CapturedBatch:
@@ -119,6 +123,10 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
     seconds = time.perf_counter() - began
     model.zero_grad(set_to_none=True)
     compiled = ["flex_attention", "create_block_mask"] if model.attention == "flex" else []
+    if any(getattr(layer, "_compiled_call_impl", None) for layer in model.layers):
+        compiled.append("decoder layers")
+    if model.compile_loss:
+        compiled.append("LM head + CE")
     return {
         "device": str(device),
         "attention": model.attention,

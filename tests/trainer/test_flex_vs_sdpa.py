@@ -40,13 +40,16 @@ def test_compiled_flex_forward_equals_sdpa_and_new_anchors_do_not_recompile() ->
 
 
 @pytest.mark.gpu
-def test_compiled_flex_matches_sdpa_forward_and_backward_on_cuda() -> None:
+@pytest.mark.parametrize("compiled_layers", [False, True], ids=["eager-layers", "compiled-layers"])
+def test_compiled_flex_matches_sdpa_forward_and_backward_on_cuda(compiled_layers: bool) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg = replace(tiny_config(block_size=16), head_dim=32)  # GPU flex needs head_dim >= 16
     sdpa = tiny_drafter(cfg).cuda()
-    flex = tiny_drafter(cfg, attention="flex").cuda()
+    flex = tiny_drafter(cfg, attention="flex", compile_loss=True).cuda()
     flex.load_state_dict(sdpa.state_dict())
+    if compiled_layers:
+        flex.compile_layers()  # flex traced inline in the layer graph, as training runs it on CUDA
     batch = {k: v.cuda() for k, v in tiny_batch(cfg, batch=2, seq_len=256, num_anchors=12).items()}
 
     losses = []

@@ -70,7 +70,9 @@ def test_warm_up_needs_no_process_group() -> None:
     from trainer.warmup import warm_up
 
     report = warm_up(load_config("tiny-cpu", ["optim.anchors=8", "data.seq_len=32", "optim.batch_size=2"]))
-    assert report["attention"] == "sdpa" and report["device"] == "cpu" and report["compiled"] == []
+    assert (
+        report["attention"] == "sdpa" and report["device"] == "cpu" and report["compiled"] == ["LM head + CE"]
+    )
     assert report["shapes"] == {"batch_size": 2, "seq_len": 32, "anchors": 8, "block_size": 8}
     assert report["seconds"] > 0
     assert not dist.is_initialized()
