@@ -1,0 +1,396 @@
+"""Reading a snapshot back: one streaming pass that trusts nothing, in two threads.
+
+The manifest (the first member) is read and handed to `accept` before anything is written. Then a
+reader thread decompresses the stream in blocks of a few MiB, parses each tar header (tarstream),
+checks the member against the archive's rules and the manifest (name, type, size, listed once) and
+hashes its bytes; the calling thread creates the files. The two meet in a short queue of batches of
+write operations whose data are memoryview slices of the decompressed blocks (no copy). zstd and
+sha256 release the GIL, and so do the file syscalls, so on two cores the decompress+hash side and
+the write side overlap.
+
+A member's sha256 is compared before its file is closed: a member that fits in one block is
+verified before it is written at all; a larger one is written piece by piece and refused after its
+last piece. Any refusal stops both threads and raises ArchiveError; the caller owns the destination
+folders and removes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from dflash_doctor.cache.manifest import MANIFEST_MEMBER, ArchiveError, CacheManifest
+from dflash_doctor.cache.tarstream import (
+    BLOCK_TYPE,
+    CHAR_TYPE,
+    FIFO_TYPE,
+    HARDLINK_TYPE,
+    SYMLINK_TYPE,
+    Member,
+    TarReader,
+)
+
+READ_SIZE = 1 << 20  # compressed bytes per read from the file
+BLOCK_BYTES = 4 << 20  # decompressed bytes per block handed to the tar reader
+BATCH_BYTES = 2 << 20  # file bytes per batch of write operations
+QUEUE_BATCHES = 6  # batches in flight between the two threads (bounds the memory held)
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# Write operations, produced by the reader thread, carried out by the caller's thread.
+_MKDIRS, _FILE, _OPEN, _PIECE, _CLOSE = range(5)
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Refuse archives that would fill the disk or the memory before their hashes could be checked."""
+
+    max_member_bytes: int = 16 << 30
+    max_total_bytes: int = 512 << 30
+    max_manifest_bytes: int = 256 << 20
+    max_members: int = 2_000_000
+
+
+def _decompressed_blocks(raw: Any, where: str) -> Iterator[bytes]:
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_SIZE, read_across_frames=True)
+    while True:
+        try:
+            data = reader.read(BLOCK_BYTES)
+        except zstandard.ZstdError as exc:
+            raise ArchiveError(f"{where}: truncated or corrupt archive, or not a snapshot ({exc})") from exc
+        if not data:
+            return
+        yield data
+
+
+def _read_manifest_member(reader: TarReader, where: str, limits: ReadLimits) -> CacheManifest:
+    first = reader.next_member()
+    if first is None or first.name != MANIFEST_MEMBER or not first.is_regular:
+        raise ArchiveError(
+            f"{where}: the first member is not {MANIFEST_MEMBER}: not a dflash-doctor snapshot"
+        )
+    if first.size > limits.max_manifest_bytes:
+        raise ArchiveError(
+            f"{where}: the manifest is {first.size} bytes, over the {limits.max_manifest_bytes} limit"
+        )
+    return CacheManifest.from_bytes(reader.read_data(first))
+
+
+def read_manifest(path: Path, limits: ReadLimits | None = None) -> CacheManifest:
+    """Only the manifest (decompresses the first block or so, not the archive)."""
+    with open(path, "rb") as raw:
+        return _read_manifest_member(
+            TarReader(_decompressed_blocks(raw, str(path)), str(path)), str(path), limits or ReadLimits()
+        )
+
+
+def split_member_name(name: str, roots: set[str]) -> tuple[str, str]:
+    """(root label, path inside it) of a member, or ArchiveError when the name is absolute, climbs
+    with `..`, is not a clean relative path, or leaves every root. Plain string checks: the parts
+    are neither empty, `.` nor `..`, so joining them under a folder stays inside it."""
+    if "\x00" in name or not name:
+        raise ArchiveError(f"member {name!r}: empty name or NUL byte")
+    if name[0] == "/":
+        raise ArchiveError(f"member {name!r}: absolute path (only paths inside the cache tree are accepted)")
+    clean = name.rstrip("/")
+    parts = clean.split("/")
+    if ".." in parts:
+        raise ArchiveError(f"member {name!r}: `..` in the path would climb out of the cache tree")
+    if "" in parts or "." in parts:
+        raise ArchiveError(f"member {name!r}: not a clean relative path")
+    label, _, inner = clean.partition("/")
+    if label not in roots:
+        raise ArchiveError(f"member {name!r}: outside the archive's roots ({', '.join(sorted(roots))})")
+    return label, inner
+
+
+def refuse_special(member: Member, roots: set[str]) -> None:
+    """Only regular files and folders pass; links (escaping ones named as such), devices, fifos and
+    anything else are refused."""
+    name, kind = member.name, member.type
+    if kind in (SYMLINK_TYPE, HARDLINK_TYPE):
+        label = "symlink" if kind == SYMLINK_TYPE else "hardlink"
+        target = member.linkname
+        base = os.path.dirname(name.rstrip("/")) if kind == SYMLINK_TYPE else ""
+        resolved = target if target.startswith("/") else os.path.normpath(os.path.join(base, target))
+        if target.startswith("/") or resolved.startswith("..") or resolved.split("/")[0] not in roots:
+            raise ArchiveError(f"member {name!r}: {label} to {target!r} points outside the cache tree")
+        raise ArchiveError(
+            f"member {name!r}: {label} to {target!r}: only regular files and folders are accepted"
+        )
+    if kind in (CHAR_TYPE, BLOCK_TYPE):
+        raise ArchiveError(f"member {name!r}: device file (only regular files and folders are accepted)")
+    if kind == FIFO_TYPE:
+        raise ArchiveError(f"member {name!r}: fifo (only regular files and folders are accepted)")
+    if not (member.is_regular or member.is_dir):
+        raise ArchiveError(f"member {name!r}: unsupported member type {chr(kind)!r}")
+
+
+def _umask() -> int | None:
+    """This process's umask, read without changing it (os.umask would race other threads)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _plan(
+    reader: TarReader,
+    manifest: CacheManifest,
+    destinations: dict[str, str],
+    limits: ReadLimits,
+    where: str,
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Check and hash every member; yield batches of write operations for `_execute`.
+
+    Raises ArchiveError at the first defect (the batch in progress is dropped with it)."""
+    expected = manifest.by_path()
+    roots = set(manifest.origins)
+    umask = _umask()
+    sha256 = hashlib.sha256
+    made = set(destinations.values())
+    seen: set[str] = set()
+    batch: list[tuple[Any, ...]] = []
+    held = count = 0
+    while (member := reader.next_member()) is not None:
+        count += 1
+        if count > limits.max_members:
+            raise ArchiveError(f"{where}: more than {limits.max_members} members")
+        label, inner = split_member_name(member.name, roots)
+        refuse_special(member, roots)
+        target = f"{destinations[label]}/{inner}" if inner else destinations[label]
+        if member.is_dir:
+            if target not in made:
+                batch.append((_MKDIRS, target))
+                made.add(target)
+            reader.skip_data(member)
+            continue
+        key = f"{label}/{inner}" if inner else label
+        entry = expected.get(key)
+        if entry is None:
+            raise ArchiveError(
+                f"member {key!r} is not in the manifest: the manifest does not match the members"
+            )
+        if key in seen:
+            raise ArchiveError(f"member {key!r} appears twice")
+        size = member.size
+        if size > limits.max_member_bytes:
+            raise ArchiveError(
+                f"member {key!r} is oversized: {size} bytes, over the {limits.max_member_bytes} limit"
+            )
+        if size != entry.size:
+            raise ArchiveError(
+                f"member {key!r} is {size} bytes but the manifest says {entry.size}: "
+                "the manifest does not match the members"
+            )
+        if not inner:
+            raise ArchiveError(f"member {key!r}: a file where the cache folder itself belongs")
+        seen.add(key)
+        parent = target.rpartition("/")[0]
+        if parent not in made:
+            batch.append((_MKDIRS, parent))
+            made.add(parent)
+        mode = entry.mode & 0o755  # never setuid, never group/world-writable
+        chmod = umask is None or bool(mode & umask)  # the umask would take bits away: set them after
+        view = reader.contiguous_data(member)
+        if view is not None:
+            digest = sha256(view).hexdigest()
+            if digest != entry.sha256:
+                raise _digest_error(key, digest, entry.sha256)
+            batch.append((_FILE, target, mode, chmod, entry.mtime, view, key))
+            held += size
+        else:
+            running = sha256()
+            batch.append((_OPEN, target, mode, chmod))
+            for piece in reader.data_views(member):
+                running.update(piece)
+                batch.append((_PIECE, piece))
+                held += len(piece)
+                if held >= BATCH_BYTES:
+                    yield batch
+                    batch, held = [], 0
+            digest = running.hexdigest()
+            if digest != entry.sha256:
+                raise _digest_error(key, digest, entry.sha256)
+            batch.append((_CLOSE, entry.mtime, key))
+        if held >= BATCH_BYTES:
+            yield batch
+            batch, held = [], 0
+    absent = sorted(set(expected) - seen)
+    if absent:
+        raise ArchiveError(
+            f"the manifest lists {len(absent)} file(s) the archive does not hold (first: {absent[0]}): "
+            "the manifest does not match the members"
+        )
+    if batch:
+        yield batch
+
+
+def _digest_error(key: str, digest: str, expected: str) -> ArchiveError:
+    return ArchiveError(
+        f"member {key!r}: sha256 {digest[:16]}… does not match the manifest's {expected[:16]}…"
+    )
+
+
+def _execute(batches: Iterator[list[tuple[Any, ...]]], on_file: Callable[[str], None] | None) -> None:
+    """Carry out the write operations: each file created new (O_EXCL, no symlink followed), written,
+    given its mode and mtime, closed."""
+    now = time.time()
+    fd = -1
+    open_, write, close, utime, fchmod = os.open, os.write, os.close, os.utime, os.fchmod
+    try:
+        for batch in batches:
+            for op in batch:
+                kind = op[0]
+                if kind == _FILE:
+                    _, target, mode, chmod, mtime, view, key = op
+                    fd = open_(target, _WRITE_FLAGS, mode)
+                    while view:
+                        view = view[write(fd, view) :]
+                    if chmod:
+                        fchmod(fd, mode)
+                    utime(fd, (now, mtime))
+                    close(fd)
+                    fd = -1
+                    if on_file is not None:
+                        on_file(key)
+                elif kind == _PIECE:
+                    view = op[1]
+                    while view:
+                        view = view[write(fd, view) :]
+                elif kind == _MKDIRS:
+                    os.makedirs(op[1], mode=0o755, exist_ok=True)
+                elif kind == _OPEN:
+                    _, target, mode, chmod = op
+                    fd = open_(target, _WRITE_FLAGS, mode)
+                    if chmod:
+                        fchmod(fd, mode)
+                else:  # _CLOSE
+                    _, mtime, key = op
+                    utime(fd, (now, mtime))
+                    close(fd)
+                    fd = -1
+                    if on_file is not None:
+                        on_file(key)
+    finally:
+        if fd >= 0:
+            close(fd)
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_DONE = object()
+
+
+class _ReaderThread:
+    """Run a batch generator in a thread, a few batches ahead; `with` stops and joins it."""
+
+    def __init__(self, plan: Iterator[list[tuple[Any, ...]]]) -> None:
+        self._plan = plan
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_BATCHES)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dflash-restore-reader", daemon=True)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for batch in self._plan:
+                if not self._put(batch):
+                    return
+            self._put(_DONE)
+        except BaseException as exc:
+            self._put(_Failed(exc))
+        finally:
+            close = getattr(self._plan, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Iterator[list[tuple[Any, ...]]]:
+        self._thread.start()
+        return self._batches()
+
+    def _batches(self) -> Iterator[list[tuple[Any, ...]]]:
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+        self._thread.join()
+
+
+def extract_verified(
+    path: Path,
+    destinations: dict[str, Path],
+    limits: ReadLimits | None = None,
+    accept: Callable[[CacheManifest], None] | None = None,
+    on_file: Callable[[str], None] | None = None,
+    threaded: bool = True,
+) -> CacheManifest:
+    """Stream the archive into `destinations` (root label -> an empty folder we own), verifying all.
+
+    `accept(manifest)` runs after the manifest is read and before any file is written: it may refuse
+    (fingerprint mismatch, not enough room) by raising. Raises ArchiveError on the first defect; the
+    caller owns the destinations and removes them on failure. `threaded=False` does the same work in
+    the calling thread alone.
+    """
+    limits = limits or ReadLimits()
+    where = str(path)
+    with open(path, "rb") as raw:
+        reader = TarReader(_decompressed_blocks(raw, where), where)
+        manifest = _read_manifest_member(reader, where, limits)
+        if accept is not None:
+            accept(manifest)
+        roots = set(manifest.origins)
+        missing_roots = roots - set(destinations)
+        if missing_roots:
+            raise ArchiveError(
+                f"{path}: no destination for archive root(s) {', '.join(sorted(missing_roots))}"
+            )
+        if manifest.total_bytes > limits.max_total_bytes:
+            raise ArchiveError(
+                f"{path}: {manifest.total_bytes} bytes in all, over the {limits.max_total_bytes} limit"
+            )
+        folders = {label: os.fspath(folder).rstrip("/") or "/" for label, folder in destinations.items()}
+        plan = _plan(reader, manifest, folders, limits, where)
+        if threaded:
+            with _ReaderThread(plan) as batches:
+                _execute(batches, on_file)
+        else:
+            try:
+                _execute(plan, on_file)
+            finally:
+                plan.close()
+    return manifest
