@@ -127,7 +127,15 @@ def run_target(
 ) -> None:
     assert cfg.drafter.target_layer_ids is not None
     dtype = target_dtype(cfg.target.dtype, device)
-    target = load_capture_target(cfg.target.path, cfg.drafter.target_layer_ids, cfg.run.seed, device, dtype)
+    target = load_capture_target(
+        cfg.target.path,
+        cfg.drafter.target_layer_ids,
+        cfg.run.seed,
+        device,
+        dtype,
+        compile_layers=cfg.target.compile_layers and device.type == "cuda",
+        sdpa_backend=cfg.target.sdpa_backend if device.type == "cuda" else "auto",
+    )
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
     order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)
