@@ -1,10 +1,13 @@
 """The target role alone on one device: capture tok/s, TFLOP/s, MFU and peak memory, vs the full model.
 
-Two rows per sequence length, measured in the same run on the same weights:
+Rows per sequence length, measured in the same run on the same weights:
   full model    the whole causal LM (every layer + LM head, `output_hidden_states=True`), the captured
                 layers picked from its hidden states: what earlier trainers run (the baseline)
   capture       OUR path: `trainer.target.CaptureTarget` (layers past the last captured one and the LM
                 head dropped, forward hooks on the captured layers), as `load_capture_target` builds it
+  capture +cudnn             the same with `target.sdpa_backend = "cudnn"` (cuDNN attention first)
+  capture +compiled          `target.compile_layers = true` (each kept layer's forward compiled)
+  capture +compiled +cudnn   both
 The model is built once (`trainer.tiny.build_embedded_target`: seeded random weights) and cut after the
 baseline rows. FLOPs: `bench/flops.py` (count what each variant must compute; the full model's are larger,
 so compare the two by tok/s, not by MFU).
@@ -89,13 +92,17 @@ def main() -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[3072, 40000])
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: the tiny target, short sequences")
     parser.add_argument("--no-full", action="store_true", help="skip the untruncated baseline")
+    parser.add_argument("--no-variants", action="store_true", help="only the default capture rows")
+    parser.add_argument("--device", default=None, help="cuda:N (default: cuda, or cpu with --tiny)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_PEAK_TFLOPS)
     parser.add_argument("--out", type=Path, default=RESULTS / "target_capture.json")
     args = parser.parse_args()
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     overrides = ['target.path="tiny"', "drafter.target_layer_ids=[0, 1, 2]"] if args.tiny else []
     cfg = load_config("tiny-cpu" if args.tiny else args.config, overrides)
     seq_lens = [64, 256] if args.tiny else args.seq_lens
@@ -142,17 +149,31 @@ def main() -> int:
                 ),
                 f"full model S={s}",
             )  # fmt: skip
-    target = CaptureTarget(model, layer_ids)  # cuts the model in place: after the baseline rows
+    # Each CaptureTarget cuts the model in place (idempotent) and wraps the same layers: eager variants
+    # first, then the compiled ones (compiling replaces the layers' forward for good).
+    variants = [("capture", False, "auto")]
+    if not args.no_variants:
+        variants += [("capture +cudnn", False, "cudnn"), ("capture +compiled", True, "auto"),
+                     ("capture +compiled +cudnn", True, "cudnn")]  # fmt: skip
     loss_masks = {s: torch.ones_like(ids, dtype=torch.bool) for s, ids in inputs.items()}
-    for s in seq_lens:
-        ids = inputs[s]
-        record(
-            lambda ids=ids, s=s: measure(
-                "capture", lambda: target.capture(ids, loss_masks[s], 0), hf_config, s, max(layer_ids) + 1,
-                False, **common,
-            ),
-            f"capture S={s}",
-        )  # fmt: skip
+    layers_compiled = False
+    for name, compiled, backend in variants:
+        if compiled and layers_compiled:
+            torch._dynamo.reset()  # retrace under this variant's SDPA backend (not a Dynamo guard)
+        target = CaptureTarget(
+            model, layer_ids, compile_layers=compiled and not layers_compiled, sdpa_backend=backend
+        )
+        layers_compiled = layers_compiled or compiled
+        for s in seq_lens:
+            ids = inputs[s]
+            record(
+                lambda ids=ids, s=s, target=target, name=name: measure(
+                    name, lambda: target.capture(ids, loss_masks[s], 0), hf_config, s, max(layer_ids) + 1,
+                    False, **common,
+                ),
+                f"{name} S={s}",
+            )  # fmt: skip
+        target.close()
 
     full = {r["seq_len"]: r["tok_s"] for r in result["rows"] if r["variant"] == "full model"}
     for row in result["rows"]:

@@ -89,12 +89,17 @@ class CaptureTarget:
         self.body = body.eval().requires_grad_(False)
         self.layer_ids = list(layer_ids)
         self._outputs: dict[int, torch.Tensor] = {}
-        for layer_id in self.layer_ids:
-            body.layers[layer_id].register_forward_hook(self._hook(layer_id))
+        self._hooks = [body.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
         if compile_layers:
             for layer in body.layers:
                 layer.forward = torch.compile(layer.forward, dynamic=False)
         self._backends = sdpa_backends(sdpa_backend)
+
+    def close(self) -> None:
+        """Remove the capture hooks (the model stays cut; compiled layers stay compiled)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
     def _hook(self, layer_id: int):
         def keep_output(_module: nn.Module, _args: Any, output: Any) -> None:
