@@ -8,8 +8,10 @@ chunk; bf16 buffers are not).
     python bench/drafter_step.py --preset qwen3-8b              # GPU: Qwen3-8B drafter, compiled flex, bf16
 
 FLOPs count what the model must do (the REFERENCE.md convention): trainable matmuls x3 (fwd + 2 bwd),
-the frozen LM head x2 (fwd + grad to its input; the checkpoint recompute is not counted), attention over
-the unmasked (query, key) pairs only. MFU = FLOPs / time / peak (default 790 TFLOP/s: the bf16 matmul
+the frozen LM head x2 (fwd + grad to its input; a recompute is never counted), attention over
+the unmasked (query, key) pairs only. `fc` is counted x3 like every trainable matmul although its input
+(the captured states) needs no gradient: 0.5 of ~72.5 TFLOP at qwen3-8b-b16 (0.7%), kept so the figures
+compare with REFERENCE.md's. MFU = FLOPs / time / peak (default 790 TFLOP/s: the bf16 matmul
 ceiling measured on an H200; the datasheet's 989 is printed too).
 """
 

@@ -1,17 +1,18 @@
 """Drafter step variants at each recipe's shapes: find the bottleneck, measure each predicted effect.
 
 Every row is the REAL drafter (`trainer.warmup.build_drafter`) stepped by the REAL `trainer.train.train_step`
-(anchors, bf16 autocast, forward, backward, grad clip, AdamW, schedule); a variant only wraps or patches
-from here (nothing under trainer/ is edited). Rows, each against the first ("trainer"), same run:
+(anchors, bf16 autocast, forward, backward, grad clip, AdamW, schedule); a variant only sets config values
+or patches from here (nothing under trainer/ is edited). Rows, each against the first ("trainer"), same run:
 
-  trainer          what a drafter rank runs today: fp32 frozen embed/head, loss_chunk from the config,
-                   eager layers, compiled flex + compiled block mask on CUDA, fused AdamW on CUDA
-  all on           every change below at once (the predicted best; profiled: top-10 kernels in the JSON)
-  frozen bf16      embed/LM head held in bf16 (autocast no longer casts the fp32 head on every chunk)
-  compiled layers  `layer.compile()` on each decoder layer (Inductor fuses the norms, RoPE, SwiGLU)
-  compiled loss    `torch.compile` of the LM head + CE chunk (no fp32 logits copy materialised)
-  chunk N          loss_chunk = N rows per checkpointed LM-head chunk
-  foreach AdamW    the unfused multi-tensor AdamW instead of the fused kernel
+  trainer          what a drafter rank runs today (config defaults): compiled decoder layers (flex traced
+                   inline), the LM head + CE chunk compiled with its gradient computed in the forward pass,
+                   frozen embed/head in bf16, fused AdamW; profiled (top kernels in the JSON)
+  eager layers     drafter.compile_layers = false (flex and the block mask still compiled on their own)
+  recompute head   the LM head + CE under activation checkpointing instead (the logits recomputed in
+                   backward: what the trainer did before)
+  last session     eager layers + recompute head: the trainer as measured in the previous session
+  eager loss       drafter.compile_loss = false
+  chunk N          drafter.loss_chunk = N rows per LM-head chunk
 
 Each variant starts from the same seeded init, batch and anchors, so `first_loss` must agree across rows
 (bf16 tolerance): a variant that changes the numbers is wrong, not fast. FLOPs and MFU: bench/flops.py.
@@ -55,86 +56,81 @@ from bench.roles import (
     time_repeats,
     write_result,
 )
-from trainer.drafter import DFlashDrafter
+from trainer.config import load_config
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
     prediction: str
-    frozen_bf16: bool = False
-    loss_chunk: int | None = None  # None: the config's
-    compile_layers: bool = False
-    compile_loss: bool = False
-    fused_adamw: bool = True
+    sets: tuple[str, ...] = ()  # config overrides (section.key=value)
+    recompute_head: bool = False
     profile: bool = False
 
 
 VARIANTS = (
-    Variant("trainer", "the baseline"),
+    Variant("trainer", "the baseline", profile=True),
     Variant(
-        "all on",
-        "sum of the rows below: 15-30% faster at b16, less at b32 (attention is a larger share there)",
-        frozen_bf16=True, loss_chunk=4096, compile_layers=True, compile_loss=True, profile=True,
+        "eager layers",
+        "fp32 RMSNorm/RoPE/SwiGLU/residual traffic unfused (~35 ms of elementwise passes at b16): 15-20% slower",
+        sets=("drafter.compile_layers=false",),
     ),
     Variant(
-        "frozen bf16",
-        "no fp32->bf16 cast of the 622M-value head per chunk pass (3 passes x ~3.7 GB each): ~1 ms per "
-        "chunk pass, 2-5%; 2.5 GB less memory",
-        frozen_bf16=True,
+        "recompute head",
+        "a third pass of the head matmul (9.6 of 72.5 TFLOP at b16): 8-10% slower",
+        recompute_head=True,
     ),
     Variant(
-        "compiled layers",
-        "fp32 RMSNorm/RoPE/SwiGLU elementwise traffic fused: 5-15% at b16, 3-8% at b32",
-        compile_layers=True,
+        "last session",
+        "both of the above: ~195 ms at b16 (46.6% MFU measured then)",
+        sets=("drafter.compile_layers=false",), recompute_head=True,
     ),
     Variant(
-        "compiled loss",
-        "fp32 logits (chunk x 151936 x 4 B = 1.2 GB at 2048 rows) not materialised, CE+argmax fused: 3-8%",
-        compile_loss=True,
+        "eager loss",
+        "fp32 logits materialised, softmax/CE/grad in separate passes over (chunk, vocab): 3-6% slower",
+        sets=("drafter.compile_loss=false",),
     ),
-    Variant("chunk 4096", "half the chunk passes (fewer casts and launches): 1-3%, +1.2 GB", loss_chunk=4096),
-    Variant("chunk 8192", "a quarter of the passes: 1-4%, +3.7 GB peak", loss_chunk=8192),
-    Variant("foreach AdamW", "unfused multi-tensor AdamW: 1-3% slower than fused", fused_adamw=False),
+    Variant("chunk 4096", "half the chunk loops, +1.2 GB: within 1-2%", sets=("drafter.loss_chunk=4096",)),
 )  # fmt: skip
 
 COLUMNS = ("recipe", "variant", "step_ms", "vs_trainer", "samples_s", "tok_s", "tflops", "mfu", "peak_gib",
            "first_step_s", "first_loss")  # fmt: skip
 
 
+def checkpointed_head_ce(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    chunk: int,
+    compiled: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The previous `trainer.loss.chunked_weighted_ce`: each chunk under activation checkpointing, so
+    backward recomputes the chunk's logits before it can form their gradient."""
+    from torch.utils.checkpoint import checkpoint
+
+    fn = trainer.loss.compiled_chunk(trainer.loss._head_and_ce) if compiled else trainer.loss._head_and_ce
+    step = trainer.loss.even_chunk(hidden.shape[0], chunk) if compiled else chunk
+    total, correct = hidden.new_zeros((), dtype=torch.float32), []
+    for start in range(0, hidden.shape[0], step):
+        rows = slice(start, start + step)
+        part, part_correct = checkpoint(
+            fn, hidden[rows], lm_head_weight, labels[rows], weights[rows], use_reentrant=False
+        )
+        total, correct = total + part, [*correct, part_correct]
+    return total, torch.cat(correct)
+
+
 @contextmanager
-def compiled_loss_chunk(enabled: bool) -> Iterator[None]:
-    """Swap trainer.loss's per-chunk head+CE for a compiled copy (looked up at call time), then restore."""
-    original = trainer.loss._head_and_ce
-    if enabled:
-        trainer.loss._head_and_ce = torch.compile(original, dynamic=False)
+def head_ce(recompute: bool) -> Iterator[None]:
+    """Swap trainer.loss's chunked head + CE (looked up at call time) for the checkpointed one, then restore."""
+    original = trainer.loss.chunked_weighted_ce
+    if recompute:
+        trainer.loss.chunked_weighted_ce = checkpointed_head_ce
     try:
         yield
     finally:
-        trainer.loss._head_and_ce = original
-
-
-def apply_variant(model: DFlashDrafter, variant: Variant) -> None:
-    if variant.frozen_bf16:
-        model.embed_weight = model.embed_weight.to(torch.bfloat16)
-        model.lm_head_weight = model.lm_head_weight.to(torch.bfloat16)
-    if variant.loss_chunk:
-        model.loss_chunk = variant.loss_chunk
-    if variant.compile_layers:
-        for layer in model.layers:
-            layer.compile(dynamic=False)
-
-
-def foreach_adamw(recipe: Recipe) -> Any:
-    optim = recipe.cfg.optim
-
-    def build(model: DFlashDrafter) -> torch.optim.Optimizer:
-        params = [p for p in model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(
-            params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=False, foreach=True
-        )
-
-    return build
+        trainer.loss.chunked_weighted_ce = original
 
 
 def top_kernels(role: DrafterRole, batch: Any, count: int = 10) -> list[dict[str, Any]]:
@@ -169,7 +165,7 @@ def top_kernels(role: DrafterRole, batch: Any, count: int = 10) -> list[dict[str
 
 
 def run_variant(
-    recipe: Recipe,
+    base: Recipe,
     variant: Variant,
     frozen: tuple[torch.Tensor, torch.Tensor],
     device: torch.device,
@@ -177,11 +173,13 @@ def run_variant(
     repeats: int,
     peak_tflops: float,
 ) -> dict[str, Any]:
-    optimizer = None if variant.fused_adamw else foreach_adamw(recipe)
-    role = DrafterRole.build(recipe, device, frozen=frozen, optimizer=optimizer)
-    apply_variant(role.model, variant)
+    overrides = (*base.overrides, *variant.sets)
+    recipe = Recipe(
+        base.name, load_config(base.source, list(overrides)), base.hf_config, base.source, overrides
+    )
+    role = DrafterRole.build(recipe, device, frozen=frozen)
     batch = random_batch(recipe, role.model, device, seed=11)
-    with compiled_loss_chunk(variant.compile_loss):
+    with head_ce(variant.recompute_head):
         began = time.perf_counter()
         first_loss = role.step(batch)  # compiles what this variant compiles
         synchronize(device)
@@ -207,6 +205,7 @@ def run_variant(
         "loss_finite": math.isfinite(first_loss),
         "attention": role.model.attention,
         "loss_chunk": role.model.loss_chunk,
+        "compiled_layers": any(getattr(layer, "_compiled_call_impl", None) for layer in role.model.layers),
         "setup": asdict(variant),
     }
     if kernels is not None:
@@ -222,6 +221,7 @@ def main() -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
     parser.add_argument("--variant", action="append", help="only these variants (repeatable)")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny-cpu at small shapes, SDPA")
+    parser.add_argument("--device", default=None, help="cuda:N (default: cuda, or cpu with --tiny)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="skip variants past this time")
@@ -229,13 +229,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "drafter_variants.json")
     args = parser.parse_args()
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.tiny else "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # compiled graphs are keyed by device index
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # a fall-back to eager flex fails loudly
     torch._dynamo.config.cache_size_limit = 32  # variants recompile the same code at two recipes
     if args.tiny:
         configs = ["tiny-cpu"]
         overrides = ["data.seq_len=256", "optim.anchors=16", "drafter.layers=2", *args.overrides]
-        variants = [v for v in VARIANTS if v.name in {"trainer", "all on", "frozen bf16", "chunk 4096"}]
+        variants = [v for v in VARIANTS if v.name in {"trainer", "recompute head", "chunk 4096"}]
     else:
         configs = args.config or ["qwen3-8b-b16", "seed-b32"]
         overrides, variants = args.overrides, list(VARIANTS)

@@ -40,11 +40,15 @@ class Recipe:
     name: str
     cfg: TrainConfig
     hf_config: Any
+    source: str = ""  # the config name or path it was loaded from
+    overrides: tuple[str, ...] = ()  # the section.key=value overrides applied to it
 
     @classmethod
     def load(cls, config: str, overrides: list[str], device: torch.device) -> Recipe:
-        cfg = load_config(config, [*overrides, f'run.device="{device.type}"'])
-        return cls(Path(config).name.removesuffix(".toml"), cfg, target_hf_config(cfg.target.path))
+        applied = (*overrides, f'run.device="{device.type}"')
+        cfg = load_config(config, list(applied))
+        name = Path(config).name.removesuffix(".toml")
+        return cls(name, cfg, target_hf_config(cfg.target.path), config, applied)
 
     @property
     def seq_len(self) -> int:
