@@ -44,6 +44,7 @@ READ_SIZE = 1 << 20  # compressed bytes per read from the file
 BLOCK_BYTES = 4 << 20  # decompressed bytes per block handed to the tar reader
 BATCH_BYTES = 2 << 20  # file bytes per batch of write operations
 QUEUE_BATCHES = 6  # batches in flight between the two threads (bounds the memory held)
+HAND_OVER_BELOW = 2  # fewer batches queued than this: the writing thread also hashes
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -154,10 +155,13 @@ def _plan(
     destinations: dict[str, str],
     limits: ReadLimits,
     where: str,
+    hand_over: Callable[[], bool] = lambda: False,
 ) -> Iterator[list[tuple[Any, ...]]]:
     """Check and hash every member; yield batches of write operations for `_execute`.
 
-    Raises ArchiveError at the first defect (the batch in progress is dropped with it)."""
+    When `hand_over()` says so (the writing thread is waiting for work), a member's hash is left to
+    the writing thread: its operation carries the expected sha256 instead. Raises ArchiveError at
+    the first defect (the batch in progress is dropped with it)."""
     expected = manifest.by_path()
     roots = set(manifest.origins)
     umask = _umask()
@@ -206,25 +210,25 @@ def _plan(
             made.add(parent)
         mode = entry.mode & 0o755  # never setuid, never group/world-writable
         chmod = umask is None or bool(mode & umask)  # the umask would take bits away: set them after
+        check = entry.sha256 if hand_over() else None  # None: verified here
         view = reader.contiguous_data(member)
         if view is not None:
-            digest = sha256(view).hexdigest()
-            if digest != entry.sha256:
+            if check is None and (digest := sha256(view).hexdigest()) != entry.sha256:
                 raise _digest_error(key, digest, entry.sha256)
-            batch.append((_FILE, target, mode, chmod, entry.mtime, view, key))
+            batch.append((_FILE, target, mode, chmod, entry.mtime, view, key, check))
             held += size
         else:
             running = sha256()
-            batch.append((_OPEN, target, mode, chmod))
+            batch.append((_OPEN, target, mode, chmod, check))
             for piece in reader.data_views(member):
-                running.update(piece)
+                if check is None:
+                    running.update(piece)
                 batch.append((_PIECE, piece))
                 held += len(piece)
                 if held >= BATCH_BYTES:
                     yield batch
                     batch, held = [], 0
-            digest = running.hexdigest()
-            if digest != entry.sha256:
+            if check is None and (digest := running.hexdigest()) != entry.sha256:
                 raise _digest_error(key, digest, entry.sha256)
             batch.append((_CLOSE, entry.mtime, key))
         if held >= BATCH_BYTES:
@@ -248,16 +252,28 @@ def _digest_error(key: str, digest: str, expected: str) -> ArchiveError:
 
 def _execute(batches: Iterator[list[tuple[Any, ...]]], on_file: Callable[[str], None] | None) -> None:
     """Carry out the write operations: each file created new (O_EXCL, no symlink followed), written,
-    given its mode and mtime, closed."""
+    given its mode and mtime, closed. An operation that carries a sha256 is verified here first (a
+    member in pieces: before its file is closed)."""
     now = time.time()
     fd = -1
-    open_, write, close, utime, fchmod = os.open, os.write, os.close, os.utime, os.fchmod
+    running: Any = None
+    expected = ""
+    open_, write, close, utime, fchmod, sha256 = (
+        os.open,
+        os.write,
+        os.close,
+        os.utime,
+        os.fchmod,
+        hashlib.sha256,
+    )
     try:
         for batch in batches:
             for op in batch:
                 kind = op[0]
                 if kind == _FILE:
-                    _, target, mode, chmod, mtime, view, key = op
+                    _, target, mode, chmod, mtime, view, key, check = op
+                    if check is not None and (digest := sha256(view).hexdigest()) != check:
+                        raise _digest_error(key, digest, check)
                     fd = open_(target, _WRITE_FLAGS, mode)
                     while view:
                         view = view[write(fd, view) :]
@@ -270,17 +286,23 @@ def _execute(batches: Iterator[list[tuple[Any, ...]]], on_file: Callable[[str], 
                         on_file(key)
                 elif kind == _PIECE:
                     view = op[1]
+                    if running is not None:
+                        running.update(view)
                     while view:
                         view = view[write(fd, view) :]
                 elif kind == _MKDIRS:
                     os.makedirs(op[1], mode=0o755, exist_ok=True)
                 elif kind == _OPEN:
-                    _, target, mode, chmod = op
+                    _, target, mode, chmod, check = op
+                    running, expected = (None, "") if check is None else (sha256(), check)
                     fd = open_(target, _WRITE_FLAGS, mode)
                     if chmod:
                         fchmod(fd, mode)
                 else:  # _CLOSE
                     _, mtime, key = op
+                    if running is not None and (digest := running.hexdigest()) != expected:
+                        raise _digest_error(key, digest, expected)
+                    running = None
                     utime(fd, (now, mtime))
                     close(fd)
                     fd = -1
@@ -302,8 +324,8 @@ _DONE = object()
 class _ReaderThread:
     """Run a batch generator in a thread, a few batches ahead; `with` stops and joins it."""
 
-    def __init__(self, plan: Iterator[list[tuple[Any, ...]]]) -> None:
-        self._plan = plan
+    def __init__(self) -> None:
+        self._plan: Iterator[list[tuple[Any, ...]]] = iter(())
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_BATCHES)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dflash-restore-reader", daemon=True)
@@ -330,6 +352,14 @@ class _ReaderThread:
             if close is not None:
                 close()
 
+    def writer_is_waiting(self) -> bool:
+        """Few batches queued: the writing thread has time to spare (then it hashes too)."""
+        return self._queue.qsize() < HAND_OVER_BELOW
+
+    def run(self, plan: Iterator[list[tuple[Any, ...]]]) -> _ReaderThread:
+        self._plan = plan
+        return self
+
     def __enter__(self) -> Iterator[list[tuple[Any, ...]]]:
         self._thread.start()
         return self._batches()
@@ -353,7 +383,7 @@ class _ReaderThread:
 
 def extract_verified(
     path: Path,
-    destinations: dict[str, Path],
+    destinations: dict[str, Path] | Callable[[CacheManifest], dict[str, Path]],
     limits: ReadLimits | None = None,
     accept: Callable[[CacheManifest], None] | None = None,
     on_file: Callable[[str], None] | None = None,
@@ -362,9 +392,10 @@ def extract_verified(
     """Stream the archive into `destinations` (root label -> an empty folder we own), verifying all.
 
     `accept(manifest)` runs after the manifest is read and before any file is written: it may refuse
-    (fingerprint mismatch, not enough room) by raising. Raises ArchiveError on the first defect; the
-    caller owns the destinations and removes them on failure. `threaded=False` does the same work in
-    the calling thread alone.
+    (fingerprint mismatch, not enough room) by raising. `destinations` may be a function of the
+    manifest, called after `accept` (it may refuse too, or make the folders). Raises ArchiveError on
+    the first defect; the caller owns the destinations and removes them on failure.
+    `threaded=False` does the same work in the calling thread alone.
     """
     limits = limits or ReadLimits()
     where = str(path)
@@ -373,6 +404,8 @@ def extract_verified(
         manifest = _read_manifest_member(reader, where, limits)
         if accept is not None:
             accept(manifest)
+        if callable(destinations):
+            destinations = destinations(manifest)
         roots = set(manifest.origins)
         missing_roots = roots - set(destinations)
         if missing_roots:
@@ -384,11 +417,13 @@ def extract_verified(
                 f"{path}: {manifest.total_bytes} bytes in all, over the {limits.max_total_bytes} limit"
             )
         folders = {label: os.fspath(folder).rstrip("/") or "/" for label, folder in destinations.items()}
-        plan = _plan(reader, manifest, folders, limits, where)
         if threaded:
-            with _ReaderThread(plan) as batches:
+            thread = _ReaderThread()
+            plan = _plan(reader, manifest, folders, limits, where, thread.writer_is_waiting)
+            with thread.run(plan) as batches:
                 _execute(batches, on_file)
         else:
+            plan = _plan(reader, manifest, folders, limits, where)
             try:
                 _execute(plan, on_file)
             finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.errors import DoctorError
@@ -25,8 +25,9 @@ class ArchiveError(DoctorError):
     """An archive we refuse: malformed, hostile, truncated, or not what its manifest says."""
 
 
-@dataclass(frozen=True)
-class FileEntry:
+class FileEntry(NamedTuple):
+    """One archived file. A named tuple: a manifest holds thousands and is parsed on every restore."""
+
     path: str
     size: int
     sha256: str
