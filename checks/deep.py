@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_doctor.context import CheckContext
-from dflash_doctor.deep.compare import (
-    CUDA_FAMILIES,
-    duplicate_families,
-    explain_import_error,
-    static_disagreements,
-    version_verdicts,
-)
-from dflash_doctor.deep.run import ProbeReport, deep_report
-from dflash_doctor.drift import CONTEXT_GROWTH_MIB
 from dflash_doctor.findings import Finding, Severity, fail, ok, skip, warn
 from dflash_doctor.registry import check
+
+# The probe and its comparisons are imported by the checks that run (`--deep`), not by every `check`.
+if TYPE_CHECKING:
+    from dflash_doctor.deep.run import ProbeReport
 
 FLEX_TOLERANCE = (
     1e-2  # relative error; fp32/TF32 rounding stays near 1e-3, a wrong kernel (pytorch#158212) near 1
@@ -32,6 +27,8 @@ FLEX_MEMORY_FRACTION = 0.5  # the dense path holds at least one full score matri
 
 
 def _report_or_skip(ctx: CheckContext, check_id: str, need_import: bool = True) -> ProbeReport | Finding:
+    from dflash_doctor.deep.run import deep_report
+
     report = deep_report(ctx)
     if not report.ran:
         return skip(check_id, f"no deep report: {report.error}")
@@ -42,6 +39,8 @@ def _report_or_skip(ctx: CheckContext, check_id: str, need_import: bool = True) 
 
 @check("deep.probe", "deep probe", requires=["deep"])
 def deep_probe(ctx: CheckContext) -> Iterator[Finding]:
+    from dflash_doctor.deep.run import deep_report
+
     report = deep_report(ctx)
     if not report.ran:
         yield fail(
@@ -83,6 +82,8 @@ def deep_import(ctx: CheckContext) -> Iterator[Finding]:
             torch=torch.get("file"),
         )
         return
+    from dflash_doctor.deep.compare import explain_import_error
+
     error = report.import_error
     message = f"{error.get('error_type')}: {error.get('message')}"
     predicted = _static_predictions(ctx)
@@ -100,6 +101,8 @@ def _owner_label(ctx: CheckContext, path: str) -> str:
 
 def _is_interesting(path: str) -> bool:
     """The libraries worth listing: torch's, the NVIDIA ones, anything CUDA-named."""
+    from dflash_doctor.deep.compare import CUDA_FAMILIES
+
     name = os.path.basename(path)
     return "/torch/" in path or "/nvidia/" in path or any(name.startswith(f + ".so") for f in CUDA_FAMILIES)
 
@@ -116,6 +119,8 @@ def deep_libraries(ctx: CheckContext) -> Iterator[Finding]:
 def library_findings(
     ctx: CheckContext, report: ProbeReport, predicted: dict[str, str] | None
 ) -> Iterator[Finding]:
+    from dflash_doctor.deep.compare import CUDA_FAMILIES, duplicate_families, static_disagreements
+
     loaded = report.loaded
     known = {os.path.realpath(p) for p in (predicted or {}).values()}
     listed = [
@@ -170,6 +175,8 @@ def deep_versions(ctx: CheckContext) -> Iterator[Finding]:
 
 
 def versions_findings(report: ProbeReport) -> Iterator[Finding]:
+    from dflash_doctor.deep.compare import version_verdicts
+
     verdicts = version_verdicts(report.torch, report.versions)
     asked = {k: v.get("parsed", v.get("message")) for k, v in report.versions.items()}
     if not verdicts:
@@ -258,6 +265,8 @@ def _locked_overhead(ctx: CheckContext) -> dict[str, float]:
 
 
 def context_findings(report: ProbeReport, locked: dict[str, float]) -> Iterator[Finding]:
+    from dflash_doctor.drift import CONTEXT_GROWTH_MIB
+
     cuda = report.cuda
     if not cuda.get("available"):
         yield skip("deep.context", f"CUDA not available: {cuda.get('reason', 'unknown')}")

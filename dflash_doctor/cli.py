@@ -12,8 +12,6 @@ import pkgutil
 import sys
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from dflash_doctor import __version__
 from dflash_doctor.errors import DoctorError
@@ -85,6 +83,9 @@ def run(argv: list[str] | None = None) -> int:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except DoctorError as exc:
+        from rich.console import Console  # only on this path: `check --json` never loads rich
+        from rich.markup import escape
+
         err = Console(stderr=True, highlight=False)
         err.print(f"[bold red]error:[/] {escape(exc.message)}")
         if exc.hint:

@@ -1,23 +1,23 @@
 """Render check results: a `flutter doctor`-style table for people, versioned JSON for programs.
 
 Also the one place that decides the exit code of an audit: 0 healthy (warnings allowed),
-1 any fail (with --strict, any warning too).
+1 any fail (with --strict, any warning too). rich is imported only by the functions that draw
+(`render`, `summary_line`), so `check --json` does not pay for it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from dflash_doctor import __version__
 from dflash_doctor.findings import Finding, Severity, worst
 from dflash_doctor.registry import CheckRun
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
 REPORT_SCHEMA = "dflash-doctor/report/v1"
 
@@ -73,6 +73,8 @@ def _format_value(value: Any) -> str:
 
 
 def _verdict_cell(finding: Finding, verbose: bool) -> Text:
+    from rich.text import Text
+
     text = Text(finding.summary)
     show_details = verbose or finding.severity in (Severity.WARN, Severity.FAIL)
     if show_details:
@@ -86,6 +88,10 @@ def _verdict_cell(finding: Finding, verbose: bool) -> Text:
 
 def render(runs: list[CheckRun], console: Console, verbose: bool = False, header: str | None = None) -> None:
     """Print the table grouped by area, then the summary line."""
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
     areas: dict[str, list[CheckRun]] = {}
     for run in runs:
         areas.setdefault(run.check.area, []).append(run)
@@ -114,6 +120,8 @@ def render(runs: list[CheckRun], console: Console, verbose: bool = False, header
 
 
 def summary_line(runs: list[CheckRun]) -> Text:
+    from rich.text import Text
+
     findings = flatten(runs)
     tally = counts(findings)
     bad_areas = sorted({f.area for f in findings if f.severity in (Severity.WARN, Severity.FAIL)})
