@@ -1,7 +1,9 @@
 """Installed distributions read straight from their `.dist-info` folders (no imports, no importlib).
 
 We read METADATA headers, RECORD (file -> sha256, size), WHEEL (tag, build) and INSTALLER, because
-those are what tell "the same version" builds apart and which package owns which file.
+those are what tell "the same version" builds apart and which package owns which file. With a
+`ParseCache` (what `Environment.load` uses) the parsed headers and RECORD rows are reused across runs
+while the files' stat signatures are unchanged (see dflash_doctor/parse_cache.py).
 """
 
 from __future__ import annotations
@@ -12,20 +14,28 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from email.parser import HeaderParser
 from functools import cached_property
+from typing import TYPE_CHECKING, NamedTuple
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from dflash_doctor.parse_cache import stamp_of
 
-@dataclass(frozen=True)
-class RecordEntry:
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
+
+    from dflash_doctor.parse_cache import ParseCache
+
+
+class RecordEntry(NamedTuple):
     """One RECORD row. ``sha256`` is hex (RECORD stores urlsafe base64); ``path`` is absolute."""
 
     path: str
     sha256: str | None
     size: int | None
+
+
+RecordRow = tuple[str, "str | None", "int | None"]  # a RecordEntry as plain data (what the cache stores)
 
 
 @dataclass
@@ -41,6 +51,7 @@ class Distribution:
     wheel_build: str | None = None
     installer: str | None = None
     direct_url: dict[str, object] | None = None
+    parse_cache: ParseCache | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -49,11 +60,19 @@ class Distribution:
 
     @cached_property
     def record(self) -> list[RecordEntry]:
-        """RECORD rows, read on first use (torch's has ~20k rows)."""
-        return read_record(os.path.join(self.dist_info, "RECORD"), self.site_dir)
+        """RECORD rows, read on first use (torch's has ~20k rows); from the parse cache when RECORD is unchanged."""
+        path = os.path.join(self.dist_info, "RECORD")
+        if self.parse_cache is None:
+            return read_record(path, self.site_dir)
+        rows = self.parse_cache.get(
+            "records", path, stamp_of(path), lambda: read_record_rows(path, self.site_dir)
+        )
+        return list(map(RecordEntry._make, rows))
 
     @cached_property
     def requirements(self) -> list[Requirement]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
         parsed = []
         for line in self.requires:
             try:
@@ -83,13 +102,14 @@ def _hex_from_record_hash(value: str) -> str | None:
         return None
 
 
-def read_record(record_path: str, site_dir: str) -> list[RecordEntry]:
+def read_record_rows(record_path: str, site_dir: str) -> list[RecordRow]:
+    """RECORD as (absolute normalised path, sha256 hex or None, size or None) tuples; [] if unreadable."""
     try:
         with open(record_path, newline="", encoding="utf-8") as handle:
             rows = list(csv.reader(handle))
     except OSError:
         return []
-    entries = []
+    entries: list[RecordRow] = []
     for row in rows:
         if not row or not row[0]:
             continue
@@ -97,8 +117,12 @@ def read_record(record_path: str, site_dir: str) -> list[RecordEntry]:
         path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site_dir, rel))
         digest = _hex_from_record_hash(row[1]) if len(row) > 1 and row[1] else None
         size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
-        entries.append(RecordEntry(path, digest, size))
+        entries.append((path, digest, size))
     return entries
+
+
+def read_record(record_path: str, site_dir: str) -> list[RecordEntry]:
+    return list(map(RecordEntry._make, read_record_rows(record_path, site_dir)))
 
 
 def _read_text(path: str) -> str | None:
@@ -109,45 +133,83 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def read_dist_info(dist_info: str) -> Distribution | None:
-    """Parse one `.dist-info` folder; None when it has no usable METADATA."""
+DIST_INFO_FILES = ("METADATA", "WHEEL", "INSTALLER", "direct_url.json")
+
+# name, version, Requires-Dist lines, WHEEL tags, WHEEL build, INSTALLER, direct_url.json text
+DistFacts = tuple[str, str, tuple[str, ...], tuple[str, ...], "str | None", "str | None", "str | None"]
+
+
+def read_dist_facts(dist_info: str) -> DistFacts | None:
+    """What we need from one `.dist-info` folder, as plain data; None when it has no usable METADATA."""
     meta_text = _read_text(os.path.join(dist_info, "METADATA"))
     if meta_text is None:
         return None
+    from email.parser import HeaderParser  # only when a METADATA is really parsed (cache miss)
+
     headers = HeaderParser().parsestr(meta_text)
     name, version = headers.get("Name"), headers.get("Version")
     if not name or not version:
         return None
-    dist = Distribution(
-        name=name.strip(),
-        version=version.strip(),
-        dist_info=dist_info,
-        site_dir=os.path.dirname(dist_info),
-        requires=[r.strip() for r in headers.get_all("Requires-Dist") or []],
-    )
+    tags: list[str] = []
+    build: str | None = None
     wheel = _read_text(os.path.join(dist_info, "WHEEL"))
     if wheel:
         for line in wheel.splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "Tag":
-                dist.wheel_tags.append(value.strip())
+                tags.append(value.strip())
             elif key.strip() == "Build":
-                dist.wheel_build = value.strip()
+                build = value.strip()
     installer = _read_text(os.path.join(dist_info, "INSTALLER"))
-    dist.installer = installer.strip() if installer else None
-    direct = _read_text(os.path.join(dist_info, "direct_url.json"))
+    return (
+        name.strip(),
+        version.strip(),
+        tuple(r.strip() for r in headers.get_all("Requires-Dist") or []),
+        tuple(tags),
+        build,
+        installer.strip() if installer else None,
+        _read_text(os.path.join(dist_info, "direct_url.json")),
+    )
+
+
+def _distribution(dist_info: str, facts: DistFacts, cache: ParseCache | None) -> Distribution:
+    name, version, requires, tags, build, installer, direct = facts
+    direct_url = None
     if direct:
         try:
-            dist.direct_url = json.loads(direct)
+            direct_url = json.loads(direct)
         except json.JSONDecodeError:
-            dist.direct_url = None
-    return dist
+            direct_url = None
+    return Distribution(
+        name=name,
+        version=version,
+        dist_info=dist_info,
+        site_dir=os.path.dirname(dist_info),
+        requires=list(requires),
+        wheel_tags=list(tags),
+        wheel_build=build,
+        installer=installer,
+        direct_url=direct_url,
+        parse_cache=cache,
+    )
+
+
+def read_dist_info(dist_info: str, cache: ParseCache | None = None) -> Distribution | None:
+    """Parse one `.dist-info` folder (through `cache` when given); None when it has no usable METADATA."""
+    if cache is None:
+        facts = read_dist_facts(dist_info)
+    else:
+        stamp = tuple(stamp_of(os.path.join(dist_info, name)) for name in DIST_INFO_FILES)
+        facts = cache.get("dists", dist_info, stamp, lambda: read_dist_facts(dist_info))
+    return None if facts is None else _distribution(dist_info, facts, cache)
 
 
 _DIST_INFO = re.compile(r".+\.dist-info$")
 
 
-def scan_distributions(site_dirs: list[str]) -> tuple[dict[str, Distribution], list[Distribution]]:
+def scan_distributions(
+    site_dirs: list[str], cache: ParseCache | None = None
+) -> tuple[dict[str, Distribution], list[Distribution]]:
     """Distributions visible on these folders, first folder wins (as importlib.metadata does).
 
     Returns (visible by key, shadowed): a shadowed distribution is a second copy of the same
@@ -168,7 +230,7 @@ def scan_distributions(site_dirs: list[str]) -> tuple[dict[str, Distribution], l
         for entry in names:
             if not _DIST_INFO.match(entry):
                 continue
-            dist = read_dist_info(os.path.join(site_dir, entry))
+            dist = read_dist_info(os.path.join(site_dir, entry), cache)
             if dist is None:
                 continue
             if dist.key in visible:

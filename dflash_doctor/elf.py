@@ -11,11 +11,15 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import Dynamic, DynamicTag
-from elftools.elf.elffile import ELFFile
+from dflash_doctor.parse_cache import stamp_of
+
+if TYPE_CHECKING:  # pyelftools is imported on the first file actually parsed (20 ms)
+    from elftools.elf.dynamic import DynamicTag
+    from elftools.elf.elffile import ELFFile
+
+    from dflash_doctor.parse_cache import ParseCache
 
 _ELF_MAGIC = b"\x7fELF"
 _DST = re.compile(r"\$(\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")
@@ -79,12 +83,55 @@ def is_elf(path: str) -> bool:
         return False
 
 
+# What the cache stores per file: soname, NEEDED, raw DT_RPATH, raw DT_RUNPATH, machine, class.
+ElfFacts = tuple["str | None", tuple[str, ...], "str | None", "str | None", str, int]
+
+
 def read_elf(path: str, lib: str | None = None, platform: str | None = None) -> ElfInfo | None:
     """The dynamic section of `path`; None when it is not a readable ELF file.
 
     `$ORIGIN` is the folder of the file as named (glibc uses the path it opened, not the
     symlink target), which is what makes `$ORIGIN/../../nvidia/...` work from `torch/lib`.
     """
+    facts = read_elf_facts(path)
+    return None if facts is None else elf_info(path, facts, lib, platform)
+
+
+def read_elf_cached(path: str, cache: ParseCache) -> ElfInfo | None:
+    """`read_elf`, with the parsed dynamic section reused while the file's stat signature is unchanged."""
+    stamp = stamp_of(path)
+    if stamp is None:
+        return None  # gone or unreadable: nothing to parse, nothing to remember
+    facts = cache.get("elf", path, stamp, lambda: read_elf_facts(path))
+    return None if facts is None else elf_info(path, facts)
+
+
+def elf_info(path: str, facts: ElfFacts, lib: str | None = None, platform: str | None = None) -> ElfInfo:
+    """The ElfInfo of `path` from its raw facts, search paths expanded for where it is named."""
+    soname, needed, rpath_raw, runpath_raw, machine, elf_class = facts
+    origin = os.path.dirname(os.path.abspath(path))
+    lib_dir = lib or default_lib_dir(elf_class)
+    plat = platform or default_platform(_uname_for(machine))
+
+    def expand(raw: str | None) -> tuple[str, ...]:
+        return expand_search_path(raw, origin, lib_dir, plat) if raw else ()
+
+    return ElfInfo(
+        path=path,
+        soname=soname,
+        needed=tuple(needed),
+        rpath=expand(rpath_raw),
+        runpath=expand(runpath_raw),
+        machine=machine,
+        elf_class=elf_class,
+    )
+
+
+def read_elf_facts(path: str) -> ElfFacts | None:
+    """Parse the dynamic section; None when `path` is not a readable ELF file."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
     try:
         with open(path, "rb") as handle:
             if handle.read(4) != _ELF_MAGIC:
@@ -109,22 +156,7 @@ def read_elf(path: str, lib: str | None = None, platform: str | None = None) -> 
             elf_class = int(elf.elfclass)
     except (OSError, ELFError, ValueError, KeyError, AttributeError):
         return None
-    origin = os.path.dirname(os.path.abspath(path))
-    lib_dir = lib or default_lib_dir(elf_class)
-    plat = platform or default_platform(_uname_for(machine))
-
-    def expand(raw: str | None) -> tuple[str, ...]:
-        return expand_search_path(raw, origin, lib_dir, plat) if raw else ()
-
-    return ElfInfo(
-        path=path,
-        soname=soname,
-        needed=tuple(needed),
-        rpath=expand(rpath_raw),
-        runpath=expand(runpath_raw),
-        machine=machine,
-        elf_class=elf_class,
-    )
+    return (soname, tuple(needed), rpath_raw, runpath_raw, machine, elf_class)
 
 
 def _dynamic_tags(elf: ELFFile, stream: BinaryIO) -> Iterator[DynamicTag]:
@@ -134,6 +166,8 @@ def _dynamic_tags(elf: ELFFile, stream: BinaryIO) -> Iterator[DynamicTag]:
     (hundreds of ms over a torch tree); a `Dynamic` without a string table locates DT_STRTAB
     through the program headers instead, which is what the loader itself does.
     """
+    from elftools.elf.dynamic import Dynamic
+
     for index in range(elf.num_segments()):
         header = elf._get_segment_header(index)
         if header["p_type"] == "PT_DYNAMIC":

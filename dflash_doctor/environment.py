@@ -1,7 +1,9 @@
 """The audited environment as one read-only model: interpreter, distributions, torch build, file owners.
 
 Built from files only, so it works when `import torch` is broken. Every check reads this model;
-none of them touches the filesystem layout rules on its own.
+none of them touches the filesystem layout rules on its own. `Environment.load` (what the commands
+use) reads dist-info, RECORD and ELF files through a persistent, stat-validated `ParseCache`;
+`save_parse_cache()` writes what this run parsed anew.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from functools import cached_property
 from packaging.utils import canonicalize_name
 
 from dflash_doctor.distributions import Distribution, RecordEntry, scan_distributions
+from dflash_doctor.elf import ElfInfo, read_elf, read_elf_cached
 from dflash_doctor.interpreter import InterpreterInfo, interpreter_for
+from dflash_doctor.parse_cache import ParseCache
 from dflash_doctor.torch_build import TorchBuild, read_torch_build
 
 
@@ -23,16 +27,36 @@ class Environment:
     interpreter: InterpreterInfo
     distributions: dict[str, Distribution]
     shadowed: list[Distribution] = field(default_factory=list)
+    parse_cache: ParseCache | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, python: str | None = None) -> Environment:
-        """The environment of `python` (a path) or of the running interpreter."""
-        return cls.from_interpreter(interpreter_for(python))
+    def load(cls, python: str | None = None, cached: bool = True) -> Environment:
+        """The environment of `python` (a path) or of the running interpreter.
+
+        `cached`: parse through this environment's persistent ParseCache (call `save_parse_cache()`).
+        """
+        return cls.from_interpreter(interpreter_for(python), cached=cached)
 
     @classmethod
-    def from_interpreter(cls, interpreter: InterpreterInfo) -> Environment:
-        visible, shadowed = scan_distributions(interpreter.site_dirs)
-        return cls(interpreter, visible, shadowed)
+    def from_interpreter(
+        cls, interpreter: InterpreterInfo, cached: bool = False, parse_cache: ParseCache | None = None
+    ) -> Environment:
+        site_dirs = interpreter.site_dirs
+        if parse_cache is None and cached:
+            parse_cache = ParseCache.for_site_dirs(site_dirs)
+        visible, shadowed = scan_distributions(site_dirs, parse_cache)
+        return cls(interpreter, visible, shadowed, parse_cache)
+
+    def read_elf(self, path: str) -> ElfInfo | None:
+        """`elf.read_elf`, through the parse cache when this environment has one."""
+        if self.parse_cache is None:
+            return read_elf(path)
+        return read_elf_cached(path, self.parse_cache)
+
+    def save_parse_cache(self) -> None:
+        """Persist what this run parsed anew (nothing is written when everything came from the cache)."""
+        if self.parse_cache is not None:
+            self.parse_cache.save()
 
     def get(self, name: str) -> Distribution | None:
         return self.distributions.get(canonicalize_name(name))

@@ -165,6 +165,7 @@ class _Process:
         owners_of: Callable[[str], list[str]],
         hidden: Callable[[str], bool],
         executable_rpath: tuple[str, ...] = (),
+        read: Callable[[str], ElfInfo | None] = read_elf,
     ) -> None:
         self.ld_library_path = ld_library_path
         self.ldcache = ldcache
@@ -176,6 +177,7 @@ class _Process:
         self.resolutions: list[Resolution] = []
         self.by_soname: dict[str, Resolution] = {}
         self._elf_cache: dict[str, ElfInfo | None] = {}
+        self._read = read
         self.stage = "import"
 
     # -- files --------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class _Process:
 
     def elf(self, path: str) -> ElfInfo | None:
         if path not in self._elf_cache:
-            self._elf_cache[path] = read_elf(path)
+            self._elf_cache[path] = self._read(path)
         return self._elf_cache[path]
 
     def _usable(self, path: str, like: ElfInfo | None) -> ElfInfo | None:
@@ -393,8 +395,8 @@ def simulate_import(
     )
     if torch_dir is None:
         return report
-    exe = read_elf(os.path.realpath(env.interpreter.executable)) if env.interpreter.executable else None
-    proc = _Process(llp, cache, env.owners_of, hide, exe.rpath if exe else ())
+    exe = env.read_elf(os.path.realpath(env.interpreter.executable)) if env.interpreter.executable else None
+    proc = _Process(llp, cache, env.owners_of, hide, exe.rpath if exe else (), env.read_elf)
     plan = read_preload_plan(torch_dir) if cuda_major is not None else None
     report.plan = plan
     sys_path = list(env.interpreter.sys_path)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from packaging.utils import canonicalize_name
 
 from dflash_doctor.distributions import Distribution
-from dflash_doctor.elf import read_elf
 from dflash_doctor.environment import Environment
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.ldcache import LdCache, load_system_cache
@@ -115,12 +114,12 @@ def _required_by(env: Environment, target: Distribution) -> list[str]:
     return sorted(out)
 
 
-def _shared_objects(dist: Distribution) -> list[tuple[str, str]]:
+def _shared_objects(env: Environment, dist: Distribution) -> list[tuple[str, str]]:
     """(soname, path) of every ELF shared object the distribution's RECORD lists."""
     found = []
     for entry in dist.record:
         if _SHARED_OBJECT.search(entry.path):
-            info = read_elf(entry.path)
+            info = env.read_elf(entry.path)
             if info is not None:
                 found.append((info.name, entry.path))
     return found
@@ -150,7 +149,7 @@ def explain_package(env: Environment, name: str, ldcache: LdCache | None = None)
         import_error_now=now.import_error,
         newly_missing=_newly_missing(now, without),
     )
-    for soname, path in _shared_objects(dist):
+    for soname, path in _shared_objects(env, dist):
         winner = now.effective(soname)
         fallback = without.effective(soname)
         explanation.libraries.append(

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from dflash_doctor.commands.options import (
     JsonOption,
@@ -36,7 +35,9 @@ def audit(
         ids = ", ".join(sorted({c.area for c in all_checks()}))
         raise DoctorError(f"--only: no check matches {', '.join(unknown)}", hint=f"areas are: {ids}")
     ctx = CheckContext(Environment.load(python), options)
-    return ctx, run_checks(ctx, selectors)
+    runs = run_checks(ctx, selectors)
+    ctx.env.save_parse_cache()
+    return ctx, runs
 
 
 def check_command(
@@ -63,6 +64,8 @@ def check_command(
     if json_out:
         typer.echo(dumps(to_json(runs, context, strict)))
     else:
+        from rich.console import Console  # not imported for --json
+
         console = Console(highlight=False)
         render(runs, console, verbose, header=f"dflash-doctor check · {interp.executable} · {elapsed:.2f} s")
     raise typer.Exit(exit_code(flatten(runs), strict))

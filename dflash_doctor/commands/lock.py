@@ -31,6 +31,7 @@ def lock_command(
 
         runtime = deep_report(ctx).lock_runtime()
     lock = capture_lock(ctx, runtime)
+    ctx.env.save_parse_cache()
     written = write_lock(lock, out)
     if json_out:
         typer.echo(dumps({"written": str(written), "lock": lock.to_json()}))

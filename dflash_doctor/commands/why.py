@@ -46,7 +46,9 @@ def why_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Which libraries PACKAGE provides, who needs them, and what happens without it."""
-    expl = explain_package(Environment.load(python), package)
+    env = Environment.load(python)
+    expl = explain_package(env, package)
+    env.save_parse_cache()
     if json_out:
         typer.echo(json.dumps(expl.to_json(), indent=2))
     else:

@@ -1,0 +1,190 @@
+"""Parsed RECORDs, dist-info headers and ELF dynamic sections, kept across runs (as mypy and ruff keep theirs).
+
+A warm `check` should not parse 20k RECORD rows and a hundred ELF files that have not changed since the
+last run. Each entry is stored with the stat signature of the file(s) it was parsed from (size, mtime_ns,
+inode, ctime_ns, device) and is used only while the file still has exactly that signature: pip writes
+RECORD and every library as a new file renamed into place (new inode), any in-place write moves mtime
+and ctime, and ctime cannot be set back. A changed RECORD, a replaced `.so` or an edited METADATA is
+parsed again on the next run; the file is always stat'ed, never trusted on its name.
+
+A file that changed within the last `RACY_SECONDS` is parsed but not stored: a second write in the same
+filesystem timestamp tick, with the same size, could otherwise hide behind an unchanged signature (git's
+"racily clean" problem).
+
+One cache file per audited environment (its site folders), `<cache root>/parse-cache/<hash>.bin` (the
+cache root: `$DFLASH_DOCTOR_HOME/cache` or the platform's user cache folder). Layout: a header line
+naming the schema, the Python version and the marshal version; a CRC-32 of the body; the body, plain
+tuples, lists, strings and ints in `marshal` format (20k rows load in a few ms; JSON takes tens). It is
+written beside and renamed over the old file, only when something changed, without fsync: a torn file
+fails its checksum and is rebuilt. A file with another header, a bad checksum, a body that does not load
+or has the wrong shape, or one owned by another user, is ignored and rebuilt. A cache folder that cannot
+be written just means no caching.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import struct
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dflash_doctor.paths import cache_root
+
+T = TypeVar("T")
+
+SCHEMA = "dflash-doctor/parse-cache/v1"
+HEADER = f"{SCHEMA} py{sys.version_info[0]}.{sys.version_info[1]} marshal{marshal.version}\n".encode()
+TABLES = ("dists", "records", "elf")
+MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000}
+RACY_SECONDS = 2.0
+_CRC = struct.Struct("<I")
+
+Stamp = tuple[int, int, int, int, int]  # size, mtime_ns, inode, ctime_ns, device
+
+
+def stamp_of(path: str) -> Stamp | None:
+    """The stat signature an entry is valid for; None when the file cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev)
+
+
+def cache_file_for(site_dirs: Iterable[str]) -> Path:
+    """`<cache root>/parse-cache/<hash of the site folders>.bin`: one file per audited environment."""
+    scope = "\n".join(os.path.realpath(d) for d in site_dirs)
+    return cache_root() / "parse-cache" / f"{hashlib.sha256(scope.encode()).hexdigest()[:24]}.bin"
+
+
+class ParseCache:
+    """Parse results by file, each valid only while its file's stat signature is unchanged.
+
+    `get(table, key, stamp, parse)` returns the stored value when `stamp` equals the stored one, else
+    calls `parse()`, stores its result (when the file is not racily new) and returns it. Values must be
+    made of tuples, lists, strings, ints, floats, bools and None.
+    """
+
+    def __init__(self, path: Path | None = None, tables: dict[str, dict[str, tuple[Any, Any]]] | None = None):
+        self.path = path
+        self.tables: dict[str, dict[str, tuple[Any, Any]]] = {t: {} for t in TABLES}
+        if tables:
+            self.tables.update(tables)
+        self.used: dict[str, set[str]] = {t: set() for t in TABLES}
+        self.hits = 0
+        self.misses = 0
+        self.loaded_from_disk = bool(tables)
+        self._dirty = False
+
+    @classmethod
+    def load(cls, path: Path) -> ParseCache:
+        """Read a cache file; anything foreign, corrupt or not ours gives an empty cache (rebuilt on save)."""
+        return cls(path, _read_tables(path))
+
+    @classmethod
+    def for_site_dirs(cls, site_dirs: Iterable[str]) -> ParseCache:
+        return cls.load(cache_file_for(site_dirs))
+
+    def get(self, table: str, key: str, stamp: Any, parse: Callable[[], T]) -> T:
+        rows = self.tables[table]
+        entry = rows.get(key)
+        if entry is not None and stamp is not None and entry[0] == stamp:
+            self.used[table].add(key)
+            self.hits += 1
+            value: T = entry[1]
+            return value
+        self.misses += 1
+        value = parse()
+        if stamp is not None and not _racy(stamp):
+            rows.pop(key, None)  # re-insert at the end: the newest rows survive the size bound
+            rows[key] = (stamp, value)
+            self.used[table].add(key)
+            self._dirty = True
+        return value
+
+    def save(self) -> None:
+        """Write atomically when anything changed; entries not used this run are kept while their file exists."""
+        if not self._dirty or self.path is None:
+            return
+        tables = {}
+        for table in TABLES:
+            used = self.used[table]
+            kept = [
+                (key, entry)
+                for key, entry in self.tables[table].items()
+                if key in used or os.path.exists(key)
+            ]
+            tables[table] = dict(kept[-MAX_ENTRIES[table] :])
+        try:
+            body = marshal.dumps(tables)
+        except ValueError:  # a value of the wrong type: a bug, but never a reason to fail a check
+            return
+        try:
+            _write_atomic(self.path, HEADER + _CRC.pack(zlib.crc32(body)) + body)
+        except OSError:
+            return
+        self._dirty = False
+
+
+def _is_stamp(value: Any) -> bool:
+    return isinstance(value, tuple) and len(value) == 5 and all(isinstance(v, int) for v in value)
+
+
+def _racy(stamp: Any) -> bool:
+    """Whether a file behind this stamp (one Stamp, or a tuple of Stamp | None) changed too recently."""
+    parts = [stamp] if _is_stamp(stamp) else [p for p in stamp if _is_stamp(p)]
+    newest = max((max(p[1], p[3]) for p in parts), default=0)
+    return newest > time.time_ns() - int(RACY_SECONDS * 1e9)
+
+
+def _read_tables(path: Path) -> dict[str, dict[str, tuple[Any, Any]]] | None:
+    try:
+        with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_uid != os.geteuid():
+                return None  # someone else's file: not trusted, rebuilt on save
+            data = handle.read()
+    except OSError:
+        return None
+    return _read_tables_from_bytes(data)
+
+
+def _read_tables_from_bytes(data: bytes) -> dict[str, dict[str, tuple[Any, Any]]] | None:
+    if not data.startswith(HEADER) or len(data) < len(HEADER) + _CRC.size:
+        return None
+    (crc,) = _CRC.unpack_from(data, len(HEADER))
+    body = memoryview(data)[len(HEADER) + _CRC.size :]
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        tables = marshal.loads(body)
+    except (EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(tables, dict) or set(tables) != set(TABLES):
+        return None
+    for rows in tables.values():
+        if not isinstance(rows, dict):
+            return None
+        for entry in rows.values():
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                return None
+    return tables
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write beside the target and rename over it: readers see the old file or the new one, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
