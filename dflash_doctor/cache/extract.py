@@ -1,17 +1,19 @@
-"""Reading a snapshot back: one streaming pass that trusts nothing, in two threads.
+"""Reading a snapshot back: one streaming pass that trusts nothing, on three threads.
 
-The manifest (the first member) is read and handed to `accept` before anything is written. Then a
-reader thread decompresses the stream in blocks of a few MiB, parses each tar header (tarstream),
-checks the member against the archive's rules and the manifest (name, type, size, listed once) and
-hashes its bytes; the calling thread creates the files. The two meet in a short queue of batches of
-write operations whose data are memoryview slices of the decompressed blocks (no copy). zstd and
-sha256 release the GIL, and so do the file syscalls, so on two cores the decompress+hash side and
-the write side overlap.
+The manifest (the first member) is read and handed to `accept` and `destinations` before anything
+is written. Then:
+- a decompress thread reads the zstd stream into blocks of 4 MiB, a few blocks ahead;
+- the calling thread parses each tar header (tarstream), checks the member against the archive's
+  rules and the manifest (name, type, size, listed once) before writing a byte of it, then writes
+  it: memoryview slices of the decompressed blocks, one open/write/utime/close per file;
+- a hash thread computes the sha256 of each written member and compares it with the manifest's.
+zstd, sha256 and the file syscalls release the GIL, so on two cores the three overlap (one thread
+doing everything measured 0.68 s for 346 MB, these three 0.43-0.50 s).
 
-A member's sha256 is compared before its file is closed: a member that fits in one block is
-verified before it is written at all; a larger one is written piece by piece and refused after its
-last piece. Any refusal stops both threads and raises ArchiveError; the caller owns the destination
-folders and removes them.
+A sha256 mismatch stops the writing at the next batch and is raised before `extract_verified`
+returns: the caller never swaps in a folder holding a file that does not match. Any refusal stops
+all threads and raises ArchiveError; the caller owns the destination folders and removes them.
+`threaded=False` does all of it in the calling thread, each member verified before it is written.
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ READ_SIZE = 1 << 20  # compressed bytes per read from the file
 BLOCK_BYTES = 4 << 20  # decompressed bytes per block handed to the tar reader
 BATCH_BYTES = 2 << 20  # file bytes per batch of write operations
 QUEUE_BATCHES = 6  # batches in flight between the two threads (bounds the memory held)
-HAND_OVER_BELOW = 2  # fewer batches queued than this: the writing thread also hashes
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -155,13 +156,14 @@ def _plan(
     destinations: dict[str, str],
     limits: ReadLimits,
     where: str,
-    hand_over: Callable[[], bool] = lambda: False,
+    hash_here: bool,
 ) -> Iterator[list[tuple[Any, ...]]]:
-    """Check and hash every member; yield batches of write operations for `_execute`.
+    """Check every member; yield batches of write operations for `_execute`.
 
-    When `hand_over()` says so (the writing thread is waiting for work), a member's hash is left to
-    the writing thread: its operation carries the expected sha256 instead. Raises ArchiveError at
-    the first defect (the batch in progress is dropped with it)."""
+    With `hash_here`, each member's sha256 is verified here, before its operation is yielded
+    (a member in pieces: before its closing operation); otherwise each operation carries the
+    expected sha256 for `_execute` to have verified. Raises ArchiveError at the first defect (the
+    batch in progress is dropped with it)."""
     expected = manifest.by_path()
     roots = set(manifest.origins)
     umask = _umask()
@@ -210,7 +212,7 @@ def _plan(
             made.add(parent)
         mode = entry.mode & 0o755  # never setuid, never group/world-writable
         chmod = umask is None or bool(mode & umask)  # the umask would take bits away: set them after
-        check = entry.sha256 if hand_over() else None  # None: verified here
+        check = None if hash_here else entry.sha256  # None: verified here
         view = reader.contiguous_data(member)
         if view is not None:
             if check is None and (digest := sha256(view).hexdigest()) != entry.sha256:
@@ -250,31 +252,33 @@ def _digest_error(key: str, digest: str, expected: str) -> ArchiveError:
     )
 
 
-def _execute(batches: Iterator[list[tuple[Any, ...]]], on_file: Callable[[str], None] | None) -> None:
+def _execute(
+    batches: Iterator[list[tuple[Any, ...]]],
+    on_file: Callable[[str], None] | None,
+    verifier: _Verifier | None,
+) -> None:
     """Carry out the write operations: each file created new (O_EXCL, no symlink followed), written,
-    given its mode and mtime, closed. An operation that carries a sha256 is verified here first (a
-    member in pieces: before its file is closed)."""
+    given its mode and mtime, closed. A member whose operation carries an expected sha256 goes to
+    `verifier` once written (hashed in its thread while the next files are written)."""
     now = time.time()
     fd = -1
-    running: Any = None
+    open_, write, close, utime, fchmod = os.open, os.write, os.close, os.utime, os.fchmod
+    jobs: list[tuple[Any, str, str]] = []
+    pieces: list[memoryview] | None = None  # the member being written in pieces, to be verified
     expected = ""
-    open_, write, close, utime, fchmod, sha256 = (
-        os.open,
-        os.write,
-        os.close,
-        os.utime,
-        os.fchmod,
-        hashlib.sha256,
-    )
     try:
         for batch in batches:
+            if jobs:
+                assert verifier is not None
+                verifier.submit(jobs)
+                jobs = []
             for op in batch:
                 kind = op[0]
                 if kind == _FILE:
                     _, target, mode, chmod, mtime, view, key, check = op
-                    if check is not None and (digest := sha256(view).hexdigest()) != check:
-                        raise _digest_error(key, digest, check)
                     fd = open_(target, _WRITE_FLAGS, mode)
+                    if check is not None:
+                        jobs.append((view, check, key))
                     while view:
                         view = view[write(fd, view) :]
                     if chmod:
@@ -286,28 +290,31 @@ def _execute(batches: Iterator[list[tuple[Any, ...]]], on_file: Callable[[str], 
                         on_file(key)
                 elif kind == _PIECE:
                     view = op[1]
-                    if running is not None:
-                        running.update(view)
+                    if pieces is not None:
+                        pieces.append(view)
                     while view:
                         view = view[write(fd, view) :]
                 elif kind == _MKDIRS:
                     os.makedirs(op[1], mode=0o755, exist_ok=True)
                 elif kind == _OPEN:
                     _, target, mode, chmod, check = op
-                    running, expected = (None, "") if check is None else (sha256(), check)
                     fd = open_(target, _WRITE_FLAGS, mode)
+                    pieces, expected = ([], check) if check is not None else (None, "")
                     if chmod:
                         fchmod(fd, mode)
                 else:  # _CLOSE
                     _, mtime, key = op
-                    if running is not None and (digest := running.hexdigest()) != expected:
-                        raise _digest_error(key, digest, expected)
-                    running = None
                     utime(fd, (now, mtime))
                     close(fd)
                     fd = -1
+                    if pieces is not None:
+                        jobs.append((pieces, expected, key))
+                        pieces = None
                     if on_file is not None:
                         on_file(key)
+        if jobs:
+            assert verifier is not None
+            verifier.submit(jobs)
     finally:
         if fd >= 0:
             close(fd)
@@ -321,14 +328,14 @@ class _Failed:
 _DONE = object()
 
 
-class _ReaderThread:
-    """Run a batch generator in a thread, a few batches ahead; `with` stops and joins it."""
+class _Ahead:
+    """Run an iterator in a thread, a few items ahead; `with` stops and joins the thread."""
 
-    def __init__(self) -> None:
-        self._plan: Iterator[list[tuple[Any, ...]]] = iter(())
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_BATCHES)
+    def __init__(self, name: str, depth: int = QUEUE_BATCHES) -> None:
+        self._source: Iterator[Any] = iter(())
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dflash-restore-reader", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -341,30 +348,26 @@ class _ReaderThread:
 
     def _run(self) -> None:
         try:
-            for batch in self._plan:
-                if not self._put(batch):
+            for item in self._source:
+                if not self._put(item):
                     return
             self._put(_DONE)
         except BaseException as exc:
             self._put(_Failed(exc))
         finally:
-            close = getattr(self._plan, "close", None)
+            close = getattr(self._source, "close", None)
             if close is not None:
                 close()
 
-    def writer_is_waiting(self) -> bool:
-        """Few batches queued: the writing thread has time to spare (then it hashes too)."""
-        return self._queue.qsize() < HAND_OVER_BELOW
-
-    def run(self, plan: Iterator[list[tuple[Any, ...]]]) -> _ReaderThread:
-        self._plan = plan
+    def run(self, source: Iterator[Any]) -> _Ahead:
+        self._source = source
         return self
 
-    def __enter__(self) -> Iterator[list[tuple[Any, ...]]]:
+    def __enter__(self) -> Iterator[Any]:
         self._thread.start()
-        return self._batches()
+        return self._items()
 
-    def _batches(self) -> Iterator[list[tuple[Any, ...]]]:
+    def _items(self) -> Iterator[Any]:
         while True:
             item = self._queue.get()
             if item is _DONE:
@@ -378,6 +381,52 @@ class _ReaderThread:
         while self._thread.is_alive():
             with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)
+        self._thread.join()
+
+
+class _Verifier:
+    """A thread that hashes written members (lists of (views, expected sha256, key)) and keeps the
+    first mismatch; `finish()` waits for it and raises that mismatch."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_BATCHES)
+        self.failure: ArchiveError | None = None
+        self._thread = threading.Thread(target=self._run, name="dflash-restore-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sha256 = hashlib.sha256
+        while (jobs := self._queue.get()) is not None:
+            if self.failure is not None:
+                continue
+            for views, expected, key in jobs:
+                if isinstance(views, list):
+                    running = sha256()
+                    for view in views:
+                        running.update(view)
+                    digest = running.hexdigest()
+                else:
+                    digest = sha256(views).hexdigest()
+                if digest != expected:
+                    self.failure = _digest_error(key, digest, expected)
+                    break
+
+    def submit(self, jobs: list[tuple[Any, str, str]]) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self._queue.put(jobs)
+
+    def finish(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.failure is not None:
+            raise self.failure
+
+    def abandon(self) -> None:
+        self.failure = self.failure or ArchiveError("abandoned")
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(None, timeout=0.05)
         self._thread.join()
 
 
@@ -418,14 +467,20 @@ def extract_verified(
             )
         folders = {label: os.fspath(folder).rstrip("/") or "/" for label, folder in destinations.items()}
         if threaded:
-            thread = _ReaderThread()
-            plan = _plan(reader, manifest, folders, limits, where, thread.writer_is_waiting)
-            with thread.run(plan) as batches:
-                _execute(batches, on_file)
+            with _Ahead("dflash-restore-unzstd").run(reader.blocks) as blocks:
+                reader.blocks = blocks  # decompressed a few blocks ahead, in the other thread
+                plan = _plan(reader, manifest, folders, limits, where, hash_here=False)
+                verifier = _Verifier()
+                try:
+                    _execute(plan, on_file, verifier)
+                    verifier.finish()
+                finally:
+                    verifier.abandon()
+                    plan.close()
         else:
-            plan = _plan(reader, manifest, folders, limits, where)
+            plan = _plan(reader, manifest, folders, limits, where, hash_here=True)
             try:
-                _execute(plan, on_file)
+                _execute(plan, on_file, None)
             finally:
                 plan.close()
     return manifest

@@ -101,7 +101,7 @@ class TarReader:
     """
 
     def __init__(self, blocks: Iterator[bytes], where: str) -> None:
-        self._blocks = blocks
+        self.blocks = blocks
         self._where = where
         self._buf = b""
         self._view = memoryview(self._buf)
@@ -112,7 +112,7 @@ class TarReader:
 
     def _advance(self) -> bool:
         """Load the next non-empty block; False at the end of the stream."""
-        for block in self._blocks:
+        for block in self.blocks:
             if block:
                 self._buf, self._view, self._pos = block, memoryview(block), 0
                 return True
