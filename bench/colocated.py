@@ -125,7 +125,8 @@ def main() -> int:
     model = build_embedded_target(
         first.target.path, first.run.seed, device, target_dtype(first.target.dtype, device)
     )
-    target = CaptureTarget(model, list(first.drafter.target_layer_ids or []))
+    compile_target = first.target.compile_layers and device.type == "cuda"  # as the trainer does
+    target = CaptureTarget(model, list(first.drafter.target_layer_ids or []), compile_target)
     result: dict[str, Any] = {
         "device": device_name(device),
         "torch": torch.__version__,

@@ -1,6 +1,6 @@
 """Fill `dflash_doctor/data/role_rates.json` (what dflash_doctor/split.py reads) from a GPU run's results.
 
-Target rate: the `capture` row of bench/target_capture.json at the recipe's sequence length. Drafter rate:
+Target rate: the `capture +compiled` row (else `capture`) of bench/target_capture.json at the recipe's sequence length. Drafter rate:
 the chosen row (`--variant`, default "trainer": what the trainer runs today) of bench/drafter_variants.json.
 Prints the recommended split on `--gpus` GPUs per recipe, with the drafter's best variant alongside.
 
@@ -29,7 +29,12 @@ def measured_rates(
     capture: dict[str, Any], variants: dict[str, Any], variant: str
 ) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
     """(role_rates.json's recipes table, the fastest drafter samples/s per recipe)."""
-    target = {r["seq_len"]: r["samples_s"] for r in capture.get("rows", []) if r["variant"] == "capture"}
+    rows = capture.get("rows", [])
+    # The row the trainer runs: compiled layers (target.compile_layers defaults to true) when measured.
+    target_variant = (
+        "capture +compiled" if any(r["variant"] == "capture +compiled" for r in rows) else "capture"
+    )
+    target = {r["seq_len"]: r["samples_s"] for r in rows if r["variant"] == target_variant}
     table: dict[str, dict[str, Any]] = {}
     fastest: dict[str, float] = {}
     for name, shapes in variants.get("recipes", {}).items():
@@ -46,7 +51,7 @@ def measured_rates(
             "drafter_samples_s": chosen["samples_s"],
             "source": (
                 f"measured {date.today()} on {variants.get('device')} (torch {variants.get('torch')}): target = "
-                f"bench/target_capture.py capture row, drafter = bench/drafter_variants.py '{variant}' row"
+                f"bench/target_capture.py '{target_variant}' row, drafter = bench/drafter_variants.py '{variant}' row"
             ),
         }
         fastest[name] = max(r["samples_s"] for r in rows)

@@ -5,9 +5,7 @@ Rows per sequence length, measured in the same run on the same weights:
                 layers picked from its hidden states: what earlier trainers run (the baseline)
   capture       OUR path: `trainer.target.CaptureTarget` (layers past the last captured one and the LM
                 head dropped, forward hooks on the captured layers), as `load_capture_target` builds it
-  capture +cudnn             the same with `target.sdpa_backend = "cudnn"` (cuDNN attention first)
-  capture +compiled          `target.compile_layers = true` (each kept layer's forward compiled)
-  capture +compiled +cudnn   both
+  capture +compiled    `target.compile_layers = true` (each kept layer's forward compiled; the default)
 The model is built once (`trainer.tiny.build_embedded_target`: seeded random weights) and cut after the
 baseline rows. FLOPs: `bench/flops.py` (count what each variant must compute; the full model's are larger,
 so compare the two by tok/s, not by MFU).
@@ -149,21 +147,12 @@ def main() -> int:
                 ),
                 f"full model S={s}",
             )  # fmt: skip
-    # Each CaptureTarget cuts the model in place (idempotent) and wraps the same layers: eager variants
-    # first, then the compiled ones (compiling replaces the layers' forward for good).
-    variants = [("capture", False, "auto")]
-    if not args.no_variants:
-        variants += [("capture +cudnn", False, "cudnn"), ("capture +compiled", True, "auto"),
-                     ("capture +compiled +cudnn", True, "cudnn")]  # fmt: skip
+    # Each CaptureTarget cuts the model in place (idempotent) and wraps the same layers: the eager row
+    # first, then the compiled one (compiling replaces the layers' forward for good).
+    variants = [("capture", False)] if args.no_variants else [("capture", False), ("capture +compiled", True)]
     loss_masks = {s: torch.ones_like(ids, dtype=torch.bool) for s, ids in inputs.items()}
-    layers_compiled = False
-    for name, compiled, backend in variants:
-        if compiled and layers_compiled:
-            torch._dynamo.reset()  # retrace under this variant's SDPA backend (not a Dynamo guard)
-        target = CaptureTarget(
-            model, layer_ids, compile_layers=compiled and not layers_compiled, sdpa_backend=backend
-        )
-        layers_compiled = layers_compiled or compiled
+    for name, compiled in variants:
+        target = CaptureTarget(model, layer_ids, compile_layers=compiled)
         for s in seq_lens:
             ids = inputs[s]
             record(

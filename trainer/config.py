@@ -29,8 +29,7 @@ QWEN3_MASK_TOKEN_ID = 151669
 class TargetSection:
     path: str = "tiny"  # "tiny", "random:qwen3-8b", or a local Hugging Face folder
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
-    compile_layers: bool = False  # on CUDA: torch.compile each kept decoder layer's forward
-    sdpa_backend: str = "auto"  # auto (PyTorch's choice) | cudnn | flash: the attention kernel tried first
+    compile_layers: bool = True  # on CUDA: torch.compile each kept decoder layer's forward
 
 
 @dataclass(frozen=True)
@@ -247,7 +246,6 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "path": text(),
             "dtype": choice("auto", "bf16", "fp16", "fp32"),
             "compile_layers": boolean(),
-            "sdpa_backend": choice("auto", "cudnn", "flash"),
         },
     ),
     "drafter": (

@@ -134,7 +134,6 @@ def run_target(
         device,
         dtype,
         compile_layers=cfg.target.compile_layers and device.type == "cuda",
-        sdpa_backend=cfg.target.sdpa_backend if device.type == "cuda" else "auto",
     )
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)

@@ -26,7 +26,7 @@ def test_captured_layers_equal_hf_hidden_states() -> None:
         torch.testing.assert_close(batch.hidden[..., k * h : (k + 1) * h], reference[i + 1])
 
 
-def test_compiled_layers_and_a_chosen_sdpa_backend_capture_the_same_states() -> None:
+def test_compiled_layers_capture_the_same_states() -> None:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -39,11 +39,6 @@ def test_compiled_layers_and_a_chosen_sdpa_backend_capture_the_same_states() -> 
     for _ in range(2):
         torch.testing.assert_close(compiled.capture(ids, mask, 0).hidden, expected, rtol=1e-4, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1  # one graph for all four layers, no recompiles
-    # cuDNN first: CPU has no cuDNN attention, so the next kernel in line takes it, with the same result.
-    cudnn = CaptureTarget(build_embedded_target("tiny", seed=5), [1, 3], sdpa_backend="cudnn")
-    torch.testing.assert_close(cudnn.capture(ids, mask, 0).hidden, expected, rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match="sdpa_backend"):
-        CaptureTarget(build_embedded_target("tiny", seed=5), [1], sdpa_backend="fast")
 
 
 def test_later_layers_and_lm_head_never_run() -> None:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# 1 target + 1 drafter end to end on two H200s through `dflash-doctor train`, three times (issue 7):
+#   cold      empty compile cache: the launcher's warm-up child compiles the drafter on cuda:1, the target
+#             rank compiles its layers on its first capture; the launcher snapshots the cache after success
+#   restored  the managed cache deleted: the launcher restores that snapshot, then runs
+#   warm      the cache left in place
+# Time to first step (restored vs warm), steady tok/s and the drafter's data-wait fraction for each.
+#   run(kind="nvidia-h200-x2", carry=[".whl"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
+# CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
+set -u
+cd "$(dirname "$0")/.."
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-575}
+source bench/suite_lib.sh
+export DFLASH_DOCTOR_HOME=${DFLASH_DOCTOR_HOME:-/tmp/e2e-ddhome}
+unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
+
+stage setup 25 bash -c install_carried_wheels
+INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inductor_dir as d; print(d())")
+echo "managed cache: $INDUCTOR"
+E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16)
+stage e2e_cold 300 "${E2E[@]}" --steps 30 --timeout-s 290 --workdir /tmp/e2e-cold --out "$RES/e2e-cold.json"
+stage wipe 10 bash -c "du -sh '$INDUCTOR'; rm -rf '$INDUCTOR'; python3 -m dflash_doctor cache list --json \
+    > '$RES/cache_list.json'; ls -la '$DFLASH_DOCTOR_HOME'/cache/snapshots/ || true"
+stage e2e_restored 120 "${E2E[@]}" --steps 15 --no-deep --timeout-s 110 --workdir /tmp/e2e-restored \
+    --out "$RES/e2e-restored.json"
+stage e2e_warm 120 "${E2E[@]}" --steps 15 --no-deep --timeout-s 110 --workdir /tmp/e2e-warm \
+    --out "$RES/e2e-warm.json"
+finish e2e
