@@ -51,18 +51,15 @@ def marker_applies(marker: Marker | None, env: Mapping[str, str], extras: Iterab
     """True when the marker holds for the base install or for any of the requested extras."""
     if marker is None:
         return True
-    for extra in ("", *extras):
-        try:
-            if marker.evaluate({**env, "extra": extra}):
-                return True
-        except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
-            continue
-    return False
+    return any(_holds(marker, env, extra) for extra in ("", *extras))
 
 
-def _needs_an_extra(marker: Marker | None, env: Mapping[str, str]) -> bool:
-    """A requirement only active through an extra: the kind `pip check` never evaluates."""
-    return marker is not None and not marker_applies(marker, env)
+def _holds(marker: Marker, env: Mapping[str, str], extra: str) -> bool:
+    """One evaluation, with `extra` set; a marker that cannot be evaluated does not hold."""
+    try:
+        return bool(marker.evaluate({**env, "extra": extra}))
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+        return False
 
 
 @dataclass(frozen=True)
@@ -149,13 +146,19 @@ def build_requirement_graph(
     graph = RequirementGraph(extras={key: set() for key in distributions})
     done: set[tuple[str, str]] = set()  # (distribution, extra) already expanded; "" is the base
     todo: deque[tuple[str, str]] = deque((key, "") for key in distributions)
+    # Whether each requirement holds with no extra: asked once per requirement, not once per extra
+    # expanded (cuda-toolkit's ~60 lines are looked at again for each of torch's ~10 extras).
+    in_base: dict[int, bool] = {}
     while todo:
         key, extra = todo.popleft()
         if (key, extra) in done or key not in distributions:
             continue
         done.add((key, extra))
         for req in distributions[key].requirements:
-            if not _active_for(req.marker, env, extra):
+            base = in_base.get(id(req))
+            if base is None:
+                base = in_base[id(req)] = marker_applies(req.marker, env)
+            if not _active_for(req.marker, env, extra, base):
                 continue
             edge = Edge(key, req, extra)
             graph.edges.append(edge)
@@ -172,8 +175,11 @@ def build_requirement_graph(
     return graph
 
 
-def _active_for(marker: Marker | None, env: Mapping[str, str], extra: str) -> bool:
-    """Expanding the base: markers that hold with no extra. Expanding an extra: only its own lines."""
+def _active_for(marker: Marker | None, env: Mapping[str, str], extra: str, in_base: bool) -> bool:
+    """Expanding the base: markers that hold with no extra. Expanding an extra: only its own lines,
+    those that do not hold for the base install (the kind `pip check` never evaluates) but hold with
+    this extra. `in_base` is `marker_applies(marker, env)`, evaluated once per requirement.
+    """
     if extra == "":
-        return marker_applies(marker, env)
-    return _needs_an_extra(marker, env) and marker_applies(marker, env, [extra])
+        return in_base
+    return marker is not None and not in_base and _holds(marker, env, extra)
