@@ -59,15 +59,20 @@ class Distribution:
         return canonicalize_name(self.name)
 
     @cached_property
-    def record(self) -> list[RecordEntry]:
-        """RECORD rows, read on first use (torch's has ~20k rows); from the parse cache when RECORD is unchanged."""
+    def record_rows(self) -> list[RecordRow]:
+        """RECORD rows as plain (path, sha256, size) tuples, read on first use (torch's has ~20k rows);
+        from the parse cache while RECORD is unchanged. The hot loops read these, not `record`."""
         path = os.path.join(self.dist_info, "RECORD")
         if self.parse_cache is None:
-            return read_record(path, self.site_dir)
-        rows = self.parse_cache.get(
+            return read_record_rows(path, self.site_dir)
+        return self.parse_cache.get(
             "records", path, stamp_of(path), lambda: read_record_rows(path, self.site_dir)
         )
-        return list(map(RecordEntry._make, rows))
+
+    @cached_property
+    def record(self) -> list[RecordEntry]:
+        """RECORD rows as RecordEntry (named fields)."""
+        return list(map(RecordEntry._make, self.record_rows))
 
     @cached_property
     def requirements(self) -> list[Requirement]:

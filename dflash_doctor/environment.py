@@ -9,7 +9,6 @@ use) reads dist-info, RECORD and ELF files through a persistent, stat-validated 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -17,7 +16,7 @@ from packaging.utils import canonicalize_name
 
 from dflash_doctor.distributions import Distribution, RecordEntry, scan_distributions
 from dflash_doctor.elf import ElfInfo, read_elf, read_elf_cached
-from dflash_doctor.interpreter import InterpreterInfo, interpreter_for
+from dflash_doctor.interpreter import InterpreterInfo, InterpreterProbe, interpreter_for
 from dflash_doctor.parse_cache import ParseCache
 from dflash_doctor.torch_build import TorchBuild, read_torch_build
 
@@ -30,12 +29,16 @@ class Environment:
     parse_cache: ParseCache | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def load(cls, python: str | None = None, cached: bool = True) -> Environment:
+    def load(
+        cls, python: str | None = None, cached: bool = True, probe: InterpreterProbe | None = None
+    ) -> Environment:
         """The environment of `python` (a path) or of the running interpreter.
 
         `cached`: parse through this environment's persistent ParseCache (call `save_parse_cache()`).
+        `probe`: the probe of `python` already started (`InterpreterProbe(python)`), to collect.
         """
-        return cls.from_interpreter(interpreter_for(python), cached=cached)
+        info = probe.result() if probe is not None else interpreter_for(python)
+        return cls.from_interpreter(info, cached=cached)
 
     @classmethod
     def from_interpreter(
@@ -81,11 +84,45 @@ class Environment:
     @cached_property
     def owners(self) -> dict[str, list[str]]:
         """Absolute file path -> keys of every visible distribution whose RECORD lists it."""
-        owners: dict[str, list[str]] = defaultdict(list)
+        first, several = self._owner_index
+        owners = {path: [key] for path, key in first.items()}
+        owners.update((path, list(keys)) for path, keys in several.items())
+        return owners
+
+    @cached_property
+    def _owner_index(self) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """(path -> the first distribution listing it, path -> all of them where more than one does).
+
+        The same content as `owners`, built with one `dict.fromkeys` per distribution instead of a
+        list per row (~20k rows); only a RECORD that shares paths (twins) or repeats one goes row by row.
+        """
+        first: dict[str, str] = {}
+        several: dict[str, list[str]] = {}
         for key, dist in self.distributions.items():
-            for entry in dist.record:
-                owners[entry.path].append(key)
-        return dict(owners)
+            paths = [row[0] for row in dist.record_rows]
+            mine = dict.fromkeys(paths, key)
+            if len(mine) == len(paths) and mine.keys().isdisjoint(first.keys()):
+                first.update(mine)
+                continue
+            for path in paths:  # in RECORD order; a path listed twice counts twice, as it always did
+                if path in several:
+                    several[path].append(key)
+                elif path in first:
+                    several[path] = [first[path], key]
+                else:
+                    first[path] = key
+        return first, several
+
+    @cached_property
+    def _realpaths(self) -> dict[str, str]:
+        return {}
+
+    def _owners(self, path: str) -> list[str]:
+        first, several = self._owner_index
+        if path in several:
+            return several[path]
+        key = first.get(path)
+        return [] if key is None else [key]
 
     @cached_property
     def record_entries(self) -> dict[tuple[str, str], RecordEntry]:
@@ -99,8 +136,12 @@ class Environment:
     def owners_of(self, path: str) -> list[str]:
         """Who claims this file; looks through symlinks to the file the loader really maps."""
         norm = os.path.normpath(path)
-        found = self.owners.get(norm)
+        found = self._owners(norm)
         if found:
             return found
-        real = os.path.realpath(norm)
-        return self.owners.get(real, [])
+        real = self._realpaths.get(norm)
+        if (
+            real is None
+        ):  # realpath lstats every component; the loader asks for the same files again and again
+            real = self._realpaths[norm] = os.path.realpath(norm)
+        return self._owners(real)

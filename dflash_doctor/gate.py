@@ -120,4 +120,5 @@ def run_gate(
     # The flex proof matters where training uses flex (CUDA); on CPU training uses SDPA.
     options.extra["deep_flex"] = plan.device_type == "cuda"
     runs = run_checks(ctx)
+    env.save_parse_cache()
     return GateResult(ctx, runs, plan, environ)

@@ -178,9 +178,17 @@ class _Process:
         self.by_soname: dict[str, Resolution] = {}
         self._elf_cache: dict[str, ElfInfo | None] = {}
         self._read = read
+        self._realpaths: dict[str, str] = {}
         self.stage = "import"
 
     # -- files --------------------------------------------------------------------------------
+    def realpath(self, path: str) -> str:
+        """`os.path.realpath`, remembered: it lstats every component, and the same few hundred paths recur."""
+        real = self._realpaths.get(path)
+        if real is None:
+            real = self._realpaths[path] = os.path.realpath(path)
+        return real
+
     def present(self, path: str) -> bool:
         return os.path.isfile(path) and not self.hidden(os.path.normpath(path))
 
@@ -247,7 +255,7 @@ class _Process:
         obj = _Loaded(path, info, loader)
         self.by_name.setdefault(info.name, obj)
         self.by_name.setdefault(os.path.basename(path), obj)
-        self.by_real[os.path.realpath(path)] = obj
+        self.by_real[self.realpath(path)] = obj
         return obj
 
     def dlopen_path(self, path: str, requester: str) -> list[Resolution]:
@@ -258,7 +266,7 @@ class _Process:
             return [self.record(requester, os.path.basename(path), None, "missing", (os.path.dirname(path),))]
         # By path glibc reuses only the same file; a second file with a loaded soname is mapped
         # again (two copies in one process), while later lookups by soname keep the first.
-        known = self.by_real.get(os.path.realpath(path))
+        known = self.by_real.get(self.realpath(path))
         if known is not None:
             self.record(requester, info.name, known.path, "loaded")
             return []
@@ -314,7 +322,7 @@ class _Process:
                 if path is None:
                     misses.append(res)
                     continue
-                same_file = self.by_real.get(os.path.realpath(path))
+                same_file = self.by_real.get(self.realpath(path))
                 if same_file is not None:  # found under another name: glibc reuses the mapping
                     self.by_name.setdefault(name, same_file)
                     continue
@@ -469,12 +477,12 @@ def cuda_extension_libraries(env: Environment, read: Callable[[str], ElfInfo | N
     for key, dist in env.distributions.items():
         if key == "torch" or key.startswith("nvidia-"):
             continue
-        for entry in dist.record:
-            if not _SHARED_OBJECT.search(entry.path):
+        for path, _, _ in dist.record_rows:
+            if ".so" not in path or not _SHARED_OBJECT.search(path):
                 continue
-            info = read(entry.path)
+            info = read(path)
             if info is not None and any(is_cuda_soname(n) for n in info.needed):
-                found.append(entry.path)
+                found.append(path)
     return found
 
 

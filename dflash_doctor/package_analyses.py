@@ -12,10 +12,15 @@ from collections.abc import Iterable
 
 from dflash_doctor.context import CheckContext
 from dflash_doctor.cuda_family import TOOLKIT_NAME, CudaFamily, cuda_family, is_cuda_flavoured, toolkit_pins
-from dflash_doctor.distributions import Distribution
+from dflash_doctor.distributions import Distribution, RecordRow
 from dflash_doctor.file_hashes import HashCache
 from dflash_doctor.pip_commands import pinned, pip_command
-from dflash_doctor.record_audit import RecordAudit, audit_records, audited_rows, is_preloaded_cuda_library
+from dflash_doctor.record_audit import (
+    RecordAudit,
+    audit_records,
+    audited_record_rows,
+    is_preloaded_cuda_library,
+)
 from dflash_doctor.requirement_graph import RequirementGraph, build_requirement_graph, marker_environment
 
 
@@ -58,22 +63,30 @@ def record_audit(ctx: CheckContext) -> RecordAudit:
 
     def build() -> RecordAudit:
         cache = HashCache.load()
-        audit = audit_records(ctx.env.distributions, cache, libraries_worth_hashing(ctx))
+        hash_paths = libraries_worth_hashing(ctx)
+        audit = audit_records(ctx.env.distributions, cache, hash_paths, audited_rows_by_key(ctx))
         cache.save()
         return audit
 
     return ctx.shared("ownership.record_audit", build)
 
 
+def audited_rows_by_key(ctx: CheckContext) -> dict[str, list[RecordRow]]:
+    """Each distribution's `audited_record_rows`, filtered once per run."""
+    dists = ctx.env.distributions
+    return ctx.shared("ownership.audited_rows", lambda: {k: audited_record_rows(d) for k, d in dists.items()})
+
+
 def libraries_worth_hashing(ctx: CheckContext) -> set[str]:
     """What torch preloads from `nvidia/*/lib`, plus whatever the library report says the loader resolves."""
     closure = torch_closure(ctx)
+    audited = audited_rows_by_key(ctx)
     preloaded = {
-        entry.path
+        row[0]
         for key in closure
-        if (dist := ctx.env.distributions.get(key)) is not None
-        for entry in audited_rows(dist)
-        if is_preloaded_cuda_library(entry.path)
+        if key in audited
+        for row in audited[key]
+        if is_preloaded_cuda_library(row[0])
     }
     return preloaded | resolved_library_paths(ctx)
 
@@ -102,7 +115,8 @@ def resolved_library_paths(ctx: CheckContext) -> set[str]:
 
 def _relative_paths(dist: Distribution) -> list[str]:
     prefix = dist.site_dir.rstrip(os.sep) + os.sep
-    return [e.path[len(prefix) :] if e.path.startswith(prefix) else e.path for e in dist.record]
+    cut = len(prefix)
+    return [path[cut:] if path.startswith(prefix) else path for path, _, _ in dist.record_rows]
 
 
 def wanted_pin(ctx: CheckContext, key: str) -> str:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dflash_doctor.distributions import Distribution, RecordEntry
+from dflash_doctor.distributions import Distribution, RecordEntry, RecordRow
 from dflash_doctor.file_hashes import HashCache
 
 # What torch's `_preload_cuda_deps` dlopens from `nvidia/*/lib`: the libraries worth a full sha256
@@ -39,21 +38,26 @@ TORCH_PRELOADED_LIBRARIES = (
 )
 
 
-def audited_rows(dist: Distribution) -> list[RecordEntry]:
+def audited_record_rows(dist: Distribution) -> list[RecordRow]:
     """RECORD rows worth checking: no bytecode (rewritten at will), no RECORD itself, no hashless rows."""
     record = os.path.normpath(os.path.join(dist.dist_info, "RECORD"))
-    rows = []
-    for entry in dist.record:
-        if entry.sha256 is None or entry.path == record:
-            continue
-        if entry.path.endswith(".pyc") or f"{os.sep}__pycache__{os.sep}" in entry.path:
-            continue
-        rows.append(entry)
-    return rows
+    pycache = f"{os.sep}__pycache__{os.sep}"
+    return [
+        row
+        for row in dist.record_rows
+        if row[1] is not None and row[0] != record and not row[0].endswith(".pyc") and pycache not in row[0]
+    ]
+
+
+def audited_rows(dist: Distribution) -> list[RecordEntry]:
+    """`audited_record_rows` as RecordEntry (named fields)."""
+    return list(map(RecordEntry._make, audited_record_rows(dist)))
 
 
 def is_preloaded_cuda_library(path: str) -> bool:
     """`.../nvidia/<folder>/lib/libnccl.so.2` and the like."""
+    if "nvidia" not in path:  # what nearly every one of ~20k paths answers, without splitting
+        return False
     parts = path.split(os.sep)
     if len(parts) < 4 or parts[-2] != "lib" or parts[-4] != "nvidia":
         return False
@@ -117,40 +121,65 @@ def audit_records(
     distributions: Mapping[str, Distribution],
     cache: HashCache,
     hash_paths: Iterable[str] = (),
+    rows: Mapping[str, list[RecordRow]] | None = None,
 ) -> RecordAudit:
-    """Stat every audited RECORD file; sha256 the shared ones and those in `hash_paths`."""
+    """Stat every audited RECORD file; sha256 the shared ones and those in `hash_paths`.
+
+    `rows`: each distribution's `audited_record_rows`, when the caller has them already.
+    """
     start = time.perf_counter()
     hits_before, misses_before, bytes_before = cache.hits, cache.misses, cache.bytes_hashed
     # A library may be named through a symlink (libfoo.so.2 -> libfoo.so.2.30.7): match both spellings.
     want_hash = {q for p in hash_paths for q in (os.path.normpath(p), os.path.realpath(p))}
-    claims: dict[str, list[tuple[str, RecordEntry]]] = defaultdict(list)
+    # Who claims each path: one owner (nearly every path), or several (twins; a RECORD repeating a row).
+    first: dict[str, RecordRow] = {}
+    first_owner: dict[str, str] = {}
+    several: dict[str, list[tuple[str, RecordRow]]] = {}
     for key, dist in distributions.items():
-        for entry in audited_rows(dist):
-            claims[entry.path].append((key, entry))
+        audited = rows[key] if rows is not None and key in rows else audited_record_rows(dist)
+        mine = {row[0]: row for row in audited}
+        if len(mine) == len(audited) and mine.keys().isdisjoint(first.keys()):
+            first.update(mine)
+            first_owner.update(dict.fromkeys(mine, key))
+            continue
+        for row in audited:
+            path = row[0]
+            if path in several:
+                several[path].append((key, row))
+            elif path in first:
+                several[path] = [(first_owner[path], first[path]), (key, row)]
+            else:
+                first[path], first_owner[path] = row, key
 
     installed_at: dict[str, int] = {}
-    result = RecordAudit()
-    for path, owners in claims.items():
-        result.files_checked += 1
-        try:
-            stat: os.stat_result | None = os.stat(path)
-        except OSError:
-            stat = None
-        size = stat.st_size if stat is not None else None
-        if len(owners) > 1:
-            result.shared.append(_shared_file(path, owners, size, cache))
+    result = RecordAudit(files_checked=len(first))
+    stat = os.stat
+    for path, row in first.items():
+        if path in several:
             continue
-        key, entry = owners[0]
-        if size is None:
-            result.missing.setdefault(key, []).append(path)
-        elif entry.size is not None and entry.size != size:
-            result.changed.setdefault(key, []).append(ChangedFile(path, entry.size, size, entry.sha256, None))
-        elif path in want_hash and _changed_since_install(stat, distributions[key], installed_at):
-            actual = cache.digest(path)
-            if actual is not None and actual != entry.sha256:
-                result.changed.setdefault(key, []).append(
-                    ChangedFile(path, entry.size, size, entry.sha256, actual)
-                )
+        try:
+            st = stat(path)
+        except OSError:
+            result.missing.setdefault(first_owner[path], []).append(path)
+            continue
+        expected = row[2]
+        if expected is not None and expected != st.st_size:
+            key = first_owner[path]
+            result.changed.setdefault(key, []).append(ChangedFile(path, expected, st.st_size, row[1], None))
+        elif path in want_hash:
+            key = first_owner[path]
+            if _changed_since_install(st, distributions[key], installed_at):
+                actual = cache.digest(path)
+                if actual is not None and actual != row[1]:
+                    result.changed.setdefault(key, []).append(
+                        ChangedFile(path, expected, st.st_size, row[1], actual)
+                    )
+    for path, owners in several.items():
+        try:
+            size: int | None = stat(path).st_size
+        except OSError:
+            size = None
+        result.shared.append(_shared_file(path, owners, size, cache))
     result.shared.sort(key=lambda s: _libraries_first(s.path))
     for gone in result.missing.values():
         gone.sort(key=_libraries_first)
@@ -163,17 +192,13 @@ def audit_records(
     return result
 
 
-def _changed_since_install(
-    stat: os.stat_result | None, dist: Distribution, installed_at: dict[str, int]
-) -> bool:
+def _changed_since_install(stat: os.stat_result, dist: Distribution, installed_at: dict[str, int]) -> bool:
     """Was this file written after its owner's RECORD (pip writes RECORD last)?
 
     ctime moves on every write and on `touch`/`cp -p`, and cannot be set back, so a library whose
     ctime is not newer than its RECORD's has its installed bytes: no need to hash 500 MB to know.
     A wholesale copy of the environment makes every ctime new: those files are hashed once and cached.
     """
-    if stat is None:
-        return False
     if dist.dist_info not in installed_at:
         try:
             installed_at[dist.dist_info] = os.stat(os.path.join(dist.dist_info, "RECORD")).st_ctime_ns
@@ -193,12 +218,12 @@ def _libraries_first(path: str) -> tuple[bool, str]:
 
 
 def _shared_file(
-    path: str, owners: list[tuple[str, RecordEntry]], size: int | None, cache: HashCache
+    path: str, owners: list[tuple[str, RecordRow]], size: int | None, cache: HashCache
 ) -> SharedFile:
     names = tuple(sorted(key for key, _ in owners))
-    same = len({entry.sha256 for _, entry in owners}) == 1
+    same = len({row[1] for _, row in owners}) == 1
     if size is None:
         return SharedFile(path, names, False, (), same)
     actual = cache.digest(path)
-    matches = tuple(sorted(key for key, entry in owners if entry.sha256 == actual))
+    matches = tuple(sorted(key for key, row in owners if row[1] == actual))
     return SharedFile(path, names, True, matches, same)

@@ -19,6 +19,7 @@ from dflash_doctor.commands.options import (
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.environment import Environment
 from dflash_doctor.errors import DoctorError
+from dflash_doctor.interpreter import InterpreterProbe
 from dflash_doctor.registry import all_checks, run_checks, unknown_selectors
 from dflash_doctor.report import dumps, exit_code, flatten, render, to_json
 
@@ -29,12 +30,20 @@ def audit(
     options: CheckOptions,
 ) -> tuple[CheckContext, list]:
     """Load the environment and run the selected checks (shared by `check` and the launch gate)."""
-    selectors = split_only(only)
-    unknown = unknown_selectors(selectors)
-    if unknown:
-        ids = ", ".join(sorted({c.area for c in all_checks()}))
-        raise DoctorError(f"--only: no check matches {', '.join(unknown)}", hint=f"areas are: {ids}")
-    ctx = CheckContext(Environment.load(python), options)
+    # The audited interpreter starts answering its probe while the check modules are imported.
+    probe = InterpreterProbe(python) if python is not None else None
+    try:
+        selectors = split_only(only)
+        unknown = unknown_selectors(selectors)
+        if unknown:
+            ids = ", ".join(sorted({c.area for c in all_checks()}))
+            raise DoctorError(f"--only: no check matches {', '.join(unknown)}", hint=f"areas are: {ids}")
+        env = Environment.load(python, probe=probe)
+    except BaseException:
+        if probe is not None:
+            probe.cancel()
+        raise
+    ctx = CheckContext(env, options)
     runs = run_checks(ctx, selectors)
     ctx.env.save_parse_cache()
     return ctx, runs
