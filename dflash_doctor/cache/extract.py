@@ -37,6 +37,7 @@ from dflash_doctor.cache.tarstream import (
     CHAR_TYPE,
     FIFO_TYPE,
     HARDLINK_TYPE,
+    REGULAR_TYPES,
     SYMLINK_TYPE,
     Member,
     TarReader,
@@ -169,6 +170,11 @@ def _plan(
     umask = _umask()
     sha256 = hashlib.sha256
     made = set(destinations.values())
+    # A member's folder (archive path) -> that folder on disk, made: filled by the first regular
+    # member of each folder, which takes every check. A later member of a checked folder with a
+    # plain file name (not empty, `.`, `..`, no NUL, no slash: rpartition) is a clean path too.
+    folders: dict[str, str] = {}
+    odd_names = ("", ".", "..")
     seen: set[str] = set()
     batch: list[tuple[Any, ...]] = []
     held = count = 0
@@ -176,16 +182,29 @@ def _plan(
         count += 1
         if count > limits.max_members:
             raise ArchiveError(f"{where}: more than {limits.max_members} members")
-        label, inner = split_member_name(member.name, roots)
-        refuse_special(member, roots)
-        target = f"{destinations[label]}/{inner}" if inner else destinations[label]
-        if member.is_dir:
-            if target not in made:
-                batch.append((_MKDIRS, target))
-                made.add(target)
-            reader.skip_data(member)
-            continue
-        key = f"{label}/{inner}" if inner else label
+        name, kind, size, _ = member
+        folder, _, base = name.rpartition("/")
+        parent = folders.get(folder)
+        if parent is not None and kind in REGULAR_TYPES and base not in odd_names and "\x00" not in base:
+            target, key = f"{parent}/{base}", name
+        else:  # every check, in order
+            label, inner = split_member_name(name, roots)
+            refuse_special(member, roots)
+            target = f"{destinations[label]}/{inner}" if inner else destinations[label]
+            if member.is_dir:
+                if target not in made:
+                    batch.append((_MKDIRS, target))
+                    made.add(target)
+                reader.skip_data(member)
+                continue
+            if not inner:
+                raise ArchiveError(f"member {name!r}: a file where the cache folder itself belongs")
+            key = f"{label}/{inner}"
+            parent = target.rpartition("/")[0]
+            if parent not in made:
+                batch.append((_MKDIRS, parent))
+                made.add(parent)
+            folders[key.rpartition("/")[0]] = parent
         entry = expected.get(key)
         if entry is None:
             raise ArchiveError(
@@ -193,7 +212,6 @@ def _plan(
             )
         if key in seen:
             raise ArchiveError(f"member {key!r} appears twice")
-        size = member.size
         if size > limits.max_member_bytes:
             raise ArchiveError(
                 f"member {key!r} is oversized: {size} bytes, over the {limits.max_member_bytes} limit"
@@ -203,13 +221,7 @@ def _plan(
                 f"member {key!r} is {size} bytes but the manifest says {entry.size}: "
                 "the manifest does not match the members"
             )
-        if not inner:
-            raise ArchiveError(f"member {key!r}: a file where the cache folder itself belongs")
         seen.add(key)
-        parent = target.rpartition("/")[0]
-        if parent not in made:
-            batch.append((_MKDIRS, parent))
-            made.add(parent)
         mode = entry.mode & 0o755  # never setuid, never group/world-writable
         chmod = umask is None or bool(mode & umask)  # the umask would take bits away: set them after
         check = None if hash_here else entry.sha256  # None: verified here

@@ -109,3 +109,27 @@ def test_missing_end_marker_is_truncated() -> None:
         read_all([end])
     with pytest.raises(ArchiveError, match="truncated"):
         read_all([raw[: len(raw) // 2]])  # inside a member
+
+
+def test_checksum_shortcut_is_exact() -> None:
+    """`_check_sum` computes the byte sum from adler32 and a mod-255 residue: it must accept exactly
+    the plain sum (or tarfile's signed variant) and nothing else, for any header bytes."""
+    from dflash_doctor.cache.tarstream import _check_sum
+
+    rng = random.Random(5)
+    for trial in range(3000):
+        header = bytearray(
+            rng.randbytes(512) if trial % 3 else bytes(rng.choice([0, 255]) for _ in range(512))
+        )
+        header[148:156] = b"        "
+        plain = sum(header)
+        signed = plain - 256 * sum(1 for i, b in enumerate(header) if b > 127 and not 148 <= i < 156)
+        for stored in (plain, signed, plain + 1, plain - 1, plain - 65521, plain + 65521, plain + 2 * 65521):
+            if not 0 <= stored <= 0o7777777:
+                continue
+            header[148:156] = b"%07o\0" % stored
+            if stored in (plain, signed):
+                _check_sum(bytes(header), "t")
+            else:
+                with pytest.raises(ArchiveError, match="bad checksum"):
+                    _check_sum(bytes(header), "t")
