@@ -156,3 +156,21 @@ def test_held_and_full_gpu_warn(monkeypatch: pytest.MonkeyPatch, site: FakeSite)
     assert "31337" in got["gpu.memory.held"].summary
     assert got["gpu.memory.low"].severity is Severity.WARN
     assert "gpu.memory" not in got
+
+
+def test_missing_nvml_library_reads_as_pynvml_puts_it() -> None:
+    """Without libnvidia-ml.so.1 the binding is not imported; the reason is pynvml's own words."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("this machine has an NVIDIA driver")
+    except OSError:
+        pass
+    import pynvml
+
+    with pytest.raises(pynvml.NVMLError) as real:
+        pynvml.nvmlInit()
+    found = gpus.probe_gpus()
+    assert isinstance(found, gpus.GpuUnavailable)
+    assert str(found) == f"NVML cannot start: {real.value}"
