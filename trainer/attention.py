@@ -18,6 +18,7 @@ the main thread before any other thread exists (see REFERENCE.md section 4).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,14 +74,17 @@ def dense_mask(anchors: Tensor, anchor_valid: Tensor, context_len: int, block_si
     return mask_mod(b, zero, q_idx, kv_idx).unsqueeze(1)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask) -> Tensor:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | BlockMask, flex_options: dict[str, Any] | None = None
+) -> Tensor:
     """The step's attention: compiled flex for a BlockMask, exact SDPA for a dense boolean mask.
+    `flex_options` are flex_attention's `kernel_options` (e.g. {"USE_TMA": True} on Hopper).
 
     Layers receive the mask itself (not a closure), so a compiled decoder layer traces flex inline and
     guards on tensors only: the same graph serves every layer and every step.
     """
     if isinstance(mask, BlockMask):
-        return compiled_flex_attention(q, k, v, mask)
+        return compiled_flex_attention(q, k, v, mask, flex_options)
     return sdpa_attention(q, k, v, mask)
 
 
@@ -107,10 +111,19 @@ def require_compiled(what: str) -> None:
         )
 
 
-def dflash_flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+def dflash_flex_attention(
+    q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, kernel_options: dict[str, Any] | None = None
+) -> Tensor:
     """flex_attention with the DFlash block mask; only ever run through `compiled_flex_attention`."""
     require_compiled("flex_attention")
-    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return flex_attention(
+        q,
+        k,
+        v,
+        block_mask=block_mask,
+        enable_gqa=q.shape[1] != k.shape[1],
+        kernel_options=kernel_options,
+    )
 
 
 def dflash_block_mask(context_end: Tensor, context_len: int, block_size: int) -> BlockMask:

@@ -43,6 +43,8 @@ class DrafterSection:
     loss_chunk: int = 2048  # rows of LM head + CE per chunk (its gradient is computed in the same pass)
     compile_loss: bool = True  # LM head + CE chunk through torch.compile (compiled once, in the warm-up)
     compile_layers: bool = True  # on CUDA: torch.compile each decoder layer (CPU runs stay eager)
+    compile_mode: str = "default"  # default | max-autotune-no-cudagraphs (the layers' torch.compile mode)
+    flex_tma: bool = False  # flex_attention kernel_options USE_TMA (Hopper's tensor memory accelerator)
 
 
 @dataclass(frozen=True)
@@ -260,6 +262,8 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "loss_chunk": integer(1),
             "compile_loss": boolean(),
             "compile_layers": boolean(),
+            "compile_mode": choice("default", "max-autotune-no-cudagraphs"),
+            "flex_tma": boolean(),
         },
     ),
     "data": (

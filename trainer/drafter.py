@@ -185,6 +185,7 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.flex_options: dict[str, Any] | None = None  # flex_attention kernel_options (the drafter sets)
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         return x.view(*x.shape[:2], heads, self.head_dim)  # (B, L, heads, D)
@@ -213,7 +214,7 @@ class DFlashAttention(nn.Module):
         k = torch.cat([k_ctx.transpose(1, 2), k_blk.transpose(1, 2)], dim=2)  # (B, Hkv, S+Q, D)
         v = torch.cat([v_ctx.transpose(1, 2), v_blk.transpose(1, 2)], dim=2)  # (B, Hkv, S+Q, D)
 
-        out = attend(q, k, v, mask)  # (B, Hq, Q, D)
+        out = attend(q, k, v, mask, self.flex_options)  # (B, Hq, Q, D)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.num_heads * self.head_dim)
         return self.o_proj(out)
 
@@ -266,6 +267,7 @@ class DFlashDrafter(nn.Module):
         loss_chunk: int = 2048,
         gamma: float | None = None,
         compile_loss: bool = False,
+        flex_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if attention not in ("sdpa", "flex"):
@@ -285,6 +287,8 @@ class DFlashDrafter(nn.Module):
         self.gamma = float(gamma) if gamma is not None else default_gamma(cfg.block_size)
 
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        for layer in self.layers:
+            layer.self_attn.flex_options = flex_options
         self.fc = nn.Linear(cfg.num_context_features * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -305,14 +309,15 @@ class DFlashDrafter(nn.Module):
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)  # Qwen3 initializer_range
 
-    def compile_layers(self) -> None:
+    def compile_layers(self, mode: str | None = None) -> None:
         """Compile every decoder layer: two graphs for any depth (the first layer, whose input needs no
         gradient, and one shared by the rest: same code, parameters are graph inputs).
 
         Inductor fuses the fp32 norms, RoPE, the residual adds and SwiGLU's elementwise work into the
-        matmuls' neighbours; flex attention is traced inline. Call before the warm-up step."""
+        matmuls' neighbours; flex attention is traced inline. Call before the warm-up step. `mode` is
+        torch.compile's (e.g. "max-autotune-no-cudagraphs": autotuned kernels, a much longer compile)."""
         for layer in self.layers:
-            layer.compile(dynamic=False)
+            layer.compile(dynamic=False, mode=mode)
 
     def _mask(self, anchors: Tensor, anchor_valid: Tensor, context_len: int) -> Mask:
         """The step's mask (dense or block), built once and shared by all layers."""

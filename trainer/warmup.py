@@ -87,10 +87,11 @@ def build_drafter(
             loss_chunk=d.loss_chunk,
             compile_loss=d.compile_loss,
             gamma=cfg.optim.gamma,
+            flex_options={"USE_TMA": True} if d.flex_tma else None,
         )
     model = model.to(device)
     if d.compile_layers and device.type == "cuda":
-        model.compile_layers()  # compiled in the warm-up step, like the flex kernels
+        model.compile_layers(None if d.compile_mode == "default" else d.compile_mode)  # in the warm-up
     return model
 
 
