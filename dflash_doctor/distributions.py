@@ -37,6 +37,9 @@ class RecordEntry(NamedTuple):
 
 RecordRow = tuple[str, "str | None", "int | None"]  # a RecordEntry as plain data (what the cache stores)
 
+# A Requires-Dist line whose whole marker is `extra == "name"` (no URL, one `;`): false without that extra.
+_EXTRA_ONLY = re.compile(r"""^[^;@]*;\s*extra\s*==\s*(?:"[^"]+"|'[^']+')\s*$""")
+
 
 @dataclass
 class Distribution:
@@ -76,15 +79,34 @@ class Distribution:
 
     @cached_property
     def requirements(self) -> list[Requirement]:
-        from packaging.requirements import InvalidRequirement, Requirement
+        """Every parseable Requires-Dist line (an invalid one is skipped)."""
+        return [req for index in range(len(self.requires)) if (req := self._requirement(index)) is not None]
 
-        parsed = []
-        for line in self.requires:
+    def requirements_maybe_in_base(self) -> list[Requirement]:
+        """`requirements` without the lines whose whole marker is `extra == "name"`: those cannot hold
+        for the base install, and are parsed only when an extra of this distribution is asked for
+        (fsspec, setuptools, networkx: ~200 such lines in a CUDA environment)."""
+        return [
+            req
+            for index, line in enumerate(self.requires)
+            if not _EXTRA_ONLY.match(line) and (req := self._requirement(index)) is not None
+        ]
+
+    def _requirement(self, index: int) -> Requirement | None:
+        """Line `index` of Requires-Dist, parsed once (the same object every time it is asked for)."""
+        parsed = self._parsed_requirements
+        if index not in parsed:
+            from packaging.requirements import InvalidRequirement, Requirement
+
             try:
-                parsed.append(Requirement(line))
+                parsed[index] = Requirement(self.requires[index])
             except InvalidRequirement:
-                continue
-        return parsed
+                parsed[index] = None
+        return parsed[index]
+
+    @cached_property
+    def _parsed_requirements(self) -> dict[int, Requirement | None]:
+        return {}
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -23,6 +23,7 @@ be written just means no caching.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import marshal
 import os
@@ -162,10 +163,15 @@ def _read_tables_from_bytes(data: bytes) -> dict[str, dict[str, tuple[Any, Any]]
     body = memoryview(data)[len(HEADER) + _CRC.size :]
     if zlib.crc32(body) != crc:
         return None
+    collecting = gc.isenabled()
+    gc.disable()  # ~60k new tuples and strings, none of them cyclic: the collector's passes only cost time
     try:
         tables = marshal.loads(body)
     except (EOFError, ValueError, TypeError):
         return None
+    finally:
+        if collecting:
+            gc.enable()
     if not isinstance(tables, dict) or set(tables) != set(TABLES):
         return None
     for rows in tables.values():

@@ -154,7 +154,8 @@ def build_requirement_graph(
         if (key, extra) in done or key not in distributions:
             continue
         done.add((key, extra))
-        for req in distributions[key].requirements:
+        dist = distributions[key]
+        for req in dist.requirements if extra else dist.requirements_maybe_in_base():
             base = in_base.get(id(req))
             if base is None:
                 base = in_base[id(req)] = marker_applies(req.marker, env)

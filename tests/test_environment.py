@@ -76,3 +76,35 @@ def test_cli_check_through_python_flag(tmp_path: Path, capsys) -> None:
     assert code == 0
     build = next(f for f in data["findings"] if f["id"] == "torch.build")
     assert build["evidence"]["variant"] == "cpu"
+
+
+def test_extra_only_requirements_are_parsed_only_when_that_extra_is_asked_for(site: FakeSite) -> None:
+    from dflash_doctor.requirement_graph import build_requirement_graph, marker_environment
+
+    site.add_dist(
+        "pkg",
+        "1.0",
+        requires=[
+            'a; extra == "x"',
+            "b",
+            'c; extra == ""',  # holds without an extra: not skipped
+            "d; extra == 'y' or python_version > '1'",
+            "e @ https://example.invalid/e.whl ; extra == 'x'",  # a URL: always parsed
+            "not a requirement ((",
+        ],
+    )
+    site.add_dist("user", "1.0", requires=["pkg[x]"])
+    env = env_for(site)
+    pkg = env.get("pkg")
+    assert pkg is not None
+    assert [r.name for r in pkg.requirements_maybe_in_base()] == ["b", "c", "d", "e"]
+    assert 0 not in pkg._parsed_requirements  # `a; extra == "x"` untouched so far
+    graph = build_requirement_graph(env.distributions, marker_environment(env.interpreter))
+    assert {(e.requester, e.target, e.extra) for e in graph.edges if e.requester == "pkg"} == {
+        ("pkg", "b", ""),
+        ("pkg", "c", ""),
+        ("pkg", "d", ""),
+        ("pkg", "a", "x"),
+        ("pkg", "e", "x"),
+    }
+    assert [r.name for r in pkg.requirements] == ["a", "b", "c", "d", "e"]
