@@ -2,7 +2,7 @@
 
 Python's `tarfile` builds a TarInfo per member through a dozen small calls and slices its buffer on
 every read; for a cache of 9000 small files that costs more than decompressing and hashing all of it.
-This reader takes the decompressed stream in blocks of a few MiB, parses each 512-byte header in place
+This reader takes the decompressed stream in blocks (1 MiB here), parses each 512-byte header in place
 and hands out member data as memoryview slices of those blocks (no copy). It understands what Python's
 tarfile and GNU tar write: ustar/v7 headers (octal or base-256 numbers, the ustar name prefix), pax
 extended headers (`path`, `linkpath`, `size`) and GNU long names/link names. A global pax header is
@@ -113,10 +113,10 @@ class TarReader:
     into the blocks, in order) or `read_data(member)` (one bytes object), before the next member.
     """
 
-    def __init__(self, blocks: Iterator[bytes], where: str) -> None:
+    def __init__(self, blocks: Iterator[bytes | memoryview], where: str) -> None:
         self.blocks = blocks
         self._where = where
-        self._buf = b""
+        self._buf: bytes | memoryview = b""
         self._view = memoryview(self._buf)
         self._pos = 0
         self.ended = False
@@ -139,7 +139,7 @@ class TarReader:
         pos, buf = self._pos, self._buf
         if pos + count <= len(buf):
             self._pos = pos + count
-            return buf[pos : pos + count]
+            return bytes(buf[pos : pos + count])
         parts = [buf[pos:]]
         have = len(parts[0])
         while have < count:
@@ -174,7 +174,7 @@ class TarReader:
         while True:
             pos, buf = self._pos, self._buf
             if pos + BLOCK <= len(buf):  # the usual case: the header lies in the current block
-                header = buf[pos : pos + BLOCK]
+                header = bytes(buf[pos : pos + BLOCK])
                 self._pos = pos + BLOCK
             else:
                 if pos == len(buf) and not self._advance():

@@ -97,26 +97,3 @@ def test_stream_without_end_marker_is_truncated(tmp_path: Path, victim: tuple[Pa
     raw = without_end(tar_bytes(GOOD, manifest_for(GOOD).to_bytes()))
     archive = zst(tmp_path / "noend.tar.zst", raw)
     assert_refused(tmp_path, archive, target, before, "truncated")
-
-
-@pytest.mark.parametrize("threaded", [True, False])
-def test_both_extract_paths_verify(tmp_path: Path, threaded: bool) -> None:
-    """The threaded path (hash thread, after the write) and the single-thread one (before it) agree."""
-    from dflash_doctor.cache.extract import extract_verified
-    from dflash_doctor.cache.manifest import ArchiveError
-    from tests.cache.helpers import write_raw_archive
-
-    members = {f"inductor/d{i % 3}/f{i}.so": bytes([i]) * (i * 997) for i in range(40)}
-    good = write_raw_archive(tmp_path / "good.tar.zst", manifest_for(members), list(members.items()))
-    out = tmp_path / "out" / "inductor"
-    out.mkdir(parents=True)
-    extract_verified(good, {"inductor": out}, threaded=threaded)
-    assert {str(p.relative_to(out.parent)) for p in out.rglob("*") if p.is_file()} == set(members)
-    assert all((out.parent / name).read_bytes() == data for name, data in members.items())
-
-    bad = dict(members)
-    bad["inductor/d1/f7.so"] = b"x" * len(members["inductor/d1/f7.so"])
-    archive = write_raw_archive(tmp_path / "bad.tar.zst", manifest_for(members), list(bad.items()))
-    (tmp_path / "out2").mkdir()
-    with pytest.raises(ArchiveError, match="sha256"):
-        extract_verified(archive, {"inductor": tmp_path / "out2"}, threaded=threaded)
