@@ -9,9 +9,12 @@ remedy can name the package even after `pip uninstall` removed every trace of it
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 # Stems of the CUDA user-space libraries torch and its extensions link (not the driver).
 _CUDA_SONAME = re.compile(
