@@ -9,7 +9,7 @@
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
 set -u
 cd "$(dirname "$0")/.."
-SUITE_BUDGET_S=${SUITE_BUDGET_S:-575}
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-580}
 source bench/suite_lib.sh
 export DFLASH_DOCTOR_HOME=${DFLASH_DOCTOR_HOME:-/tmp/e2e-ddhome}
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
@@ -17,12 +17,21 @@ unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 stage setup 25 bash -c install_carried_wheels
 INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inductor_dir as d; print(d())")
 echo "managed cache: $INDUCTOR"
-E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16)
-stage e2e_cold 300 "${E2E[@]}" --steps 30 --timeout-s 290 --workdir /tmp/e2e-cold --out "$RES/e2e-cold.json"
+E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16 --no-deep)
+left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
+keep_log() { cp "$1"/*.log "$LOGS/$2-train.log" 2>/dev/null; tail -n 25 "$LOGS/$2-train.log" 2>/dev/null; }
+# The cold run pays every compile (about 3-4 minutes on an H200): it gets most of the budget.
+COLD=$(( $(left) - 170 ))
+stage e2e_cold $((COLD + 30)) "${E2E[@]}" --steps 30 --timeout-s $COLD --workdir /tmp/e2e-cold --out "$RES/e2e-cold.json"
+keep_log /tmp/e2e-cold cold
 stage wipe 10 bash -c "du -sh '$INDUCTOR'; rm -rf '$INDUCTOR'; python3 -m dflash_doctor cache list --json \
     > '$RES/cache_list.json'; ls -la '$DFLASH_DOCTOR_HOME'/cache/snapshots/ || true"
-stage e2e_restored 120 "${E2E[@]}" --steps 15 --no-deep --timeout-s 110 --workdir /tmp/e2e-restored \
+HALF=$(( $(left) / 2 - 30 ))
+stage e2e_restored $((HALF + 30)) "${E2E[@]}" --steps 15 --timeout-s $HALF --workdir /tmp/e2e-restored \
     --out "$RES/e2e-restored.json"
-stage e2e_warm 120 "${E2E[@]}" --steps 15 --no-deep --timeout-s 110 --workdir /tmp/e2e-warm \
+keep_log /tmp/e2e-restored restored
+REST=$(( $(left) - 40 ))
+stage e2e_warm $((REST + 30)) "${E2E[@]}" --steps 15 --timeout-s $REST --workdir /tmp/e2e-warm \
     --out "$RES/e2e-warm.json"
+keep_log /tmp/e2e-warm warm
 finish e2e
