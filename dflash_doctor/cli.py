@@ -7,7 +7,9 @@ Errors of type DoctorError are printed as one message (no traceback) with exit c
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -62,13 +64,19 @@ def _register(names: list[str]) -> None:
         _REGISTERED.add(name)
 
 
+def _command_word(argv: list[str]) -> str | None:
+    """The first word that is not an option: the command's name, when the command line names one."""
+    words = [a for a in argv if not a.startswith("-")]
+    return words[0] if words else None
+
+
 def _register_for(argv: list[str]) -> None:
     """Only the module of the command being run: `check` must not pay for importing `train` and `cache`.
     Anything else (no command, --help, a typo) registers every command, so help and errors list them all."""
-    words = [a for a in argv if not a.startswith("-")]
+    word = _command_word(argv)
     modules = _command_modules()
-    if words and words[0] in modules:
-        _register([words[0]])
+    if word in modules:
+        _register([word])
     else:
         _register(modules)
 
@@ -94,8 +102,21 @@ def run(argv: list[str] | None = None) -> int:
     return 0
 
 
+# Commands that leave nothing for interpreter shutdown to do (no threads, no children, no temp files,
+# their output written): the process ends right after flushing, as mypy's does, instead of freeing every
+# module and the parse cache's ~60k objects one by one (~30 ms of a ~300 ms `check`).
+QUICK_EXIT = frozenset({"check"})
+
+
 def main() -> None:
-    sys.exit(run())
+    args = sys.argv[1:]
+    code = run(args)
+    if _command_word(args) in QUICK_EXIT:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -99,3 +99,21 @@ def test_cli_json_on_this_interpreter(capsys) -> None:
 def test_version_flag(flag: str, capsys) -> None:
     assert run([flag]) == 0
     assert "dflash-doctor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_console_check_exits_quickly_with_its_whole_output_and_exit_code(strict: bool, tmp_path) -> None:
+    """`check` ends the process right after flushing (no interpreter teardown): nothing may be lost."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DFLASH_DOCTOR_HOME=str(tmp_path / "home"))
+    args = [sys.executable, "-m", "dflash_doctor", "check", "--json", "--no-lock", "--only", "torch,hazards"]
+    done = subprocess.run([*args, *(["--strict"] if strict else [])], capture_output=True, text=True, env=env)
+    report = json.loads(done.stdout)
+    assert done.returncode == report["exit_code"] and done.stdout.endswith("}\n")
+    bad = subprocess.run(
+        [*args, "--python", str(tmp_path / "absent")], capture_output=True, text=True, env=env, check=False
+    )
+    assert bad.returncode == 2 and "no such file" in " ".join(bad.stderr.split())  # rich wraps lines
