@@ -137,11 +137,23 @@ def read_record_rows(record_path: str, site_dir: str) -> list[RecordRow]:
     except OSError:
         return []
     entries: list[RecordRow] = []
+    # `site_dir + "/" + rel` is already normal when site_dir is and rel has no empty, "." or ".."
+    # component: the checks below say so for nearly every row, without normpath's ~1 us each.
+    prefix = site_dir + os.sep if os.sep == "/" and os.path.normpath(site_dir) == site_dir != "/" else None
     for row in rows:
         if not row or not row[0]:
             continue
         rel = row[0]
-        path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site_dir, rel))
+        if (
+            prefix is not None
+            and not rel.startswith(("/", "."))
+            and "/." not in rel
+            and "//" not in rel
+            and not rel.endswith("/")
+        ):
+            path = prefix + rel
+        else:
+            path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site_dir, rel))
         digest = _hex_from_record_hash(row[1]) if len(row) > 1 and row[1] else None
         size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
         entries.append((path, digest, size))

@@ -108,3 +108,31 @@ def test_extra_only_requirements_are_parsed_only_when_that_extra_is_asked_for(si
         ("pkg", "e", "x"),
     }
     assert [r.name for r in pkg.requirements] == ["a", "b", "c", "d", "e"]
+
+
+def test_record_paths_are_normalised_like_normpath(tmp_path: Path) -> None:
+    import csv
+    import os
+
+    from dflash_doctor.distributions import read_record_rows
+
+    rels = [
+        "pkg/mod.py",
+        "../../bin/tool",
+        "./pkg/a.py",
+        "pkg//b.py",
+        "pkg/./c.py",
+        "pkg/sub/../d.py",
+        "/opt/abs/e.so",
+        ".hidden/f.py",
+        "numpy.libs/.libs/g.so",
+        "pkg/dir/",
+        "pkg/h.",
+        "pkg/with,comma.py",
+    ]
+    record = tmp_path / "RECORD"
+    with open(record, "w", newline="") as handle:
+        csv.writer(handle).writerows([[rel, "", ""] for rel in rels])
+    for site in (str(tmp_path / "site"), str(tmp_path / "site") + "/", str(tmp_path / "a" / ".." / "site")):
+        got = [row[0] for row in read_record_rows(str(record), site)]
+        assert got == [os.path.normpath(r if os.path.isabs(r) else os.path.join(site, r)) for r in rels]
