@@ -1,4 +1,5 @@
-"""Snapshot archives: a tar stream, zstd-compressed on all cores, the manifest as its first member.
+"""Snapshot archives: a tar stream, the manifest as its first member, compressed on all cores as
+independent zstd frames of 2 MiB with a seek table at the end (frames.py; still one ordinary .zst).
 
 Writing hashes every file first (threads: hashlib releases the GIL), writes the manifest, then the
 files; a file replaced between the two passes is caught by comparing its stat, never archived with
@@ -14,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import zstandard
-
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
+from dflash_doctor.cache.frames import FramedWriter
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, MARKER_NAME, ArchiveError, CacheManifest, FileEntry
 from dflash_doctor.file_hashes import sha256_of
@@ -115,13 +115,9 @@ def write_archive(
     """Write the archive beside `dest`, then rename it into place. Returns its size in bytes."""
     partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     by_path = manifest.by_path()
-    compressor = zstandard.ZstdCompressor(level=level, threads=threads)
     try:
-        with open(partial, "wb") as raw:
-            with (
-                compressor.stream_writer(raw, closefd=False) as zwriter,
-                tarfile.open(fileobj=zwriter, mode="w|", format=tarfile.PAX_FORMAT) as tar,
-            ):
+        with open(partial, "wb") as raw, FramedWriter(raw, level=level, threads=threads) as zwriter:
+            with tarfile.open(fileobj=zwriter, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 manifest_bytes = manifest.to_bytes()
                 tar.addfile(
                     _tarinfo(MANIFEST_MEMBER, len(manifest_bytes), 0o644, manifest.created),
@@ -137,6 +133,7 @@ def write_archive(
                                 hint="run the snapshot again when no compile is running",
                             )
                         tar.addfile(_tarinfo(entry.path, entry.size, entry.mode, entry.mtime), handle)
+            zwriter.close()  # the last frame and the seek table
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(partial, dest)

@@ -32,6 +32,7 @@ from typing import Any
 
 import zstandard
 
+from dflash_doctor.cache.frames import FrameBlocks, read_seek_table
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, ArchiveError, CacheManifest
 from dflash_doctor.cache.tarstream import (
     BLOCK_TYPE,
@@ -507,7 +508,10 @@ def extract_verified(
     where = str(path)
     with contextlib.ExitStack() as stack:
         raw = stack.enter_context(open(path, "rb"))
-        blocks: Iterator[memoryview] = _Blocks(raw, where)
+        frames = read_seek_table(raw, where)
+        blocks: Iterator[bytes | memoryview] = (
+            _Blocks(raw, where) if frames is None else FrameBlocks(raw, frames, where)
+        )
         if threaded:  # decompressing starts now, beside the manifest's parsing
             blocks = stack.enter_context(_Ahead("dflash-restore-unzstd", BLOCKS_AHEAD).run(blocks))
         reader = TarReader(blocks, where)

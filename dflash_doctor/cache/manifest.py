@@ -14,7 +14,11 @@ from typing import Any, NamedTuple
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.errors import DoctorError
 
-MANIFEST_SCHEMA = "dflash-doctor/cache-manifest/v1"
+# v2: the archive is zstd frames with a seek table at the end (frames.py); v1 archives (one zstd
+# stream) are still read. Versions before v2 stop at the first frame of a v2 archive: the bump makes
+# them refuse it by its manifest schema, clearly, rather than as a truncated archive.
+MANIFEST_SCHEMA = "dflash-doctor/cache-manifest/v2"
+READABLE_SCHEMAS = ("dflash-doctor/cache-manifest/v1", MANIFEST_SCHEMA)
 MANIFEST_MEMBER = "MANIFEST.json"
 # Our own marker written at the root of every cache folder we restore or warm: the build it is for.
 MARKER_NAME = ".dflash-doctor.json"
@@ -75,9 +79,12 @@ class CacheManifest:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ArchiveError(f"the manifest is not valid JSON ({exc})") from exc
-        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+        if not isinstance(data, dict) or data.get("schema") not in READABLE_SCHEMAS:
             found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-            raise ArchiveError(f"unknown manifest schema {found!r} (expected {MANIFEST_SCHEMA})")
+            raise ArchiveError(
+                f"unknown manifest schema {found!r} (expected one of {', '.join(READABLE_SCHEMAS)})",
+                hint="a snapshot from a newer dflash-doctor: upgrade, or take a new snapshot here",
+            )
         try:
             files = [FileEntry(str(p), int(s), str(h), int(m), float(t)) for p, s, h, m, t in data["files"]]
             manifest = cls(
@@ -88,6 +95,7 @@ class CacheManifest:
                 files=files,
                 skipped=[str(s) for s in data.get("skipped", [])],
                 tool_version=str(data.get("tool_version", "")),
+                schema=str(data["schema"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArchiveError(f"the manifest is malformed ({type(exc).__name__}: {exc})") from exc
