@@ -1,8 +1,20 @@
 """Static `dflash-doctor check --python X` against `X -m torch.utils.collect_env`, same run.
 
-Both are timed as fresh processes (what a person waits for), best of N after one warm-up, for each
-interpreter given (default: the CPU and CUDA 13 venvs of this machine). Also times the libs check
-alone (from the JSON report). Writes bench/results/check_speed.json.
+Everything is timed as fresh processes (what a person waits for), for each interpreter given (default:
+the CPU and CUDA 13 venvs of this machine), in three states of our check:
+
+  cold  an empty DFLASH_DOCTOR_HOME (a new temp folder each run): no parse cache, no hash cache;
+        every dist-info, RECORD and ELF file is parsed, and the caches are written
+  warm  the next runs in that same folder: parses come from the parse cache (every file still stat'ed)
+  warm, no .pyc
+        warm, in the mode this benchmark used before: PYTHONDONTWRITEBYTECODE=1, so a checkout without
+        `__pycache__` (an editable install here) compiles our modules from source on every run, while
+        torch, which collect_env imports, has the bytecode pip wrote at install
+
+Bytecode: collect_env imports torch's installed `__pycache__`; for the cold and warm rows our process
+gets the same treatment (a PYTHONPYCACHEPREFIX folder filled by one untimed warm-up run, as
+`pip install` compiles at install time). Best of N after that warm-up. Writes
+bench/results/check_speed.json.
 
     .venv/bin/python bench/check_speed.py [--repeat 3] [PYTHON ...]
 """
@@ -12,8 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,31 +44,77 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.Comple
     return time.perf_counter() - start, done
 
 
-def best_of(
-    cmd: list[str], env: dict[str, str], repeat: int
+def best(
+    runs: list[tuple[float, subprocess.CompletedProcess[str]]],
 ) -> tuple[float, subprocess.CompletedProcess[str]]:
-    timed(cmd, env)  # warm the page cache for both tools alike
-    runs = [timed(cmd, env) for _ in range(repeat)]
-    return min(r[0] for r in runs), runs[-1][1]
+    return min(runs, key=lambda r: r[0])
 
 
-def measure(python: str, repeat: int) -> dict[str, object]:
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    doctor = [sys.executable, "-m", "dflash_doctor", "check", "--python", python, "--no-lock"]
-    check_s, done = best_of([*doctor, "--json"], env, repeat)
-    report = json.loads(done.stdout)
-    libs_s = sum(c["seconds"] for c in report["checks"] if c["id"].startswith("libs"))
-    collect_s, collected = best_of([python, "-m", "torch.utils.collect_env"], env, repeat)
+def report_of(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    try:
+        report: dict[str, object] = json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"check printed no JSON (exit {done.returncode}): {done.stderr[-2000:]}") from exc
+    return report
+
+
+def hashing(report: dict[str, object]) -> dict[str, object]:
+    """The ownership audit's timing evidence: files stat'ed and hashed (a cold hash cache may hash)."""
+    for finding in report["findings"]:  # type: ignore[attr-defined]
+        if finding["id"] == "ownership.clobbered" and "files_checked" in finding["evidence"]:
+            return dict(finding["evidence"])
+    return {}
+
+
+def measure(python: str, repeat: int, scratch: Path) -> dict[str, object]:
+    base = {k: v for k, v in os.environ.items() if k not in ("DFLASH_DOCTOR_HOME", "DFLASH_DOCTOR_CACHE_DIR")}
+    check = [sys.executable, "-m", "dflash_doctor", "check", "--python", python, "--no-lock", "--json"]
+
+    # collect_env: as before, torch's own bytecode, best of N after one warm-up.
+    collect_cmd = [python, "-m", "torch.utils.collect_env"]
+    collect_env = dict(base, PYTHONDONTWRITEBYTECODE="1")
+    timed(collect_cmd, collect_env)
+    collect_s, collected = best([timed(collect_cmd, collect_env) for _ in range(repeat)])
+
+    # our bytecode, compiled once (untimed), as an install would have it
+    bytecode = dict(base, PYTHONPYCACHEPREFIX=str(scratch / "pycache"))
+    bytecode.pop("PYTHONDONTWRITEBYTECODE", None)
+    timed(check, dict(bytecode, DFLASH_DOCTOR_HOME=str(scratch / "warmup-home")))
+
+    cold_runs, homes = [], []
+    for index in range(repeat):
+        home = scratch / f"home-{index}"
+        homes.append(home)
+        cold_runs.append(timed(check, dict(bytecode, DFLASH_DOCTOR_HOME=str(home))))
+    cold_s, cold = best(cold_runs)
+    warm_env = dict(bytecode, DFLASH_DOCTOR_HOME=str(homes[0]))
+    warm_s, warm = best([timed(check, warm_env) for _ in range(repeat)])
+
+    source_env = dict(base, PYTHONDONTWRITEBYTECODE="1", DFLASH_DOCTOR_HOME=str(homes[0]))
+    timed(check, source_env)
+    source_s, _ = best([timed(check, source_env) for _ in range(repeat)])
+
+    cold_report, warm_report = report_of(cold), report_of(warm)
+    context = warm_report["context"]
     return {
         "python": python,
-        "check_seconds": round(check_s, 3),
-        "check_exit_code": done.returncode,
-        "check_inner_seconds": report["context"]["seconds"],
-        "libs_check_seconds": round(libs_s, 3),
         "collect_env_seconds": round(collect_s, 3),
         "collect_env_exit_code": collected.returncode,
-        "speedup": round(collect_s / check_s, 1),
-        "per_check_seconds": {c["id"]: c["seconds"] for c in report["checks"]},
+        "check_cold_seconds": round(cold_s, 3),
+        "check_warm_seconds": round(warm_s, 3),
+        "check_warm_no_bytecode_seconds": round(source_s, 3),
+        "speedup_cold": round(collect_s / cold_s, 1),
+        "speedup_warm": round(collect_s / warm_s, 1),
+        "check_exit_code": warm.returncode,
+        "same_findings_cold_and_warm": [
+            (f["id"], f["severity"], f["summary"]) for f in cold_report["findings"]
+        ]  # type: ignore[index]
+        == [(f["id"], f["severity"], f["summary"]) for f in warm_report["findings"]],  # type: ignore[index]
+        "check_cold_inner_seconds": cold_report["context"]["seconds"],  # type: ignore[index]
+        "check_warm_inner_seconds": context["seconds"],  # type: ignore[index]
+        "cold_ownership_audit": hashing(cold_report),
+        "checkout_has_bytecode": (ROOT / "dflash_doctor" / "__pycache__").is_dir(),
+        "warm_per_check_seconds": {c["id"]: c["seconds"] for c in warm_report["checks"]},  # type: ignore[attr-defined]
     }
 
 
@@ -63,20 +123,42 @@ def main() -> None:
     parser.add_argument("pythons", nargs="*", default=DEFAULT_PYTHONS)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    rows = [measure(p, args.repeat) for p in args.pythons if os.path.exists(p)]
-    table = Table(title=f"static check vs collect_env (best of {args.repeat}, fresh processes)")
-    for col in ("python", "check (s)", "libs check (s)", "collect_env (s)", "speed-up", "check exit"):
-        table.add_column(col)
+    scratch = Path(tempfile.mkdtemp(prefix="check-speed-"))
+    try:
+        rows = [
+            measure(p, args.repeat, scratch / str(i)) for i, p in enumerate(args.pythons) if os.path.exists(p)
+        ]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    table = Table(title=f"static check vs collect_env, same run (fresh processes, best of {args.repeat})")
+    columns = (
+        "python",
+        "collect_env (s)",
+        "check cold (s)",
+        "check warm (s)",
+        "speed-up cold",
+        "speed-up warm",
+        "warm, no .pyc (s)",
+        "exit",
+    )
+    for col in columns:
+        table.add_column(col, justify="right")
     for row in rows:
         table.add_row(
             str(row["python"]),
-            f"{row['check_seconds']:.2f}",
-            f"{row['libs_check_seconds']:.3f}",
             f"{row['collect_env_seconds']:.2f}",
-            f"{row['speedup']}x",
+            f"{row['check_cold_seconds']:.3f}",
+            f"{row['check_warm_seconds']:.3f}",
+            f"{row['speedup_cold']}x",
+            f"{row['speedup_warm']}x",
+            f"{row['check_warm_no_bytecode_seconds']:.3f}",
             str(row["check_exit_code"]),
         )
-    Console().print(table)
+    Console(width=170).print(table)
+    print(
+        "cold: empty DFLASH_DOCTOR_HOME (no parse or hash cache); warm: the next runs in it; "
+        "no .pyc: our code compiled from source each run"
+    )
     out = ROOT / "bench" / "results" / "check_speed.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
