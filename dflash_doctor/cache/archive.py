@@ -8,18 +8,19 @@ a stale hash. Reading is in `extract` (re-exported here): one streaming pass tha
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+import struct
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
 from dflash_doctor.cache.frames import FramedWriter
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, MARKER_NAME, ArchiveError, CacheManifest, FileEntry
-from dflash_doctor.file_hashes import sha256_of
 
 __all__ = [
     "ARCHIVE_SUFFIX",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 ARCHIVE_SUFFIX = ".tar.zst"
+READ_CHUNK = 4 << 20  # bytes per read when hashing and archiving files
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class SourceFile:
     """A file to archive: where it is, its archive path, and the stat we hashed it under."""
 
     archive_path: str
-    path: Path
+    path: str
     size: int
     mode: int
     mtime: float
@@ -48,92 +50,165 @@ class SourceFile:
 
 
 def collect_files(roots: dict[str, Path]) -> tuple[list[SourceFile], list[str]]:
-    """Every regular file under each root (transient folders and our marker left out).
+    """Every regular file under each root (transient folders and our marker left out), in sorted
+    order, a folder's files before its subfolders.
 
     Returns (files, skipped): links and special files are skipped and named, never followed.
     """
     files: list[SourceFile] = []
     skipped: list[str] = []
     for label, root in roots.items():
-        if not root.is_dir():
-            continue
-        for folder, dirnames, filenames in os.walk(root):
-            rel_folder = os.path.relpath(folder, root)
-            if rel_folder == ".":
-                dirnames[:] = [d for d in dirnames if d not in TRANSIENT_FOLDERS]
-            for name in sorted(dirnames):
-                if os.path.islink(os.path.join(folder, name)):
-                    skipped.append(_archive_path(label, rel_folder, name))
-            dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(folder, d)))
-            for name in sorted(filenames):
-                if rel_folder == "." and name == MARKER_NAME:
-                    continue
-                full = os.path.join(folder, name)
-                info = os.lstat(full)
-                archive_path = _archive_path(label, rel_folder, name)
-                if not stat.S_ISREG(info.st_mode):
-                    skipped.append(archive_path)
-                    continue
-                files.append(
-                    SourceFile(
-                        archive_path,
-                        Path(full),
-                        info.st_size,
-                        stat.S_IMODE(info.st_mode),
-                        info.st_mtime,
-                        (info.st_ino, info.st_size, info.st_mtime_ns),
-                    )
-                )
+        if root.is_dir():
+            _collect(str(root), label, True, files, skipped)
     return files, skipped
 
 
-def _archive_path(label: str, rel_folder: str, name: str) -> str:
-    return (
-        str(PurePosixPath(label) / name) if rel_folder == "." else str(PurePosixPath(label, rel_folder, name))
-    )
+def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str]) -> None:
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted(found, key=lambda entry: entry.name)
+    except OSError:  # unreadable: left out, as os.walk leaves it
+        return
+    subfolders = []
+    for entry in entries:
+        name = entry.name
+        archive_path = f"{prefix}/{name}"
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            is_dir = False
+        if is_dir:
+            if top and name in TRANSIENT_FOLDERS:
+                continue
+            if entry.is_symlink():
+                skipped.append(archive_path)
+            else:
+                subfolders.append(entry)
+            continue
+        if top and name == MARKER_NAME:
+            continue
+        info = entry.stat(follow_symlinks=False)
+        if not stat.S_ISREG(info.st_mode):
+            skipped.append(archive_path)
+            continue
+        files.append(
+            SourceFile(
+                archive_path,
+                entry.path,
+                info.st_size,
+                stat.S_IMODE(info.st_mode),
+                info.st_mtime,
+                (info.st_ino, info.st_size, info.st_mtime_ns),
+            )
+        )
+    for entry in subfolders:
+        _collect(entry.path, f"{prefix}/{entry.name}", False, files, skipped)
 
 
 def hash_files(files: list[SourceFile], threads: int | None = None) -> list[FileEntry]:
-    """Manifest entries for these files, hashed in parallel."""
-    workers = threads or min(8, (os.cpu_count() or 1) + 1)
+    """Manifest entries for these files, hashed on `threads` threads (hashlib and reads release
+    the GIL), each thread a contiguous share of the bytes and one reused buffer. (A future per file
+    and a fresh 1 MiB buffer per file, as file_hashes.sha256_of has, took 0.82 s for 9000 files
+    where this takes 0.2 s.)"""
+    workers = max(1, min(len(files), threads or os.cpu_count() or 1))
+    total = sum(f.size for f in files) or 1
+    shares: list[list[SourceFile]] = [[] for _ in range(workers)]
+    done = 0
+    for source in files:
+        shares[min(workers - 1, done * workers // total)].append(source)
+        done += source.size
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        digests = list(pool.map(lambda f: sha256_of(str(f.path)), files, chunksize=16))
+        digests = [d for share in pool.map(_hash_share, shares) for d in share]
     return [
         FileEntry(f.archive_path, f.size, d, f.mode, f.mtime) for f, d in zip(files, digests, strict=True)
     ]
 
 
-def _tarinfo(name: str, size: int, mode: int, mtime: float) -> tarfile.TarInfo:
+def _hash_share(files: list[SourceFile]) -> list[str]:
+    buffer = bytearray(READ_CHUNK)
+    view = memoryview(buffer)
+    digests = []
+    for source in files:
+        digest = hashlib.sha256()
+        fd = os.open(source.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while read := os.readv(fd, [buffer]):
+                digest.update(view[:read])
+        finally:
+            os.close(fd)
+        digests.append(digest.hexdigest())
+    return digests
+
+
+_USTAR = struct.Struct("100s8s8s8s12s12s8sc100s8s32s32s8s8s155s12x")
+_ZEROS = bytes(tarfile.RECORDSIZE)
+
+
+def tar_header(name: str, size: int, mode: int, mtime: float) -> bytes:
+    """The header of a regular member, byte for byte what tarfile writes in PAX format: a plain
+    ustar header when the name is ASCII and fits, built here in 3 µs (tarfile takes 25 µs); else
+    tarfile's own (a pax record before it for the long or non-ASCII name)."""
+    mtime = int(mtime)
+    if name.isascii() and len(name) <= 100 and 0 <= size < 8**11 and 0 <= mtime < 8**11:
+        header = bytearray(
+            _USTAR.pack(
+                name.encode("ascii"),
+                b"%07o" % (mode & 0o7777),
+                b"0000000",  # uid
+                b"0000000",  # gid
+                b"%011o" % size,
+                b"%011o" % mtime,
+                b"        ",  # the checksum, counted as spaces
+                b"0",  # a regular file
+                b"",
+                b"ustar\x0000",
+                b"",
+                b"",
+                b"",
+                b"",
+                b"",
+            )
+        )
+        header[148:155] = b"%06o\0" % sum(header)
+        return bytes(header)
     info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime, info.type = size, mode, int(mtime), tarfile.REGTYPE
-    return info
+    info.size, info.mode, info.mtime, info.type = size, mode, mtime, tarfile.REGTYPE
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
 def write_archive(
     dest: Path, manifest: CacheManifest, files: list[SourceFile], level: int = 3, threads: int = -1
 ) -> int:
-    """Write the archive beside `dest`, then rename it into place. Returns its size in bytes."""
+    """Write the archive beside `dest`, then rename it into place. Returns its size in bytes.
+
+    The tar stream is written here (headers as tarfile writes them, tar_header): tarfile's own
+    writer spent 0.4 s of a 1.5 s snapshot of 9000 files in per-member Python."""
     partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     by_path = manifest.by_path()
     try:
-        with open(partial, "wb") as raw, FramedWriter(raw, level=level, threads=threads) as zwriter:
-            with tarfile.open(fileobj=zwriter, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                manifest_bytes = manifest.to_bytes()
-                tar.addfile(
-                    _tarinfo(MANIFEST_MEMBER, len(manifest_bytes), 0o644, manifest.created),
-                    _BytesReader(manifest_bytes),
-                )
-                for source in files:
-                    entry = by_path[source.archive_path]
-                    with open(source.path, "rb") as handle:
-                        now = os.fstat(handle.fileno())
-                        if (now.st_ino, now.st_size, now.st_mtime_ns) != source.identity:
-                            raise ArchiveError(
-                                f"{source.path} changed while the snapshot was being written",
-                                hint="run the snapshot again when no compile is running",
-                            )
-                        tar.addfile(_tarinfo(entry.path, entry.size, entry.mode, entry.mtime), handle)
-            zwriter.close()  # the last frame and the seek table
+        with open(partial, "wb") as raw, FramedWriter(raw, level=level, threads=threads) as out:
+            manifest_bytes = manifest.to_bytes()
+            out.write(tar_header(MANIFEST_MEMBER, len(manifest_bytes), 0o644, manifest.created))
+            out.write(manifest_bytes)
+            out.write(_ZEROS[: -len(manifest_bytes) % tarfile.BLOCKSIZE])
+            for source in files:
+                entry = by_path[source.archive_path]
+                with open(source.path, "rb", buffering=0) as handle:
+                    now = os.fstat(handle.fileno())
+                    if (now.st_ino, now.st_size, now.st_mtime_ns) != source.identity:
+                        raise _changed(source)
+                    out.write(tar_header(entry.path, entry.size, entry.mode, entry.mtime))
+                    left = entry.size
+                    while left:
+                        chunk = handle.read(min(left, READ_CHUNK))
+                        if not chunk:
+                            raise _changed(source)
+                        out.write(chunk)
+                        left -= len(chunk)
+                out.write(_ZEROS[: -entry.size % tarfile.BLOCKSIZE])
+            out.write(_ZEROS[: 2 * tarfile.BLOCKSIZE])  # the end-of-archive marker
+            out.write(_ZEROS[: -out.written % tarfile.RECORDSIZE])  # whole records, as tar writes
+            out.close()  # the last frame and the seek table
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(partial, dest)
@@ -143,13 +218,8 @@ def write_archive(
     return dest.stat().st_size
 
 
-class _BytesReader:
-    """The minimal file object tarfile.addfile reads from."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data, self._pos = data, 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._data) if size < 0 else self._pos + size
-        chunk, self._pos = self._data[self._pos : end], min(end, len(self._data))
-        return chunk
+def _changed(source: SourceFile) -> ArchiveError:
+    return ArchiveError(
+        f"{source.path} changed while the snapshot was being written",
+        hint="run the snapshot again when no compile is running",
+    )

@@ -48,9 +48,9 @@ def seek_table(entries: list[tuple[int, int]]) -> bytes:
 
 
 class FramedWriter:
-    """A write-only file object for tarfile: what is written is cut into FRAME_BYTES pieces, each
-    compressed as its own frame on `threads` threads, and written in order to `out`; `close()`
-    compresses the rest and writes the seek table. `out` is left open."""
+    """A write-only file object: what is written is cut into FRAME_BYTES pieces, each compressed as
+    its own frame on `threads` threads (one-shot compress releases the GIL), and written in order
+    to `out`; `close()` compresses the rest and writes the seek table. `out` is left open."""
 
     def __init__(self, out: BinaryIO, level: int = 3, threads: int = -1) -> None:
         self._out = out
@@ -58,7 +58,9 @@ class FramedWriter:
         self._threads = threads if threads > 0 else os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="dflash-snapshot-zstd")
         self._local = threading.local()
-        self._pending = bytearray()
+        self._pending: list[memoryview] = []
+        self._pending_size = 0
+        self.written = 0  # bytes written so far (uncompressed)
         self._in_flight: deque[tuple[Future[bytes], int]] = deque()
         self.entries: list[tuple[int, int]] = []
         self.closed = False
@@ -81,11 +83,21 @@ class FramedWriter:
             self._write_oldest()
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        self._pending += data
-        while len(self._pending) >= FRAME_BYTES:
-            self._submit(bytes(self._pending[:FRAME_BYTES]))
-            del self._pending[:FRAME_BYTES]
-        return len(data)
+        """Keep `data` (not copied: it must not change afterwards; bytes never do) until a frame's
+        worth is there, then join exactly FRAME_BYTES of it into one frame's input."""
+        size = len(data)
+        view = memoryview(data)
+        while len(view) >= FRAME_BYTES - self._pending_size:
+            room = FRAME_BYTES - self._pending_size
+            self._pending.append(view[:room])
+            self._submit(b"".join(self._pending))
+            self._pending, self._pending_size = [], 0
+            view = view[room:]
+        if view:
+            self._pending.append(view)
+            self._pending_size += len(view)
+        self.written += size
+        return size
 
     def close(self) -> None:
         if self.closed:
@@ -93,8 +105,8 @@ class FramedWriter:
         self.closed = True
         try:
             if self._pending:
-                self._submit(bytes(self._pending))
-                self._pending.clear()
+                self._submit(b"".join(self._pending))
+                self._pending, self._pending_size = [], 0
             while self._in_flight:
                 self._write_oldest()
             self._out.write(seek_table(self.entries))

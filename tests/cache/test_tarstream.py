@@ -133,3 +133,28 @@ def test_checksum_shortcut_is_exact() -> None:
             else:
                 with pytest.raises(ArchiveError, match="bad checksum"):
                     _check_sum(bytes(header), "t")
+
+
+def test_snapshot_headers_are_tarfiles() -> None:
+    """archive.tar_header builds plain ustar headers itself: byte for byte tarfile's PAX-format ones,
+    and tarfile's own for what does not fit ustar."""
+    from dflash_doctor.cache.archive import tar_header
+
+    rng = random.Random(8)
+    names = [
+        "MANIFEST.json",
+        "inductor/ab/c.py",
+        "x" * 100,
+        "x" * 101,
+        "inductor/ü.py",
+        "inductor/" + "d/" * 60 + "f",
+    ]
+    for name in names + [f"inductor/{rng.randbytes(20).hex()}/f{i}.so" for i in range(50)]:
+        size = rng.choice([0, 1, 511, 512, 513, rng.randint(0, 1 << 34)])
+        mode = rng.choice([0o644, 0o755, 0o600, 0o4755])
+        mtime = rng.choice([0, 1_700_000_000.7, 2**33 + 0.5, -5.0, 8**11 + 3])
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime, info.type = size, mode, int(mtime), tarfile.REGTYPE
+        assert tar_header(name, size, mode, mtime) == info.tobuf(
+            tarfile.PAX_FORMAT, "utf-8", "surrogateescape"
+        )
