@@ -1,27 +1,21 @@
 """What the dynamic loader reads from a shared object: soname, NEEDED, RPATH, RUNPATH.
 
-We read only what ld.so reads: the ELF header, the program headers, the PT_DYNAMIC segment and the
-strings it names through DT_STRTAB (mapped to a file offset by the PT_LOAD segments), never the
-section or symbol tables, so a 500 MB `libtorch_cuda.so` costs a few reads (~50 us with `struct`).
-An ELF file outside that common shape (PN_XNUM program headers, a DT_STRTAB no PT_LOAD maps, an
-e_machine not in our table) is handed to pyelftools, the reference this reader is tested against
-(`tests/test_elf.py` compares both on every ELF file of the test interpreter's environment).
-Search paths are returned with `$ORIGIN`, `$LIB` and `$PLATFORM` expanded the way glibc's
-`_dl_dst_substitute` does.
+We read only the PT_DYNAMIC segment with pyelftools (never the symbol tables), so a 500 MB
+`libtorch_cuda.so` costs a few milliseconds. Search paths are returned with `$ORIGIN`, `$LIB`
+and `$PLATFORM` expanded the way glibc's `_dl_dst_substitute` does.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 from dflash_doctor.parse_cache import stamp_of
 
-if TYPE_CHECKING:  # pyelftools is imported only for the rare file our reader hands to it
+if TYPE_CHECKING:  # pyelftools is imported on the first file actually parsed (20 ms)
     from elftools.elf.dynamic import DynamicTag
     from elftools.elf.elffile import ELFFile
 
@@ -135,122 +129,6 @@ def elf_info(path: str, facts: ElfFacts, lib: str | None = None, platform: str |
 
 def read_elf_facts(path: str) -> ElfFacts | None:
     """Parse the dynamic section; None when `path` is not a readable ELF file."""
-    try:
-        with open(path, "rb") as handle:
-            ident = handle.read(16)
-            if ident[:4] != _ELF_MAGIC:
-                return None
-            facts = _read_dynamic(handle, ident)
-    except (OSError, struct.error, ValueError, IndexError):
-        return None
-    return _read_elf_facts_pyelftools(path) if facts is _UNUSUAL else facts
-
-
-class _Unusual:
-    """Marks a file our reader leaves to pyelftools."""
-
-
-_UNUSUAL = _Unusual()
-_PT_LOAD, _PT_DYNAMIC = 1, 2
-_DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 14, 15, 29
-# e_machine -> pyelftools' name, for the machines torch wheels and their hosts use.
-_MACHINES = {3: "EM_386", 40: "EM_ARM", 62: "EM_X86_64", 21: "EM_PPC64", 22: "EM_S390", 183: "EM_AARCH64"}
-
-
-def _read_dynamic(handle: BinaryIO, ident: bytes) -> ElfFacts | _Unusual | None:
-    """soname, NEEDED, RPATH, RUNPATH as ld.so finds them; `_UNUSUAL` for the cases left to pyelftools."""
-    elf_class = {1: 32, 2: 64}.get(ident[4])
-    endian = {1: "<", 2: ">"}.get(ident[5])
-    if elf_class is None or endian is None:
-        return None  # pyelftools: "invalid EI_CLASS/EI_DATA"
-    wide = elf_class == 64
-    header = struct.Struct(endian + ("HHIQQQIHHHHHH" if wide else "HHIIIIIHHHHHH"))
-    _type, e_machine, _version, _entry, phoff, _shoff, _flags, _ehsize, phentsize, phnum, *_ = header.unpack(
-        handle.read(header.size)
-    )
-    machine = _MACHINES.get(e_machine)
-    if machine is None or phnum == 0xFFFF:
-        return _UNUSUAL
-    # (p_type, p_offset, p_vaddr, p_filesz) of each program header
-    program = struct.Struct(endian + ("IIQQQQQQ" if wide else "IIIIIIII"))
-    handle.seek(phoff)
-    table = handle.read(phentsize * phnum)
-    loads: list[tuple[int, int, int]] = []
-    dynamic: tuple[int, int] | None = None
-    for index in range(phnum):
-        fields = program.unpack_from(table, index * phentsize)
-        if wide:
-            p_type, _pflags, p_offset, p_vaddr, _paddr, p_filesz = fields[:6]
-        else:
-            p_type, p_offset, p_vaddr, _paddr, p_filesz = fields[:5]
-        if p_type == _PT_LOAD:
-            loads.append((p_vaddr, p_filesz, p_offset))
-        elif p_type == _PT_DYNAMIC and dynamic is None:
-            dynamic = (p_offset, p_filesz)
-    soname: str | None = None
-    needed: list[int] = []
-    rpath: int | None = None
-    runpath: int | None = None
-    soname_at: int | None = None
-    strtab: int | None = None
-    if dynamic is not None and dynamic[1] > 0:
-        entry = struct.Struct(endian + ("qQ" if wide else "iI"))
-        handle.seek(dynamic[0])
-        data = handle.read(dynamic[1])
-        for tag, value in entry.iter_unpack(data[: len(data) - len(data) % entry.size]):
-            if tag == _DT_NULL:
-                break
-            if tag == _DT_NEEDED:
-                needed.append(value)
-            elif tag == _DT_SONAME:
-                soname_at = value
-            elif tag == _DT_RPATH:
-                rpath = value
-            elif tag == _DT_RUNPATH:
-                runpath = value
-            elif tag == _DT_STRTAB and strtab is None:
-                strtab = value
-    if needed or soname_at is not None or rpath is not None or runpath is not None:
-        table_offset = next(
-            (strtab - va + off for va, size, off in loads if strtab is not None and va <= strtab < va + size),
-            None,
-        )
-        if table_offset is None:
-            return _UNUSUAL  # pyelftools then looks for a .dynstr section
-
-        def string(at: int) -> str:
-            return _c_string(handle, table_offset + at)
-
-        soname = string(soname_at) if soname_at is not None else None
-        return (
-            soname,
-            tuple(string(at) for at in needed),
-            string(rpath) if rpath is not None else None,
-            string(runpath) if runpath is not None else None,
-            machine,
-            elf_class,
-        )
-    return (None, (), None, None, machine, elf_class)
-
-
-def _c_string(handle: BinaryIO, offset: int) -> str:
-    """The NUL-terminated string at `offset`, as a path (undecodable bytes kept, as os functions do).
-    A string cut off by the end of the file means a truncated file, which ld.so would not map either."""
-    handle.seek(offset)
-    chunks = []
-    while True:
-        chunk = handle.read(256)
-        end = chunk.find(b"\0")
-        if end >= 0:
-            chunks.append(chunk[:end])
-            return os.fsdecode(b"".join(chunks))
-        if not chunk:
-            raise ValueError("string runs past the end of the file: truncated")
-        chunks.append(chunk)
-
-
-def _read_elf_facts_pyelftools(path: str) -> ElfFacts | None:
-    """The reference reader (pyelftools), for the files `_read_dynamic` does not take on."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
@@ -276,8 +154,8 @@ def _read_elf_facts_pyelftools(path: str) -> ElfFacts | None:
                     runpath_raw = tag.runpath
             machine = str(elf.header.e_machine)
             elf_class = int(elf.elfclass)
-    except (OSError, ELFError, ValueError, KeyError, AttributeError, AssertionError):
-        return None  # pyelftools asserts on some malformed files (a DT_STRTAB nothing maps, no .dynstr)
+    except (OSError, ELFError, ValueError, KeyError, AttributeError):
+        return None
     return (soname, tuple(needed), rpath_raw, runpath_raw, machine, elf_class)
 
 
