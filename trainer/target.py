@@ -132,11 +132,14 @@ _EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
 _LM_HEAD_KEYS = ("lm_head.weight",)
 
 
-def load_frozen_embeddings(path: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
-    """(embed_weight, lm_head_weight, hf_config) for drafter ranks: only those two tensors are read."""
+def load_frozen_embeddings(
+    path: str, seed: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """(embed_weight, lm_head_weight, hf_config) for drafter ranks: only those two tensors are read.
+    An embedded target's are drawn on `device`; a folder's are read to the CPU."""
     hf_config = target_hf_config(path)
     if is_embedded(path):
-        embed, lm_head = seeded_frozen_weights(hf_config, seed)
+        embed, lm_head = seeded_frozen_weights(hf_config, seed, device)
         return embed, lm_head, hf_config
     embed = _read_tensor(Path(path), _EMBED_KEYS)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))

@@ -72,19 +72,23 @@ def embedded_config(path: str) -> Qwen3Config:
     return PRESETS[name]()
 
 
-def seeded_frozen_weights(config: Qwen3Config, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embed, lm_head) of an embedded target, drawn from their own generator.
+def seeded_frozen_weights(
+    config: Qwen3Config, seed: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed, lm_head) of an embedded target, drawn from their own generator on `device`.
 
     Drafter ranks need only these two tensors; drawing them apart from the body means a drafter rank can make
-    them without building the whole (possibly 8B-parameter) target.
+    them without building the whole (possibly 8B-parameter) target. On CUDA they are drawn on the GPU
+    (torchrun workers run with one CPU thread: 1.2B values drawn there take many seconds); every CUDA
+    device gives the same values for the same seed, so target and drafter ranks agree.
     """
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 17)
     std = (
         _TINY_FROZEN_STD if config.vocab_size == tiny_qwen3_config().vocab_size else config.initializer_range
     )
     shape = (config.vocab_size, config.hidden_size)
-    embed = torch.randn(shape, generator=gen) * std
-    lm_head = torch.randn(shape, generator=gen) * std
+    embed = torch.randn(shape, generator=gen, device=device) * std
+    lm_head = torch.randn(shape, generator=gen, device=device) * std
     return embed, lm_head
 
 
@@ -102,7 +106,7 @@ def build_embedded_target(
                 model = Qwen3ForCausalLM(config)
     finally:
         torch.set_default_dtype(previous_dtype)
-    embed, lm_head = seeded_frozen_weights(config, seed)
+    embed, lm_head = seeded_frozen_weights(config, seed, device)
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(lm_head)

@@ -164,7 +164,7 @@ def run_drafter(
     began = time.monotonic()
     index = topology.drafter_index(rank)
     is_first = index == 0
-    embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed)
+    embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed, device)
     model = build_drafter(cfg, hf_config, embed, lm_head, device)
     warmup = warm_up_model(model, cfg, device)  # compile here, in the main thread, before the loop
     ddp = DistributedDataParallel(

@@ -77,7 +77,9 @@ def build_drafter(
     frozen_dtype = (
         torch.bfloat16 if device.type == "cuda" and cfg.precision.autocast != "off" else torch.float32
     )
-    with torch.random.fork_rng(devices=[]):
+    # Drawn on the device (torchrun workers have one CPU thread: ~1B values on the CPU take many
+    # seconds); the seed fixes them on every device of a kind, and DDP broadcasts rank 0's anyway.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(cfg.run.seed)
         model = DFlashDrafter(
             dcfg,
