@@ -4,7 +4,7 @@ A pure function of shapes: target weights and inference activations on target ra
 parameters, gradients, AdamW state, saved activations, attention workspace and the LM-head chunk on
 drafter ranks; plus the CUDA context every process pays. The per-token activation terms follow what
 `trainer/drafter.py` keeps for backward (fp32 norms and RoPE under bf16 autocast); their constants are
-calibrated against peaks measured on an H200 (see BENCHMARKS.md) and checked on another shape.
+calibrated against the peaks measured on an H200 at both recipes (see BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -67,14 +67,16 @@ class RoleEstimate:
         return {"role": self.role, "total_bytes": self.total, "parts": dict(self.parts)}
 
 
-# Bytes kept for backward per query token per drafter layer, in units of hidden/intermediate width:
-# fp32 norms (2 per layer, ~2 fp32 copies each), q/k norm + RoPE in fp32, bf16 projections and
-# attention output, SwiGLU's gate/up/act/product in bf16. Calibrated, see module docstring.
-ACT_PER_TOKEN_HIDDEN = 36
+# Bytes kept for backward per query token per drafter layer, in units of hidden/intermediate width,
+# with the layers compiled (the default on CUDA): the fp32 residual and norm inputs, bf16 projections
+# and attention output, SwiGLU's gate/up in bf16 (Inductor recomputes the cheap elementwise results).
+# Calibrated against the H200 peaks of both recipes (BENCHMARKS.md), rounded up; eager layers keep
+# more (measured 33.1 GiB at qwen3-8b-b16 against this plan's 28.8: -13%).
+ACT_PER_TOKEN_HIDDEN = 22
 ACT_PER_TOKEN_INTERMEDIATE = 8
-# Per context token per drafter layer: bf16 copy of the context for k/v projections and fp32 k-norm/RoPE
-# of the context keys, in units of the KV width.
-CTX_PER_TOKEN_KV = 24
+# Per context token per drafter layer: the context's k/v projections' inputs and outputs and the
+# k-norm/RoPE of the context keys, in units of the KV width.
+CTX_PER_TOKEN_KV = 10
 
 
 def target_estimate(p: PlanInputs) -> RoleEstimate:
