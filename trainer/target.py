@@ -73,6 +73,7 @@ class CaptureTarget:
         self.layer_ids = list(layer_ids)
         self._outputs: dict[int, torch.Tensor] = {}
         self._hooks = [body.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
+        self.compiled = compile_layers
         if compile_layers:
             for layer in body.layers:
                 layer.forward = torch.compile(layer.forward, dynamic=False)

@@ -50,7 +50,7 @@ from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, sum
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.target import load_capture_target, load_frozen_embeddings, target_dtype, target_hf_config
 from trainer.transport import BatchReceiver, BatchSender, Topology, TransportError
-from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model
+from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,8 @@ def run_target(
         dtype,
         compile_layers=cfg.target.compile_layers and device.type == "cuda",
     )
+    if target.compiled:
+        warm_up_target(target, cfg, device)  # compile now, one target rank at a time
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
     order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from dflash_doctor.errors import ConfigError
 from trainer.batch import CapturedBatch
 from trainer.config import TrainConfig, load_config
 from trainer.drafter import DFlashDrafter, DrafterConfig
+
+if TYPE_CHECKING:
+    from trainer.target import CaptureTarget
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -145,6 +148,38 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
         "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
         "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
         "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
+def compile_lock_path() -> Path:
+    """One lock per compile cache: ranks that share the cache take turns compiling into it."""
+    import os
+    import tempfile
+
+    root = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or tempfile.gettempdir())
+    return root.parent / f".{root.name}.dflash-compile.lock"
+
+
+def warm_up_target(target: CaptureTarget, cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
+    """One capture at the run's shapes in this main thread, holding the compile lock, before any batch.
+
+    With compiled target layers every target rank compiles on its first capture (Inductor keys graphs by
+    device index, so the launcher's drafter warm-up cannot serve them). Under the lock the N target ranks
+    compile one after another instead of all at once (the story's race); from a warm cache each only loads.
+    """
+    from filelock import FileLock
+
+    began = time.perf_counter()
+    ids = torch.zeros(cfg.optim.batch_size, cfg.data.seq_len, dtype=torch.long, device=device)
+    with FileLock(str(compile_lock_path())):
+        waited = time.perf_counter() - began
+        target.capture(ids, torch.ones_like(ids, dtype=torch.bool), index=-1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return {
+        "device": str(device),
+        "waited_s": round(waited, 3),
+        "seconds": round(time.perf_counter() - began, 3),
     }
 
 

@@ -41,6 +41,31 @@ def test_compiled_layers_capture_the_same_states() -> None:
     assert counters["stats"]["unique_graphs"] == 1  # one graph for all four layers, no recompiles
 
 
+def test_target_warm_up_captures_once_at_the_run_shapes_holding_the_compile_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filelock import FileLock, Timeout
+
+    from trainer.config import load_config
+    from trainer.warmup import compile_lock_path, warm_up_target
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert compile_lock_path().parent == tmp_path  # beside the cache, not inside it (snapshots skip it)
+    cfg = load_config("tiny-cpu", ["data.seq_len=48", "optim.batch_size=2"])
+    target = CaptureTarget(build_embedded_target("tiny", seed=0), [1, 3])
+    seen = []
+
+    def capture(ids: torch.Tensor, mask: torch.Tensor, index: int) -> None:
+        with pytest.raises(Timeout):  # another target rank would wait here
+            FileLock(str(compile_lock_path())).acquire(timeout=0)
+        seen.append(tuple(ids.shape))
+
+    monkeypatch.setattr(target, "capture", capture)
+    stats = warm_up_target(target, cfg, torch.device("cpu"))
+    assert seen == [(2, 48)] and stats["device"] == "cpu" and stats["seconds"] >= stats["waited_s"] >= 0
+    FileLock(str(compile_lock_path())).acquire(timeout=0)  # released afterwards
+
+
 def test_later_layers_and_lm_head_never_run() -> None:
     target = CaptureTarget(build_embedded_target("tiny", seed=0), [1])
     assert len(target.body.layers) == 2  # layers 2 and 3 are gone
