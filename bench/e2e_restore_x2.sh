@@ -21,17 +21,17 @@ E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16 --no-deep)
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 keep_log() { cp "$1"/*.log "$LOGS/$2-train.log" 2>/dev/null; tail -n 25 "$LOGS/$2-train.log" 2>/dev/null; }
 # The cold run pays every compile (about 3-4 minutes on an H200): it gets most of the budget.
-COLD=$(( $(left) - 170 ))
+COLD=$(( $(left) - 200 ))
 stage e2e_cold $((COLD + 30)) "${E2E[@]}" --steps 30 --timeout-s $COLD --workdir /tmp/e2e-cold --out "$RES/e2e-cold.json"
 keep_log /tmp/e2e-cold cold
 stage wipe 10 bash -c "du -sh '$INDUCTOR'; rm -rf '$INDUCTOR'; python3 -m dflash_doctor cache list --json \
     > '$RES/cache_list.json'; ls -la '$DFLASH_DOCTOR_HOME'/cache/snapshots/ || true"
 HALF=$(( $(left) / 2 - 30 ))
-stage e2e_restored $((HALF + 30)) "${E2E[@]}" --steps 15 --timeout-s $HALF --workdir /tmp/e2e-restored \
+stage e2e_restored $((HALF + 30)) "${E2E[@]}" --steps 8 --timeout-s $HALF --workdir /tmp/e2e-restored \
     --out "$RES/e2e-restored.json"
 keep_log /tmp/e2e-restored restored
 REST=$(( $(left) - 40 ))
-stage e2e_warm $((REST + 30)) "${E2E[@]}" --steps 15 --timeout-s $REST --workdir /tmp/e2e-warm \
+stage e2e_warm $((REST + 30)) "${E2E[@]}" --steps 8 --timeout-s $REST --workdir /tmp/e2e-warm \
     --out "$RES/e2e-warm.json"
 keep_log /tmp/e2e-warm warm
 finish e2e
