@@ -6,7 +6,8 @@ cubin-like blobs (about 35% random). Our restore verifies every file's sha256; t
 
 Each attempt times, one after another: our snapshot and restore (in this process), tar -czf and
 tar -xzf, and our restore again in a fresh Python process (interpreter start and imports included,
-what `dflash-doctor cache restore` adds on top). Best of --repeat. The box is shared: for every
+what `dflash-doctor cache restore` adds on top); `sync` before each step, untimed, so no step pays
+for the write-back of the one before. Best of --repeat. The box is shared: for every
 timed step the JSON records the CPU seconds other processes used meanwhile (`others_cpu_s`, from
 /proc/stat), so a loaded run shows as such; rerun when they are near 0.
 
@@ -84,9 +85,11 @@ def busy_cpu_s() -> float:
 OTHERS: dict[str, list[float]] = {}
 
 
-def timed(label: str, fn, own_cpu: bool = True) -> float:
-    """Wall seconds of fn(); notes under `label` the CPU seconds others used meanwhile (for a step
-    run in a child process, own_cpu=False: the children's CPU is counted from os.times)."""
+def timed(label: str, fn) -> float:
+    """Wall seconds of fn(), after (untimed) `sync`: on a disk, what earlier steps left dirty is
+    written back first, not during this step. Notes under `label` the CPU seconds other processes
+    used meanwhile (the kernel's writeback threads count as others)."""
+    os.sync()
     busy, cpu, children = busy_cpu_s(), time.process_time(), os.times()
     start = time.perf_counter()
     fn()
