@@ -106,21 +106,27 @@ def timed(label: str, fn) -> float:
 
 
 FRESH = """
-import sys, time
+import sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
+from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.restore import restore_snapshot
-sys.path.insert(0, {bench!r})
-from cache_roundtrip import BUILD
-restore_snapshot(Path({archive!r}), {{"inductor": Path({target!r})}}, BUILD)
+restore_snapshot(Path({archive!r}), {{"inductor": Path({target!r})}}, BuildFingerprint(*{build!r}))
 """
 
 
 def restore_in_fresh_process(archive: Path, target: Path) -> None:
-    here = Path(__file__).resolve()
-    code = FRESH.format(
-        root=str(here.parents[1]), bench=str(here.parent), archive=str(archive), target=str(target)
+    """Our restore as `python -c`: start, what restore imports (not this script's rich), restore."""
+    build = (
+        BUILD.torch_version,
+        BUILD.torch_git,
+        BUILD.cuda,
+        BUILD.triton_version,
+        BUILD.python,
+        BUILD.gpu_names,
     )
+    root = str(Path(__file__).resolve().parents[1])
+    code = FRESH.format(root=root, archive=str(archive), target=str(target), build=build)
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
