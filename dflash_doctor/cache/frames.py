@@ -55,7 +55,8 @@ class FramedWriter:
     def __init__(self, out: BinaryIO, level: int = 3, threads: int = -1) -> None:
         self._out = out
         self._level = level
-        self._threads = threads if threads > 0 else os.cpu_count() or 1
+        # -1: the cores, up to 8 (each holds a compressor and 2 frames in flight; 8 already outrun a disk)
+        self._threads = threads if threads > 0 else min(8, os.cpu_count() or 1)
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="dflash-snapshot-zstd")
         self._local = threading.local()
         self._pending: list[memoryview] = []
