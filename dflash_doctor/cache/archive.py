@@ -1,4 +1,4 @@
-"""Snapshot archives: a tar stream, the manifest as its first member, compressed on all cores as
+"""Snapshot archives: a tar stream, the manifest as its first member, compressed on the cores (up to 8) as
 independent zstd frames of 2 MiB with a seek table at the end (frames.py; still one ordinary .zst).
 
 Writing hashes every file first (threads: hashlib releases the GIL), writes the manifest, then the
