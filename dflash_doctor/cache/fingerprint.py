@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dflash_doctor.environment import Environment
+if TYPE_CHECKING:  # only a type here: restore must not pay for the environment model's imports
+    from dflash_doctor.environment import Environment
 
 
 @dataclass(frozen=True)
