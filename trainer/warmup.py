@@ -161,23 +161,37 @@ def compile_lock_path() -> Path:
 
 
 def warm_up_target(target: CaptureTarget, cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
-    """One capture at the run's shapes in this main thread, holding the compile lock, before any batch.
+    """One capture at the run's shapes in this main thread, before any batch: the compile, if any.
 
     With compiled target layers every target rank compiles on its first capture (Inductor keys graphs by
-    device index, so the launcher's drafter warm-up cannot serve them). Under the lock the N target ranks
-    compile one after another instead of all at once (the story's race); from a warm cache each only loads.
+    device index, so the launcher's drafter warm-up cannot serve them). The first rank to take the compile
+    lock compiles alone; the others wait until it is done, then go together: by then the Triton kernels
+    are in the shared cache (keyed by source, not device), so theirs is codegen only. From a warm cache
+    this costs one load's wait, not one per rank.
     """
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     began = time.perf_counter()
     ids = torch.zeros(cfg.optim.batch_size, cfg.data.seq_len, dtype=torch.long, device=device)
-    with FileLock(str(compile_lock_path())):
-        waited = time.perf_counter() - began
+    lock = FileLock(str(compile_lock_path()))
+    try:
+        lock.acquire(timeout=0)
+        first = True
+    except Timeout:
+        first = False
+        with lock:  # wait for the first rank's compile to finish
+            pass
+    waited = time.perf_counter() - began
+    try:
         target.capture(ids, torch.ones_like(ids, dtype=torch.bool), index=-1)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+    finally:
+        if first:
+            lock.release()
     return {
         "device": str(device),
+        "first": first,
         "waited_s": round(waited, 3),
         "seconds": round(time.perf_counter() - began, 3),
     }

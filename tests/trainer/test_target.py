@@ -41,9 +41,11 @@ def test_compiled_layers_capture_the_same_states() -> None:
     assert counters["stats"]["unique_graphs"] == 1  # one graph for all four layers, no recompiles
 
 
-def test_target_warm_up_captures_once_at_the_run_shapes_holding_the_compile_lock(
+def test_target_warm_up_first_rank_compiles_alone_the_others_wait_then_go_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import threading
+
     from filelock import FileLock, Timeout
 
     from trainer.config import load_config
@@ -53,17 +55,33 @@ def test_target_warm_up_captures_once_at_the_run_shapes_holding_the_compile_lock
     assert compile_lock_path().parent == tmp_path  # beside the cache, not inside it (snapshots skip it)
     cfg = load_config("tiny-cpu", ["data.seq_len=48", "optim.batch_size=2"])
     target = CaptureTarget(build_embedded_target("tiny", seed=0), [1, 3])
-    seen = []
+    held_during_capture = []
 
     def capture(ids: torch.Tensor, mask: torch.Tensor, index: int) -> None:
-        with pytest.raises(Timeout):  # another target rank would wait here
-            FileLock(str(compile_lock_path())).acquire(timeout=0)
-        seen.append(tuple(ids.shape))
+        assert tuple(ids.shape) == (2, 48)  # the run's shapes: what training will compile
+        try:
+            FileLock(str(compile_lock_path())).acquire(timeout=0).lock.release()
+            held_during_capture.append(False)
+        except Timeout:
+            held_during_capture.append(True)
 
     monkeypatch.setattr(target, "capture", capture)
+    # Alone: this rank is first and compiles holding the lock.
     stats = warm_up_target(target, cfg, torch.device("cpu"))
-    assert seen == [(2, 48)] and stats["device"] == "cpu" and stats["seconds"] >= stats["waited_s"] >= 0
-    FileLock(str(compile_lock_path())).acquire(timeout=0)  # released afterwards
+    assert stats["first"] and held_during_capture == [True]
+    # Another rank holds the lock (compiling): this one waits, then captures without holding it.
+    other = FileLock(str(compile_lock_path()))
+    other.acquire()
+    result: dict[str, object] = {}
+    follower = threading.Thread(
+        target=lambda: result.update(warm_up_target(target, cfg, torch.device("cpu")))
+    )
+    follower.start()
+    follower.join(timeout=0.5)
+    assert follower.is_alive() and held_during_capture == [True]  # still waiting for the first rank
+    other.release()
+    follower.join(timeout=10)
+    assert result["first"] is False and held_during_capture == [True, False]
 
 
 def test_later_layers_and_lm_head_never_run() -> None:
