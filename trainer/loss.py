@@ -14,7 +14,7 @@ cross-entropy" trick): nothing is recomputed in backward, which only scales the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,24 @@ def _compute_dtype(hidden: Tensor, lm_head_weight: Tensor) -> torch.dtype:
     return hidden.dtype
 
 
+def _over_chunks(
+    fn: Callable[..., tuple[Tensor, ...]],
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    weights: Tensor,
+    step: int,
+) -> Iterator[tuple[slice, tuple[Tensor, ...]]]:
+    """(rows, fn's outputs) for each chunk of `step` rows, in the matmul dtype with autocast off (the
+    casts are explicit, so the compiled chunk function sees the same dtypes with or without autocast)."""
+    dtype = _compute_dtype(hidden, lm_head_weight)
+    with torch.autocast(hidden.device.type, enabled=False):
+        weight = lm_head_weight.to(dtype)
+        for start in range(0, hidden.shape[0], step):
+            rows = slice(start, start + step)
+            yield rows, fn(hidden[rows].to(dtype), weight, labels[rows], weights[rows])
+
+
 class _ChunkedHeadCE(torch.autograd.Function):
     """sum(w * CE(hidden @ W^T)) with the gradient computed chunk by chunk during the forward pass."""
 
@@ -140,21 +158,16 @@ class _ChunkedHeadCE(torch.autograd.Function):
         step: int,
         compiled: bool,
     ) -> tuple[Tensor, Tensor]:
-        dtype = _compute_dtype(hidden, lm_head_weight)
         fn = compiled_chunk(_head_and_ce_with_grad) if compiled else _head_and_ce_with_grad
-        grad = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
+        grad = torch.empty(hidden.shape, dtype=_compute_dtype(hidden, lm_head_weight), device=hidden.device)
         total = hidden.new_zeros((), dtype=torch.float32)
         correct = []
-        with torch.autocast(hidden.device.type, enabled=False):
-            weight = lm_head_weight.to(dtype)
-            for start in range(0, hidden.shape[0], step):
-                rows = slice(start, start + step)
-                part, part_correct, part_grad = fn(
-                    hidden[rows].to(dtype), weight, labels[rows], weights[rows]
-                )
-                total = total + part
-                correct.append(part_correct)
-                grad[rows] = part_grad
+        for rows, (part, part_correct, part_grad) in _over_chunks(
+            fn, hidden, lm_head_weight, labels, weights, step
+        ):
+            total = total + part
+            correct.append(part_correct)
+            grad[rows] = part_grad
         ctx.save_for_backward(grad)
         ctx.hidden_dtype = hidden.dtype
         all_correct = torch.cat(correct)
@@ -187,17 +200,12 @@ def chunked_weighted_ce(
     step = even_chunk(hidden.shape[0], chunk) if compiled else chunk
     if torch.is_grad_enabled() and hidden.requires_grad:
         return _ChunkedHeadCE.apply(hidden, lm_head_weight, labels, weights, step, compiled)
-    dtype = _compute_dtype(hidden, lm_head_weight)
     fn = compiled_chunk(_head_and_ce) if compiled else _head_and_ce
     total = hidden.new_zeros((), dtype=torch.float32)
     correct = []
-    with torch.autocast(hidden.device.type, enabled=False):
-        weight = lm_head_weight.to(dtype)
-        for start in range(0, hidden.shape[0], step):
-            rows = slice(start, start + step)
-            part, part_correct = fn(hidden[rows].to(dtype), weight, labels[rows], weights[rows])
-            total = total + part
-            correct.append(part_correct)
+    for _, (part, part_correct) in _over_chunks(fn, hidden, lm_head_weight, labels, weights, step):
+        total = total + part
+        correct.append(part_correct)
     return total, torch.cat(correct)
 
 

@@ -20,6 +20,15 @@ from trainer.loss import (
 )
 
 
+def ce_inputs(rows: int, width: int, vocab: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """hidden (rows, width) needing a gradient, a head (vocab, width), labels and weights, seeded."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, generator=gen, requires_grad=True)
+    head = torch.randn(vocab, width, generator=gen)
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    return hidden, head, labels, torch.rand(rows, generator=gen)
+
+
 def test_even_chunk_splits_rows_into_equal_parts_no_larger_than_asked() -> None:
     assert even_chunk(3584, 2048) == 1792  # two equal chunks instead of 2048 + 1536
     assert even_chunk(7680, 2048) == 1920
@@ -31,11 +40,7 @@ def test_even_chunk_splits_rows_into_equal_parts_no_larger_than_asked() -> None:
 
 
 def test_compiled_chunk_equals_eager_in_value_and_gradient() -> None:
-    gen = torch.Generator().manual_seed(1)
-    hidden = torch.randn(36, 16, generator=gen, requires_grad=True)
-    head = torch.randn(50, 16, generator=gen)
-    labels = torch.randint(0, 50, (36,), generator=gen)
-    weights = torch.rand(36, generator=gen)
+    hidden, head, labels, weights = ce_inputs(rows=36, width=16, vocab=50, seed=1)
     eager, eager_correct = chunked_weighted_ce(hidden, head, labels, weights, chunk=10)
     (eager_grad,) = torch.autograd.grad(eager, hidden)
     fast, fast_correct = chunked_weighted_ce(hidden, head, labels, weights, chunk=10, compiled=True)
@@ -86,11 +91,7 @@ def test_slots_past_the_end_off_the_mask_or_of_invalid_anchors_are_excluded() ->
 
 
 def test_chunked_equals_unchunked_in_value_and_gradient() -> None:
-    gen = torch.Generator().manual_seed(0)
-    hidden = torch.randn(37, 16, generator=gen, requires_grad=True)
-    head = torch.randn(50, 16, generator=gen)
-    labels = torch.randint(0, 50, (37,), generator=gen)
-    weights = torch.rand(37, generator=gen)
+    hidden, head, labels, weights = ce_inputs(rows=37, width=16, vocab=50, seed=0)
 
     whole, correct_whole = chunked_weighted_ce(hidden, head, labels, weights, chunk=10_000)
     (grad_whole,) = torch.autograd.grad(whole, hidden)
@@ -107,11 +108,7 @@ def test_chunked_equals_unchunked_in_value_and_gradient() -> None:
 
 
 def test_gradient_kept_from_forward_is_scaled_by_the_upstream_gradient() -> None:
-    gen = torch.Generator().manual_seed(2)
-    hidden = torch.randn(12, 8, generator=gen, requires_grad=True)
-    head = torch.randn(30, 8, generator=gen)
-    labels = torch.randint(0, 30, (12,), generator=gen)
-    weights = torch.rand(12, generator=gen)
+    hidden, head, labels, weights = ce_inputs(rows=12, width=8, vocab=30, seed=2)
     total, _ = chunked_weighted_ce(hidden, head, labels, weights, chunk=5)
     (grad_scaled,) = torch.autograd.grad(total * 3.0 / weights.sum(), hidden)
     plain = (F.cross_entropy(hidden @ head.T, labels, reduction="none") * weights).sum()
@@ -120,11 +117,7 @@ def test_gradient_kept_from_forward_is_scaled_by_the_upstream_gradient() -> None
 
 
 def test_without_grad_the_loss_is_the_same_and_nothing_is_kept() -> None:
-    gen = torch.Generator().manual_seed(3)
-    hidden = torch.randn(12, 8, generator=gen, requires_grad=True)
-    head = torch.randn(30, 8, generator=gen)
-    labels = torch.randint(0, 30, (12,), generator=gen)
-    weights = torch.rand(12, generator=gen)
+    hidden, head, labels, weights = ce_inputs(rows=12, width=8, vocab=30, seed=3)
     with torch.no_grad():
         total, correct = chunked_weighted_ce(hidden, head, labels, weights, chunk=5)
     assert total.grad_fn is None
