@@ -226,7 +226,7 @@ def run_variant(
         "loss_finite": math.isfinite(first_loss),
         "attention": role.model.attention,
         "loss_chunk": role.model.loss_chunk,
-        "compiled_layers": any(getattr(layer, "_compiled_call_impl", None) for layer in role.model.layers),
+        "compiled_layers": role.model.layers_compiled,
         "setup": asdict(variant),
     }
     if kernels is not None:

@@ -309,6 +309,11 @@ class DFlashDrafter(nn.Module):
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)  # Qwen3 initializer_range
 
+    @property
+    def layers_compiled(self) -> bool:
+        """Whether `compile_layers` ran (nn.Module.compile keeps its compiled call here)."""
+        return any(getattr(layer, "_compiled_call_impl", None) for layer in self.layers)
+
     def compile_layers(self, mode: str | None = None) -> None:
         """Compile every decoder layer: two graphs for any depth (the first layer, whose input needs no
         gradient, and one shared by the rest: same code, parameters are graph inputs).

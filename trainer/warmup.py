@@ -129,7 +129,7 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
     seconds = time.perf_counter() - began
     model.zero_grad(set_to_none=True)
     compiled = ["flex_attention", "create_block_mask"] if model.attention == "flex" else []
-    if any(getattr(layer, "_compiled_call_impl", None) for layer in model.layers):
+    if model.layers_compiled:
         compiled.append("decoder layers")
     if model.compile_loss:
         compiled.append("LM head + CE")

@@ -18,7 +18,9 @@ def test_compiled_layers_match_eager_in_loss_and_gradients_and_share_graphs() ->
     eager = tiny_drafter(cfg)
     compiled = tiny_drafter(cfg)
     compiled.load_state_dict(eager.state_dict())
+    assert not compiled.layers_compiled
     compiled.compile_layers()
+    assert compiled.layers_compiled
     assert set(compiled.state_dict()) == set(eager.state_dict())  # checkpoints and exports unchanged
 
     torch._dynamo.reset()
