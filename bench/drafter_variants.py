@@ -13,7 +13,7 @@ or patches from here (nothing under trainer/ is edited). Rows, each against the 
   last session     eager layers + recompute head: the trainer as measured in the previous session
   eager loss       drafter.compile_loss = false
   chunk N          drafter.loss_chunk = N rows per LM-head chunk
-  flex TMA         drafter.flex_tma = true (flex_attention's USE_TMA kernel option)
+  flex TMA         drafter.flex_kernel_options = {USE_TMA = true} (flex_attention's USE_TMA kernel option)
   max-autotune     drafter.compile_mode = "max-autotune-no-cudagraphs" for the layers
 
 Each variant starts from the same seeded init, batch and anchors, so `first_loss` must agree across rows
@@ -96,7 +96,7 @@ VARIANTS = (
     Variant(
         "flex TMA",
         "TMA loads in the flex kernels: attention is ~55% of the b32 step's kernel time; 0-10% faster",
-        sets=("drafter.flex_tma=true",),
+        sets=("drafter.flex_kernel_options={USE_TMA=true}",),
     ),
     Variant(
         "max-autotune",

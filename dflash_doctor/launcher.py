@@ -104,16 +104,24 @@ def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Pat
 
 
 def _to_toml(raw: dict[str, Any]) -> str:
-    """Just enough TOML for a trainer config: tables of scalars and lists (no library writes TOML in 3.11)."""
-    import json
-
+    """Just enough TOML for a trainer config: tables of scalars, lists and inline tables (no library writes
+    TOML in 3.11)."""
     lines = []
     for section, body in raw.items():
         lines.append(f"[{section}]")
         for key, value in body.items():
-            lines.append(f"{key} = {json.dumps(value)}")
+            lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    """JSON's scalars and lists are valid TOML; a table (drafter.flex_kernel_options) needs `key = value`."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def run_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:

@@ -44,7 +44,9 @@ class DrafterSection:
     compile_loss: bool = True  # LM head + CE chunk through torch.compile (compiled once, in the warm-up)
     compile_layers: bool = True  # on CUDA: torch.compile each decoder layer (CPU runs stay eager)
     compile_mode: str = "default"  # default | max-autotune-no-cudagraphs (the layers' torch.compile mode)
-    flex_tma: bool = False  # flex_attention kernel_options USE_TMA (Hopper's tensor memory accelerator)
+    # flex_attention's kernel_options, e.g. {USE_TMA = true} (Hopper's tensor memory accelerator); the
+    # keys accepted: FLEX_KERNEL_OPTIONS. Empty: torch's own choices.
+    flex_kernel_options: dict[str, int | bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,11 @@ def _section_dict(section: Any) -> dict[str, Any]:
     out = {}
     for f in fields(section):
         value = getattr(section, f.name)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
+        if isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, dict):
+            value = dict(value)  # a copy: the section is frozen, its table must not change through this
+        out[f.name] = value
     return out
 
 
@@ -241,6 +247,89 @@ def betas() -> Parser:
     return parse
 
 
+def power_of_two(minimum: int, maximum: int) -> Parser:
+    expected = f"a power of two from {minimum} to {maximum}"
+
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(name, expected, value)
+        if not minimum <= value <= maximum or value & (value - 1):
+            raise _fail(name, expected, value)
+        return value
+
+    return parse
+
+
+def int_choice(*options: int) -> Parser:
+    expected = "one of " + ", ".join(str(o) for o in options)
+
+    def parse(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value not in options:
+            raise _fail(name, expected, value)
+        return value
+
+    return parse
+
+
+# flex_attention's kernel_options that a config may set (torch.nn.attention.flex_attention.FlexKernelOptions).
+# A `fwd_`/`bwd_` prefix applies an option to the forward/backward kernel only (torch strips the prefix
+# there); the backward kernel has two block pairs (M1/N1: the dK/dV loop, M2/N2: the dQ loop).
+_FLAG = boolean()
+_BLOCK = power_of_two(16, 128)
+_WARPS = int_choice(1, 2, 4, 8, 16)
+_STAGES = integer(1, 8)
+FLEX_KERNEL_OPTIONS: dict[str, Parser] = {
+    "USE_TMA": _FLAG,
+    "PRESCALE_QK": _FLAG,
+    "ROWS_GUARANTEED_SAFE": _FLAG,
+    "BLOCKS_ARE_CONTIGUOUS": _FLAG,
+    "BLOCK_M": _BLOCK,
+    "BLOCK_N": _BLOCK,
+    "num_warps": _WARPS,
+    "num_stages": _STAGES,
+    "fwd_USE_TMA": _FLAG,
+    "fwd_BLOCK_M": _BLOCK,
+    "fwd_BLOCK_N": _BLOCK,
+    "fwd_num_warps": _WARPS,
+    "fwd_num_stages": _STAGES,
+    "bwd_USE_TMA": _FLAG,
+    "bwd_BLOCK_M1": _BLOCK,
+    "bwd_BLOCK_N1": _BLOCK,
+    "bwd_BLOCK_M2": _BLOCK,
+    "bwd_BLOCK_N2": _BLOCK,
+    "bwd_num_warps": _WARPS,
+    "bwd_num_stages": _STAGES,
+}
+
+
+def kernel_options() -> Parser:
+    """A table of flex_attention kernel options: known keys only, each value checked by its own rule."""
+    parsers = FLEX_KERNEL_OPTIONS
+    expected = "a table of flex_attention kernel options, like {USE_TMA = true, BLOCK_M = 64}"
+
+    def parse(name: str, value: Any) -> dict[str, int | bool]:
+        if not isinstance(value, dict):
+            raise _fail(name, expected, value)
+        unknown = [key for key in value if key not in parsers]
+        if unknown:
+            raise ConfigError(
+                f"{name}: must be {expected}, got {_shown(value)}: unknown option {_shown(unknown[0])} "
+                f"(known: {', '.join(parsers)}); remove it or correct its spelling"
+            )
+        return {key: parsers[key](f"{name}.{key}", v) for key, v in value.items()}
+
+    return parse
+
+
+# Keys that existed once: a config that still sets one gets this hint instead of "unknown key".
+REMOVED_KEYS = {
+    "drafter.flex_tma": (
+        "removed; write drafter.flex_kernel_options = {USE_TMA = true} instead of flex_tma = true "
+        "(flex_tma = false: delete the line)"
+    ),
+}
+
+
 SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
     "target": (
         TargetSection,
@@ -263,7 +352,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "compile_loss": boolean(),
             "compile_layers": boolean(),
             "compile_mode": choice("default", "max-autotune-no-cudagraphs"),
-            "flex_tma": boolean(),
+            "flex_kernel_options": kernel_options(),
         },
     ),
     "data": (
@@ -323,6 +412,8 @@ def parse_config(raw: dict[str, Any]) -> TrainConfig:
         values = {}
         for key, value in body.items():
             name = f"{section_name}.{key}"
+            if name in REMOVED_KEYS:
+                raise ConfigError(f"{name}: {REMOVED_KEYS[name]}")
             if key not in parsers:
                 raise ConfigError(f"{name}: unknown key (known: {', '.join(parsers)})")
             values[key] = parsers[key](name, value)

@@ -92,7 +92,7 @@ def build_drafter(
             loss_chunk=d.loss_chunk,
             compile_loss=d.compile_loss,
             gamma=cfg.optim.gamma,
-            flex_options={"USE_TMA": True} if d.flex_tma else None,
+            flex_options=dict(d.flex_kernel_options) or None,
         )
     model = model.to(device)
     if d.compile_layers and device.type == "cuda":

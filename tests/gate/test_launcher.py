@@ -11,7 +11,12 @@ from trainer.config import load_config, resolve_config_path
 
 def test_overrides_reach_the_warm_up_config() -> None:
     path = resolve_config_path("tiny-cpu")
-    overrides = ["optim.anchors=32", "drafter.block_size=4", "output.dir='/tmp/x y'"]
+    overrides = [
+        "optim.anchors=32",
+        "drafter.block_size=4",
+        "output.dir='/tmp/x y'",
+        "drafter.flex_kernel_options={USE_TMA=true, bwd_BLOCK_M1=32}",  # a table: written as an inline table
+    ]
     written = _config_with_overrides(path, tuple(overrides))
     assert written != path
     assert load_config(written) == load_config(path, overrides)

@@ -240,3 +240,121 @@ def test_data_file_mistakes_are_config_errors_before_anything_starts(
     with pytest.raises(ConfigError, match=message) as caught:
         load_config("tiny-cpu", [f"data.kind='{kind}'", f"data.path='{data}'"])
     assert str(caught.value).startswith("data.path")
+
+
+# ---------------------------------------------------------------- drafter.flex_kernel_options
+
+
+def test_flex_kernel_options_parse_from_a_toml_table_and_an_override() -> None:
+    text = GOOD.replace(
+        "block_size = 8",
+        "block_size = 8\nflex_kernel_options = {USE_TMA = true, BLOCK_M = 64, num_stages = 3}",
+    )
+    assert parse_config(_raw(text)).drafter.flex_kernel_options == {
+        "USE_TMA": True,
+        "BLOCK_M": 64,
+        "num_stages": 3,
+    }
+    options = "{fwd_BLOCK_N=128, bwd_BLOCK_M1=16, bwd_num_warps=8, bwd_USE_TMA=false, PRESCALE_QK=true}"
+    cfg = parse_config(apply_overrides(_raw(), [f"drafter.flex_kernel_options={options}"]))
+    assert cfg.drafter.flex_kernel_options == {
+        "fwd_BLOCK_N": 128, "bwd_BLOCK_M1": 16, "bwd_num_warps": 8, "bwd_USE_TMA": False, "PRESCALE_QK": True
+    }  # fmt: skip
+    assert parse_config(_raw()).drafter.flex_kernel_options == {}  # the default: torch's own choices
+    assert cfg.to_dict()["drafter"]["flex_kernel_options"] == cfg.drafter.flex_kernel_options
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("true", "drafter.flex_kernel_options: must be a table of flex_attention kernel options"),
+        (
+            "{USE_TMA=true, BLOCK_K=64}",
+            "drafter.flex_kernel_options: must be a table of flex_attention kernel options, like "
+            '{USE_TMA = true, BLOCK_M = 64}, got {"USE_TMA": true, "BLOCK_K": 64}: unknown option "BLOCK_K" '
+            "(known: USE_TMA, PRESCALE_QK,",
+        ),
+        ("{use_tma=true}", 'unknown option "use_tma"'),
+        ("{bwd_BLOCK_M=32}", 'unknown option "bwd_BLOCK_M"'),
+        ("{USE_TMA=1}", "drafter.flex_kernel_options.USE_TMA: must be true or false, got 1"),
+        ('{PRESCALE_QK="yes"}', 'drafter.flex_kernel_options.PRESCALE_QK: must be true or false, got "yes"'),
+        (
+            "{BLOCK_M=true}",
+            "drafter.flex_kernel_options.BLOCK_M: must be a power of two from 16 to 128, got true",
+        ),
+        (
+            "{BLOCK_N=48}",
+            "drafter.flex_kernel_options.BLOCK_N: must be a power of two from 16 to 128, got 48",
+        ),
+        (
+            "{fwd_BLOCK_M=256}",
+            "drafter.flex_kernel_options.fwd_BLOCK_M: must be a power of two from 16 to 128",
+        ),
+        (
+            "{bwd_BLOCK_N2=8}",
+            "drafter.flex_kernel_options.bwd_BLOCK_N2: must be a power of two from 16 to 128",
+        ),
+        (
+            "{BLOCK_M=64.0}",
+            "drafter.flex_kernel_options.BLOCK_M: must be a power of two from 16 to 128, got 64.0",
+        ),
+        ("{num_warps=3}", "drafter.flex_kernel_options.num_warps: must be one of 1, 2, 4, 8, 16, got 3"),
+        ("{fwd_num_warps=false}", "drafter.flex_kernel_options.fwd_num_warps: must be one of 1, 2, 4, 8, 16"),
+        ("{num_stages=0}", "drafter.flex_kernel_options.num_stages: must be an integer >= 1 <= 8, got 0"),
+        (
+            "{bwd_num_stages=9}",
+            "drafter.flex_kernel_options.bwd_num_stages: must be an integer >= 1 <= 8, got 9",
+        ),
+    ],
+)
+def test_flex_kernel_options_mistakes_are_named(value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(apply_overrides(_raw(), [f"drafter.flex_kernel_options={value}"]))
+    assert message in err.value.message, err.value.message
+
+
+def test_unknown_kernel_option_lists_every_known_one() -> None:
+    from trainer.config import FLEX_KERNEL_OPTIONS
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(apply_overrides(_raw(), ["drafter.flex_kernel_options={TMA=true}"]))
+    assert all(key in err.value.message for key in FLEX_KERNEL_OPTIONS)
+    assert "remove it or correct its spelling" in err.value.message
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_removed_flex_tma_says_what_replaces_it(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(apply_overrides(_raw(), [f"drafter.flex_tma={value}"]))
+    assert err.value.message.startswith(
+        "drafter.flex_tma: removed; write drafter.flex_kernel_options = {USE_TMA = true}"
+    )
+
+
+def test_no_shipped_config_sets_flex_tma() -> None:
+    for path in SHIPPED_CONFIGS.glob("*.toml"):
+        assert "flex_tma" not in path.read_text(), path
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("drafter.flex_kernel_options={USE_TMA=true, BLOCK_M=32}", {"USE_TMA": True, "BLOCK_M": 32}),
+        ("drafter.flex_kernel_options={}", None),
+    ],
+)
+def test_build_drafter_hands_the_kernel_options_to_every_layer(override: str, expected: dict | None) -> None:
+    import torch
+
+    from trainer.target import target_hf_config
+    from trainer.warmup import build_drafter
+
+    cfg = load_config("tiny-cpu", ["drafter.layers=2", override])
+    hf_config = target_hf_config(cfg.target.path)
+    frozen = torch.zeros(int(hf_config.vocab_size), int(hf_config.hidden_size))
+    model = build_drafter(cfg, hf_config, frozen, frozen, torch.device("cpu"))
+    assert len(model.layers) == 2
+    for layer in model.layers:
+        assert layer.self_attn.flex_options == expected
+    if expected is not None:
+        assert model.layers[0].self_attn.flex_options is not cfg.drafter.flex_kernel_options  # a copy
