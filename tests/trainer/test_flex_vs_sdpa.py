@@ -50,7 +50,8 @@ def test_compiled_flex_matches_sdpa_forward_and_backward_on_cuda(compiled_layers
     flex.load_state_dict(sdpa.state_dict())
     if compiled_layers:
         flex.compile_layers()  # flex traced inline in the layer graph, as training runs it on CUDA
-    batch = {k: v.cuda() for k, v in tiny_batch(cfg, batch=2, seq_len=256, num_anchors=12).items()}
+    # seq_len 250: the flex path pads the context to 256 (flex_context_len), the SDPA path does not
+    batch = {k: v.cuda() for k, v in tiny_batch(cfg, batch=2, seq_len=250, num_anchors=12).items()}
 
     losses = []
     for model in (sdpa, flex):

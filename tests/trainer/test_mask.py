@@ -177,3 +177,25 @@ def test_the_guard_fires_when_dynamo_falls_back_to_eager_at_the_recompile_limit(
         assert torch.equal(compiled(torch.zeros(2)), torch.ones(2))  # compiled: the guard is traced away
         with pytest.raises(FlexNotCompiledError, match="guarded ran outside"):
             compiled(torch.zeros(3))  # a new shape past the limit: Dynamo runs the Python body eagerly
+
+
+def test_flex_context_is_padded_to_the_tile_and_the_zero_keys_sit_between_context_and_blocks() -> None:
+    from trainer.attention import FLEX_TILE, flex_context_len, keys_layout
+
+    assert [flex_context_len(s) for s in (1, 127, 128, 129, 3072, 40000)] == [128, 128, 128, 256, 3072, 40064]
+    context = torch.arange(1, 1 + 2 * 3 * 4, dtype=torch.float32).view(1, 2, 3, 4).expand(2, 2, 3, 4)
+    blocks = -torch.ones(2, 2, 8, 4)
+    dense = torch.ones(2, 1, 8, 3 + 8, dtype=torch.bool)
+    assert torch.equal(keys_layout(context, blocks, dense), torch.cat([context, blocks], dim=2))
+
+    ends = torch.tensor([[2, 1], [0, 3]])  # two blocks of 4 per sequence
+    block_mask = create_block_mask(
+        dflash_mask_mod(ends, FLEX_TILE, 4), 2, None, 8, FLEX_TILE + 8, device="cpu", _compile=False
+    )
+    laid_out = keys_layout(context, blocks, block_mask)
+    assert laid_out.shape == (2, 2, FLEX_TILE + 8, 4)
+    assert torch.equal(laid_out[:, :, :3], context)
+    assert not laid_out[:, :, 3:FLEX_TILE].any()  # the padding: zeros, that no query may see
+    assert torch.equal(laid_out[:, :, FLEX_TILE:], blocks)
+    visible = dense_mask(ends, torch.ones_like(ends, dtype=torch.bool), FLEX_TILE, 4)
+    assert not visible[..., 3:FLEX_TILE].any()
