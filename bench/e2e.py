@@ -38,29 +38,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, print_rows, write_result
-from trainer.config import apply_overrides, load_config, read_raw, resolve_config_path
+from trainer.config import apply_overrides, config_to_toml, load_config, read_raw, resolve_config_path
 
 COLUMNS = ("recipe", "exit", "steps", "steady_tok_s", "steady_samples_s", "data_wait_fraction",
            "time_to_first_step_s", "x2_colocated_tok_s", "vs_x2_colocated", "wall_s")  # fmt: skip
 
 
-def toml_value(value: Any) -> str:
-    """A TOML literal for the values trainer configs hold (JSON's forms are valid TOML for these)."""
-    if isinstance(value, tuple):
-        value = list(value)
-    return json.dumps(value)
-
-
 def derived_config(config: str, overrides: list[str], destination: Path) -> Path:
     """The config with the overrides applied, written as TOML; validated by the trainer's own loader."""
     raw = apply_overrides(read_raw(resolve_config_path(config)), overrides)
-    lines = []
-    for section, body in raw.items():
-        lines.append(f"[{section}]")
-        lines.extend(f"{key} = {toml_value(value)}" for key, value in body.items())
-        lines.append("")
     destination.parent.mkdir(parents=True, exist_ok=True)
-    destination.write_text("\n".join(lines))
+    destination.write_text(config_to_toml(raw))
     load_config(destination)  # a bad override fails here, before anything starts
     return destination
 

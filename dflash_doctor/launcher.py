@@ -94,34 +94,13 @@ def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Pat
 
     import tomllib
 
-    from trainer.config import apply_overrides
+    from trainer.config import apply_overrides, config_to_toml
 
     raw = apply_overrides(tomllib.loads(config_path.read_text()), list(overrides))
     folder = Path(tempfile.mkdtemp(prefix="dflash-warm-"))
     target = folder / config_path.name
-    target.write_text(_to_toml(raw))
+    target.write_text(config_to_toml(raw))
     return target
-
-
-def _to_toml(raw: dict[str, Any]) -> str:
-    """Just enough TOML for a trainer config: tables of scalars, lists and inline tables (no library writes
-    TOML in 3.11)."""
-    lines = []
-    for section, body in raw.items():
-        lines.append(f"[{section}]")
-        for key, value in body.items():
-            lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_value(value: Any) -> str:
-    """JSON's scalars and lists are valid TOML; a table (drafter.flex_kernel_options) needs `key = value`."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(value)
 
 
 def run_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:

@@ -541,6 +541,26 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def config_to_toml(raw: dict[str, Any]) -> str:
+    """A raw config (sections of scalars, lists and inline tables) as TOML text that `read_raw` reads back.
+    The launcher and the benches write configs with overrides applied; tomllib only reads TOML."""
+    lines = []
+    for section, body in raw.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in body.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    """JSON's scalars and lists are valid TOML; a table (drafter.flex_kernel_options) needs `key = value`."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def read_raw(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())

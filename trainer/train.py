@@ -48,6 +48,7 @@ from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.loss import LossOutput, expected_acceptance_length
 from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from trainer.startup import StartupClock
 from trainer.target import load_capture_target, load_frozen_embeddings, target_dtype, target_hf_config
 from trainer.transport import BatchReceiver, BatchSender, Topology, TransportError
 from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
@@ -77,6 +78,7 @@ def _raise_terminated(signum: int, _frame: Any) -> None:
 
 
 def main(cfg: TrainConfig) -> int:
+    clock = StartupClock()
     me = Rank.from_environ()
     signal.signal(signal.SIGTERM, _raise_terminated)
     if me.world_size != cfg.world_size:
@@ -97,10 +99,11 @@ def main(cfg: TrainConfig) -> int:
     try:
         drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
+        clock.mark("process group")
         if topology.is_target(me.rank):
-            run_target(cfg, plan, topology, me.rank, device, resume_step)
+            run_target(cfg, plan, topology, me.rank, device, resume_step, clock)
             return 0
-        return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step)
+        return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step, clock)
     except (TransportError, Terminated) as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -123,8 +126,15 @@ def agree_on_resume_step(cfg: TrainConfig, topology: Topology, rank: int, device
 
 
 def run_target(
-    cfg: TrainConfig, plan: RunPlan, topology: Topology, rank: int, device: torch.device, resume_step: int
+    cfg: TrainConfig,
+    plan: RunPlan,
+    topology: Topology,
+    rank: int,
+    device: torch.device,
+    resume_step: int,
+    clock: StartupClock | None = None,
 ) -> None:
+    clock = clock or StartupClock()
     assert cfg.drafter.target_layer_ids is not None
     dtype = target_dtype(cfg.target.dtype, device)
     target = load_capture_target(
@@ -135,14 +145,18 @@ def run_target(
         dtype,
         compile_layers=cfg.target.compile_layers and device.type == "cuda",
     )
+    clock.mark("build")
     if target.compiled:
         warm_up_target(target, cfg, device)  # compile now, one target rank at a time
+        clock.mark("compile")
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
     order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)
     sender = BatchSender(topology, cfg.topology.in_flight, device)
     fault = fault_from_env()
     first_batch = resume_step * topology.drafters  # the data position: global batch index
+    clock.mark("data")
+    clock.report(rank, "target")
     for index in batches_of_target(rank, topology.targets, first_batch, plan.total_batches):
         maybe_exit_target(fault, rank, index)
         input_ids, loss_mask = make_batch(source, order.sequence_ids(index))
@@ -162,13 +176,17 @@ def run_drafter(
     device: torch.device,
     group: dist.ProcessGroup,
     resume_step: int,
+    clock: StartupClock | None = None,
 ) -> int:
+    clock = clock or StartupClock()
     began = time.monotonic()
     index = topology.drafter_index(rank)
     is_first = index == 0
     embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed, device)
     model = build_drafter(cfg, hf_config, embed, lm_head, device)
+    clock.mark("build")
     warmup = warm_up_model(model, cfg, device)  # compile here, in the main thread, before the loop
+    clock.mark("compile")
     ddp = DistributedDataParallel(
         model, process_group=group, device_ids=[device.index] if device.type == "cuda" else None
     )
@@ -189,6 +207,9 @@ def run_drafter(
         )
     receiver = BatchReceiver(topology, index, device)
     fault = fault_from_env()
+    clock.mark("optimizer + DDP")
+    clock.report(rank, "drafter")
+    warmup = {**warmup, "startup": clock.as_dict()}  # kept in summary.json with the warm-up
     status, error = "failed", None
     try:
         for step in range(resume_step, plan.total_steps):

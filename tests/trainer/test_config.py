@@ -358,3 +358,13 @@ def test_build_drafter_hands_the_kernel_options_to_every_layer(override: str, ex
         assert layer.self_attn.flex_options == expected
     if expected is not None:
         assert model.layers[0].self_attn.flex_options is not cfg.drafter.flex_kernel_options  # a copy
+
+
+def test_config_to_toml_reads_back_the_same_config_for_every_shipped_preset() -> None:
+    import tomllib
+
+    from trainer.config import SHIPPED_CONFIGS, apply_overrides, config_to_toml, read_raw
+
+    for path in sorted(SHIPPED_CONFIGS.glob("*.toml")):
+        raw = apply_overrides(read_raw(path), ["drafter.flex_kernel_options={fwd_USE_TMA=true, BLOCK_N=64}"])
+        assert tomllib.loads(config_to_toml(raw)) == raw, path.name

@@ -25,6 +25,11 @@ def test_one_target_one_drafter_loss_falls() -> None:
     summary = run.summary
     assert summary["status"] == "ok" and summary["steps"] == 40 and summary["final_loss"] == last["loss"]
     assert summary["warmup"]["attention"] == "sdpa"
+    startup = summary["warmup"]["startup"]  # where the drafter rank's time to its first batch went
+    assert {"start + imports", "process group", "build", "compile", "total"} <= startup.keys()
+    assert startup["total"] == pytest.approx(sum(v for k, v in startup.items() if k != "total"), abs=0.05)
+    for role in ("target", "drafter"):
+        assert f"({role}) ready in " in run.stderr
     assert "step 40/40" in run.stdout
 
 
