@@ -1,10 +1,12 @@
 """Fill `dflash_doctor/data/role_rates.json` (what dflash_doctor/split.py reads) from a GPU run's results.
 
 Target rate: the `capture +compiled` row (else `capture`) of bench/target_capture.json at the recipe's sequence length. Drafter rate:
-the chosen row (`--variant`, default "trainer": what the trainer runs today) of bench/drafter_variants.json.
+the chosen row (`--variant`, default "trainer": what the trainer runs today) of bench/drafter_variants.json; a
+recipe whose preset runs something else names its row with `--recipe-variant RECIPE=VARIANT` (repeatable).
 Prints the recommended split on `--gpus` GPUs per recipe, with the drafter's best variant alongside.
 
     python3 bench/role_rates.py --results bench/results --gpus 8
+    python3 bench/role_rates.py --results bench/results/h200 --gpus 8 --recipe-variant 'seed-b32=flex fwd TMA'
 """
 
 from __future__ import annotations
@@ -25,10 +27,41 @@ from bench.roles import RESULTS, write_result
 from dflash_doctor.split import DEFAULT_RATES_PATH, RoleRates, recommend_split
 
 
+def recipe_variants(variants: dict[str, Any], pairs: list[str]) -> dict[str, str]:
+    """`RECIPE=VARIANT` strings -> {recipe: variant}, each checked against drafter_variants.json's recipes and rows.
+
+    Raises ValueError naming what exists when a recipe or a variant is unknown (or a string has no `=`)."""
+    recipes = list(variants.get("recipes", {}))
+    chosen: dict[str, str] = {}
+    for pair in pairs:
+        recipe, sep, variant = pair.partition("=")
+        recipe, variant = recipe.strip(), variant.strip()
+        if not sep or not recipe or not variant:
+            raise ValueError(f"--recipe-variant {pair!r}: expected RECIPE=VARIANT")
+        if recipe not in recipes:
+            raise ValueError(
+                f"--recipe-variant {pair!r}: no recipe {recipe!r}; recipes: {', '.join(recipes)}"
+            )
+        names = [r["variant"] for r in variants.get("rows", []) if r["recipe"] == recipe]
+        if variant not in names:
+            raise ValueError(
+                f"--recipe-variant {pair!r}: recipe {recipe!r} has no variant {variant!r}; "
+                f"variants: {', '.join(repr(n) for n in names) or '(none)'}"
+            )
+        chosen[recipe] = variant
+    return chosen
+
+
 def measured_rates(
-    capture: dict[str, Any], variants: dict[str, Any], variant: str
+    capture: dict[str, Any],
+    variants: dict[str, Any],
+    variant: str,
+    per_recipe: dict[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
-    """(role_rates.json's recipes table, the fastest drafter samples/s per recipe)."""
+    """(role_rates.json's recipes table, the fastest drafter samples/s per recipe).
+
+    The drafter rate comes from the `variant` row, or from `per_recipe[recipe]`'s row where the recipe is named there."""
+    per_recipe = per_recipe or {}
     rows = capture.get("rows", [])
     # The row the trainer runs: compiled layers (target.compile_layers defaults to true) when measured.
     target_variant = (
@@ -39,7 +72,8 @@ def measured_rates(
     fastest: dict[str, float] = {}
     for name, shapes in variants.get("recipes", {}).items():
         rows = [r for r in variants.get("rows", []) if r["recipe"] == name]
-        chosen = next((r for r in rows if r["variant"] == variant), None)
+        row_name = per_recipe.get(name, variant)
+        chosen = next((r for r in rows if r["variant"] == row_name), None)
         seq_len = shapes["seq_len"]
         if chosen is None or seq_len not in target:  # rates are per sample, whatever the batch
             continue
@@ -51,7 +85,7 @@ def measured_rates(
             "drafter_samples_s": chosen["samples_s"],
             "source": (
                 f"measured {date.today()} on {variants.get('device')} (torch {variants.get('torch')}): target = "
-                f"bench/target_capture.py '{target_variant}' row, drafter = bench/drafter_variants.py '{variant}' row"
+                f"bench/target_capture.py '{target_variant}' row, drafter = bench/drafter_variants.py '{row_name}' row"
             ),
         }
         fastest[name] = max(r["samples_s"] for r in rows)
@@ -64,13 +98,26 @@ def main() -> int:
     )
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder with the GPU run's JSON")
     parser.add_argument("--variant", default="trainer", help="the drafter row to take the rate from")
+    parser.add_argument(
+        "--recipe-variant",
+        action="append",
+        default=[],
+        metavar="RECIPE=VARIANT",
+        help="the drafter row for one recipe (repeatable; the others take --variant's)",
+    )
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--out", type=Path, default=DEFAULT_RATES_PATH)
     args = parser.parse_args()
 
     capture = json.loads((args.results / "target_capture.json").read_text())
     variants = json.loads((args.results / "drafter_variants.json").read_text())
-    table, fastest = measured_rates(capture, variants, args.variant)
+    try:
+        per_recipe = recipe_variants(variants, args.recipe_variant)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2
+    table, fastest = measured_rates(capture, variants, args.variant, per_recipe)
+    for name in per_recipe.keys() - table.keys():
+        print(f"{name}: no capture row at its sequence length: not written")
     if not table:
         print("no recipe has both a capture row and a drafter row: role_rates.json left as it is")
         return 1
@@ -79,7 +126,8 @@ def main() -> int:
     write_result(args.out, {"note": previous.get("note", ""), "recipes": merged})
 
     view = Table(title=f"projected best split on {args.gpus} GPUs (min(N x target, M x drafter))")
-    for column in ("recipe", "target/GPU", "drafter/GPU", "best", "Ktok/s", "with fastest drafter"):
+    columns = ("recipe", "drafter row", "target/GPU", "drafter/GPU", "best", "Ktok/s", "with fastest drafter")
+    for column in columns:
         view.add_column(column, justify="right")
     for name, entry in table.items():
         rates = RoleRates.from_json(name, entry)
@@ -88,6 +136,7 @@ def main() -> int:
         alt = recommend_split(faster, args.gpus).best
         view.add_row(
             name,
+            per_recipe.get(name, args.variant),
             f"{rates.target_samples_s:.3f}",
             f"{rates.drafter_samples_s:.3f}",
             f"{best.targets}+{best.drafters}",
