@@ -6,7 +6,8 @@
 #   warm      the cache left in place
 # Time to first step (restored vs warm), steady tok/s and the drafter's data-wait fraction for each.
 #   run(kind="nvidia-h200-x2", carry=[".whl"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
-# With a snapshot from an earlier call in .snap/ (carry=[".whl", ".snap"]) the cold run is skipped.
+# With a snapshot from an earlier call in .snap/ (carry=[".whl", ".snap"]) the cold run is skipped;
+# E2E_RUNS=restored skips the warm run too.
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -41,6 +42,7 @@ HALF=$(( ($(left) - 20) / 2 - 30 ))
 stage e2e_restored $((HALF + 30)) "${E2E[@]}" --steps 6 --timeout-s $HALF --workdir /tmp/e2e-restored \
     --out "$RES/e2e-restored.json"
 keep_log /tmp/e2e-restored restored
+case " ${E2E_RUNS:-restored warm} " in *" warm "*) ;; *) finish e2e; exit 0 ;; esac
 REST=$(( $(left) - 40 ))
 stage e2e_warm $((REST + 30)) "${E2E[@]}" --steps 6 --timeout-s $REST --workdir /tmp/e2e-warm \
     --out "$RES/e2e-warm.json"
