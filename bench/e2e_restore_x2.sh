@@ -38,7 +38,7 @@ else
 fi
 stage wipe 10 bash -c "du -sh '$INDUCTOR'; rm -rf '$INDUCTOR'; python3 -m dflash_doctor cache list --json \
     > '$RES/cache_list.json'; ls -la '$STORE' || true"
-HALF=$(( ($(left) - 20) / 2 - 30 ))
+case " ${E2E_RUNS:-restored warm} " in *" warm "*) HALF=$(( ($(left) - 20) / 2 - 30 )) ;; *) HALF=$(( $(left) - 40 )) ;; esac
 stage e2e_restored $((HALF + 30)) "${E2E[@]}" --steps 6 --timeout-s $HALF --workdir /tmp/e2e-restored \
     --out "$RES/e2e-restored.json"
 keep_log /tmp/e2e-restored restored
