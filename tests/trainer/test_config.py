@@ -305,6 +305,10 @@ def test_flex_kernel_options_parse_from_a_toml_table_and_an_override() -> None:
             "{bwd_num_stages=9}",
             "drafter.flex_kernel_options.bwd_num_stages: must be an integer >= 1 <= 8, got 9",
         ),
+        (
+            "{USE_TMA=true, ROWS_GUARANTEED_SAFE=true}",
+            "drafter.flex_kernel_options.ROWS_GUARANTEED_SAFE: refused: it made flex return NaN",
+        ),
     ],
 )
 def test_flex_kernel_options_mistakes_are_named(value: str, message: str) -> None:
