@@ -7,8 +7,13 @@ Every weight is a pure function of the seed, so each rank (and each restart) bui
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config
+
+if TYPE_CHECKING:
+    from transformers import Qwen3ForCausalLM
 
 TINY = "tiny"
 RANDOM_PREFIX = "random:"
@@ -96,6 +101,10 @@ def build_embedded_target(
     path: str, seed: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> Qwen3ForCausalLM:
     """The embedded target with seeded random weights, frozen, in eval mode."""
+    # Imported here: the modeling code costs ~1.8 s of imports (CPU box) that drafter ranks, the warm-up
+    # child and the launcher, which need only the config, should not pay.
+    from transformers import Qwen3ForCausalLM
+
     config = embedded_config(path)
     previous_dtype = torch.get_default_dtype()
     try:
