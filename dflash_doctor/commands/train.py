@@ -68,11 +68,13 @@ def train_command(
 ) -> None:
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
     console = Console(highlight=False)
+    began = time.perf_counter()  # the launcher's share of time to first step: gate + compile cache
     training = load_training_config(config, overrides)
     torchrun = TorchrunOptions(
         nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
     )
     gate = run_gate(training, python, torchrun, deep=deep, lock_path=default_lock(None, False))
+    gate_s = time.perf_counter() - began
     plan = gate.plan
     failing = [f.id for f in gate.failing]
     store = RunStore()
@@ -121,6 +123,12 @@ def train_command(
     )
     record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
     console.print(f"compile cache: {escape(prep.detail)}")
+    before = (
+        f"before torchrun: {time.perf_counter() - began:.1f} s (gate {gate_s:.1f} s, "
+        f"compile cache {prep.seconds:.1f} s)"
+    )
+    record.notes.append(before)
+    console.print(f"[dim]{before}[/]")
     store.save(record)
     started = time.time()
     code, interrupted = run_torchrun(plan.command, gate.environ)

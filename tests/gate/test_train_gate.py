@@ -54,6 +54,9 @@ def test_healthy_tiny_config_passes_the_gate_and_launches(launches: list[list[st
     record = only_record()
     assert record["status"] == "succeeded" and record["overrides"] == []
     assert record["environment"]["schema"].startswith("dflash-doctor/lock")
+    # the launcher's share of time to first step, on screen and in the record
+    assert "before torchrun: " in capsys.readouterr().out
+    assert any(n.startswith("before torchrun: ") and "gate " in n for n in record["notes"])
 
 
 def test_dry_run_starts_nothing_and_prints_the_plan(launches: list[list[str]], capsys) -> None:
