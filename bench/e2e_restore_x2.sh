@@ -7,7 +7,8 @@
 # Time to first step (restored vs warm), steady tok/s and the drafter's data-wait fraction for each.
 #   run(kind="nvidia-h200-x2", carry=[".whl"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
 # With a snapshot from an earlier call in .snap/ (carry=[".whl", ".snap"]) the cold run is skipped;
-# E2E_RUNS=restored skips the warm run too.
+# E2E_RUNS=restored skips the warm run too; E2E_COLOCATED=1 first measures the colocated baseline (bench/colocated.py)
+# and compares every 1+1 run with it. Next: E2E_COLOCATED=1 E2E_RUNS=restored with .snap/ carried (~6 minutes).
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -21,6 +22,12 @@ INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inducto
 STORE=$DFLASH_DOCTOR_HOME/cache/snapshots
 echo "managed cache: $INDUCTOR"
 E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16 --no-deep)
+if [ -n "${E2E_COLOCATED:-}" ]; then
+    # The colocated baseline in the same call: target then drafter in one process on cuda:0 (about 4 minutes
+    # cold); every 1+1 run below is then compared with two such GPUs.
+    stage colocated 320 python3 bench/colocated.py $TINY --config qwen3-8b-b16 --out "$RES/colocated.json"
+    [ -s "$RES/colocated.json" ] && E2E+=(--colocated-json "$RES/colocated.json")
+fi
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 keep_log() { cp "$1"/*.log "$LOGS/$2-train.log" 2>/dev/null; tail -n 25 "$LOGS/$2-train.log" 2>/dev/null; }
 CARRIED=$(ls .snap/*.tar.zst 2>/dev/null | head -n 1)
