@@ -126,9 +126,9 @@ def release_cached_memory(device: torch.device) -> None:
     """Give the build's transient blocks back to the driver before training.
 
     The frozen embedding and LM head are drawn in fp32 on the GPU (2 x 2.5 GB for Qwen3-8B) and then cast;
-    the freed fp32 blocks stayed reserved by the caching allocator and fragmented it: NVML showed 24.8 GiB
-    on the target rank and 36.4 on the drafter rank at qwen3-8b-b16, against 17.8 / 31.8 GiB when the draws
-    were made on the CPU. Costs one `empty_cache` per rank, once.
+    the freed fp32 blocks stayed reserved by the caching allocator and fragmented it. NVML on two H200s at
+    qwen3-8b-b16: 24.8 GiB (target rank) and 36.4 GiB (drafter rank) without this call, 17.0 / 31.8 GiB
+    with it. Costs one `empty_cache` per rank, once.
     """
     if device.type == "cuda":
         torch.cuda.empty_cache()
