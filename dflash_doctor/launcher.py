@@ -22,12 +22,14 @@ from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
+from dflash_doctor.cache.warm_record import WarmRecords, cache_files, skip_reason, warm_key
 from dflash_doctor.environment import Environment
 from dflash_doctor.errors import DoctorError
 
 KEEP_SNAPSHOTS = 5
 TRAIN_PREFIX = "train-"  # snapshots taken after runs; only these are pruned automatically
 STOP_GRACE_S = 30.0
+RECORDS_FILE = "warm-records.json"  # beside the snapshots: dflash_doctor/cache/warm_record.py
 
 
 @dataclass
@@ -52,10 +54,12 @@ def prepare_compile_cache(
     """Make the managed cache warm for this build on every drafter device, before any worker starts.
 
     1. Cold for this build and a compatible snapshot exists: restore it (verified, atomic).
-    2. Always then run the trainer's warm-up in ONE child process, device after device: from a warm
-       cache it only loads (seconds, all hits); otherwise it compiles here, alone, instead of in the
-       workers. This matters because Inductor keys compiled graphs by device index: a cache warmed on
-       cuda:0 does not serve a drafter on cuda:1 (measured on 2 H200s: the worker compiled again).
+    2. Then run the trainer's warm-up in ONE child process, device after device: from a warm cache it
+       only loads (seconds, all hits); otherwise it compiles here, alone, instead of in the workers.
+       This matters because Inductor keys compiled graphs by device index: a cache warmed on cuda:0 does
+       not serve a drafter on cuda:1 (measured on 2 H200s: the worker compiled again). The child is
+       skipped when a record says this exact warm-up already ran and every cache file it left is still
+       there (warm_record.py); DFLASH_DOCTOR_ALWAYS_WARM=1 runs it regardless.
     """
     start = time.perf_counter()
     fingerprint = current_fingerprint(env)
@@ -72,10 +76,20 @@ def prepare_compile_cache(
             steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
             action = "restored"
     config = _config_with_overrides(config_path, overrides)
+    roots = status.locations.roots()
+    records = WarmRecords(snapshots_dir().parent / RECORDS_FILE)
+    key = warm_key(
+        fingerprint, _read_toml(config), device_type, drafter_devices, env.interpreter.executable, environ
+    )
+    skipped = skip_reason(records, key, roots, environ)
+    if skipped is not None:
+        steps.append(skipped)
+        return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
     command = child_command(
         env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
     )
     result = run_warm_child(command, environ)
+    records.save(key, drafter_devices, cache_files(roots))
     misses, hits = compile_count(result)
     where = ", ".join(drafter_devices) or device_type
     steps.append(
@@ -84,6 +98,12 @@ def prepare_compile_cache(
     if misses and action == "warm":
         action = "warmed"
     return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(path.read_text())
 
 
 def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:

@@ -1,0 +1,180 @@
+"""Warm-ups that already ran against the cache as it is now: a warm start may skip the warm-up child.
+
+Before every launch the launcher runs the trainer's warm-up in one child process, so that workers never
+compile at the same time from a cold cache. From a warm cache that child only loads, but it still costs a
+start-up: on two H200s at qwen3-8b-b16 its warm-up took 7.8 s, and an interpreter that imports torch,
+transformers and the trainer takes another 13-15 s there.
+
+After a child succeeds, a record is kept: a key (build fingerprint, the config with the fields that cannot
+change a compiled graph left out, the devices, the interpreter, the trainer's source, the TORCH*/TRITON*
+environment variables) and every cache file
+present right after it (path and size). A later launch with the same key skips the child only if every
+one of those files is still there with the same size. A new torch, other shapes, another device, an edited
+trainer, or one deleted or rewritten cache file: the child runs. A needless child costs seconds; a wrong
+skip would let the workers compile concurrently, so every doubt runs the child.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.atomic import write_json_atomic
+from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
+
+SCHEMA = "dflash-doctor/warm-records/v1"
+KEEP_RECORDS = 20
+MAX_FILES = 100_000  # a cache folder shared with much else: keep no record, always run the child
+ALWAYS_ENV = "DFLASH_DOCTOR_ALWAYS_WARM"  # set to 1: run the warm-up child on every launch
+
+# Config fields that never reach a compiled graph (bookkeeping, schedule lengths): changing them keeps the key.
+_IGNORED_FIELDS = {
+    "output": None,  # the whole section
+    "checkpoint": None,
+    "optim": {"steps", "epochs"},
+    "run": {"log_every", "timeout_s"},
+}
+_TRAINER_DIR = Path(__file__).resolve().parents[2] / "trainer"
+
+
+def trainer_source_digest(folder: Path = _TRAINER_DIR) -> str:
+    """sha256 over the trainer's Python files: an edited model or loss compiles different graphs."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def graph_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The raw config without the fields listed in `_IGNORED_FIELDS`."""
+    kept: dict[str, Any] = {}
+    for section, body in raw.items():
+        ignored = _IGNORED_FIELDS.get(section, set())
+        if ignored is None:
+            continue
+        kept[section] = (
+            {k: v for k, v in body.items() if k not in ignored} if isinstance(body, dict) else body
+        )
+    return kept
+
+
+# Environment variables that steer compilation or device numbering (TORCHINDUCTOR_MAX_AUTOTUNE, ...).
+_ENV_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "CUDA_VISIBLE_DEVICES")
+
+
+def warm_key(
+    fingerprint: BuildFingerprint,
+    raw_config: Mapping[str, Any],
+    device_type: str,
+    devices: tuple[str, ...],
+    python: str,
+    environ: Mapping[str, str] | None = None,
+    trainer_digest: str | None = None,
+) -> str:
+    """What a warm-up's graphs depend on, as one digest."""
+    facts = {
+        "build": fingerprint.to_json(),
+        "config": graph_config(raw_config),
+        "device_type": device_type,
+        "devices": list(devices),
+        "python": python,
+        "environ": {k: v for k, v in sorted((environ or {}).items()) if k.startswith(_ENV_PREFIXES)},
+        "trainer": trainer_digest if trainer_digest is not None else trainer_source_digest(),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_files(roots: Mapping[str, Path]) -> dict[str, int]:
+    """`label/relative/path` -> size of every file under the cache roots (transient folders left out)."""
+    files: dict[str, int] = {}
+    for label, root in roots.items():
+        for folder, dirs, names in os.walk(root):
+            if Path(folder) == root:
+                dirs[:] = [d for d in dirs if d not in TRANSIENT_FOLDERS]
+            for name in names:
+                path = Path(folder, name)
+                try:
+                    files[f"{label}/{path.relative_to(root)}"] = path.stat().st_size
+                except OSError:
+                    continue  # removed while we walked: not part of the record
+    return files
+
+
+@dataclass(frozen=True)
+class WarmRecord:
+    key: str
+    when: float
+    devices: tuple[str, ...]
+    files: dict[str, int]
+
+    def missing(self, roots: Mapping[str, Path]) -> list[str]:
+        """Recorded files that are gone or changed size (stops at the first few: one is enough)."""
+        gone = []
+        for name, size in self.files.items():
+            label, _, relative = name.partition("/")
+            root = roots.get(label)
+            try:
+                ok = root is not None and (root / relative).stat().st_size == size
+            except OSError:
+                ok = False
+            if not ok:
+                gone.append(name)
+                if len(gone) >= 3:
+                    break
+        return gone
+
+
+class WarmRecords:
+    """The records file (JSON, written beside and renamed). Unreadable or foreign: treated as empty."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _load(self) -> list[dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []
+        if (
+            not isinstance(data, dict)
+            or data.get("schema") != SCHEMA
+            or not isinstance(data.get("records"), list)
+        ):
+            return []
+        return [r for r in data["records"] if isinstance(r, dict)]
+
+    def find(self, key: str) -> WarmRecord | None:
+        for entry in self._load():
+            if entry.get("key") == key and isinstance(entry.get("files"), dict) and entry["files"]:
+                return WarmRecord(
+                    key, float(entry.get("when", 0)), tuple(entry.get("devices", ())), dict(entry["files"])
+                )
+        return None
+
+    def save(self, key: str, devices: tuple[str, ...], files: dict[str, int]) -> None:
+        if not files or len(files) > MAX_FILES:
+            return
+        kept = [r for r in self._load() if r.get("key") != key][-(KEEP_RECORDS - 1) :]
+        kept.append({"key": key, "when": time.time(), "devices": list(devices), "files": files})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.path, {"schema": SCHEMA, "records": kept})
+
+
+def skip_reason(
+    records: WarmRecords, key: str, roots: Mapping[str, Path], environ: Mapping[str, str]
+) -> str | None:
+    """Why the warm-up child can be skipped (None: it must run)."""
+    if environ.get(ALWAYS_ENV, "") not in ("", "0"):
+        return None
+    record = records.find(key)
+    if record is None or record.missing(roots):
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.when))
+    return f"warm-up skipped: this build and config were warmed at {when}; its {len(record.files)} cache files are intact"

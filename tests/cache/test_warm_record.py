@@ -1,0 +1,165 @@
+"""A warm start skips the warm-up child only when this exact warm-up already ran and its cache files are intact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor import launcher
+from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.warm_record import (
+    ALWAYS_ENV,
+    WarmRecords,
+    cache_files,
+    graph_config,
+    skip_reason,
+    trainer_source_digest,
+    warm_key,
+)
+
+BUILD = BuildFingerprint("2.11.0+cu130", "70d99e998b49", "13.0", "3.6.0", "3.12", ("NVIDIA H200",) * 2)
+RAW = {
+    "drafter": {"layers": 5, "block_size": 16},
+    "data": {"seq_len": 3072},
+    "optim": {"anchors": 512, "steps": 50, "lr": 6e-4},
+    "output": {"dir": "runs/a"},
+    "checkpoint": {"every": 50},
+    "run": {"log_every": 10, "timeout_s": 600, "device": "cuda"},
+}
+
+
+def key_of(
+    raw: dict = RAW,
+    build: BuildFingerprint = BUILD,
+    devices: tuple[str, ...] = ("cuda:1",),
+    environ: dict[str, str] | None = None,
+) -> str:
+    environ = {"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/c"} if environ is None else environ
+    return warm_key(build, raw, "cuda", devices, "/usr/bin/python3", environ, trainer_digest="t")
+
+
+def edited(section: str, field: str, value: object) -> dict:
+    return {**RAW, section: {**RAW[section], field: value}}
+
+
+def test_the_key_ignores_bookkeeping_and_follows_everything_a_graph_depends_on() -> None:
+    base = key_of()
+    for section, field, value in [
+        ("optim", "steps", 5000), ("output", "dir", "runs/b"), ("checkpoint", "every", 0), ("run", "log_every", 1),
+    ]:  # fmt: skip
+        assert key_of(edited(section, field, value)) == base, (section, field)
+    for section, field, value in [
+        ("data", "seq_len", 40000), ("optim", "anchors", 1024), ("drafter", "block_size", 32),
+        ("optim", "lr", 1e-4), ("run", "device", "cpu"),
+    ]:  # fmt: skip
+        assert key_of(edited(section, field, value)) != base, (section, field)
+    assert key_of(devices=("cuda:0",)) != base
+    assert key_of(build=BuildFingerprint("2.12.0", None, "13.0", "3.6.0", "3.12", ("NVIDIA H200",))) != base
+    assert warm_key(BUILD, RAW, "cuda", ("cuda:1",), "/usr/bin/python3", trainer_digest="edited") != base
+    assert (
+        key_of(environ={"HOME": "/elsewhere", "TORCHINDUCTOR_CACHE_DIR": "/c"}) == base
+    )  # unrelated variable
+    assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/c", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}) != base
+    assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/c", "CUDA_VISIBLE_DEVICES": "3"}) != base
+    assert "output" not in graph_config(RAW) and graph_config(RAW)["optim"] == {"anchors": 512, "lr": 6e-4}
+
+
+def test_the_trainer_digest_changes_when_a_trainer_file_changes(tmp_path: Path) -> None:
+    (tmp_path / "model.py").write_text("x = 1\n")
+    before = trainer_source_digest(tmp_path)
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert trainer_source_digest(tmp_path) != before
+
+
+def cache_with_files(root: Path) -> dict[str, Path]:
+    (root / "fxgraph" / "ab").mkdir(parents=True)
+    (root / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
+    (root / "triton" / "0").mkdir(parents=True)
+    (root / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 100)
+    (root / "locks").mkdir()
+    (root / "locks" / "x.lock").write_bytes(b"")  # transient: never recorded
+    return {"inductor": root}
+
+
+def test_skip_only_while_every_recorded_file_is_intact(tmp_path: Path) -> None:
+    roots = cache_with_files(tmp_path / "inductor")
+    records = WarmRecords(tmp_path / "warm-records.json")
+    assert skip_reason(records, "k", roots, {}) is None  # nothing recorded yet
+    files = cache_files(roots)
+    assert set(files) == {"inductor/fxgraph/ab/entry", "inductor/triton/0/kernel.cubin"}
+    records.save("k", ("cuda:1",), files)
+
+    reason = skip_reason(records, "k", roots, {})
+    assert reason is not None and "2 cache files are intact" in reason
+    assert skip_reason(records, "other key", roots, {}) is None
+    assert skip_reason(records, "k", roots, {ALWAYS_ENV: "1"}) is None
+    (tmp_path / "inductor" / "later-file").write_bytes(b"new")  # the cache grew (the target's kernels): fine
+    assert skip_reason(records, "k", roots, {}) is not None
+
+    (tmp_path / "inductor" / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 99)  # rewritten
+    assert skip_reason(records, "k", roots, {}) is None
+    (tmp_path / "inductor" / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 100)
+    assert skip_reason(records, "k", roots, {}) is not None
+    (tmp_path / "inductor" / "fxgraph" / "ab" / "entry").unlink()  # deleted
+    assert skip_reason(records, "k", roots, {}) is None
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", json.dumps({"schema": "other", "records": []}),
+                                     json.dumps({"schema": "dflash-doctor/warm-records/v1", "records": "x"})])  # fmt: skip
+def test_an_unreadable_or_foreign_records_file_means_run_the_child(tmp_path: Path, content: str) -> None:
+    roots = cache_with_files(tmp_path / "inductor")
+    path = tmp_path / "warm-records.json"
+    path.write_text(content)
+    records = WarmRecords(path)
+    assert skip_reason(records, "k", roots, {}) is None
+    records.save("k", (), cache_files(roots))  # and it is rewritten whole
+    assert skip_reason(records, "k", roots, {}) is not None
+
+
+def test_records_are_bounded_and_the_newest_wins(tmp_path: Path) -> None:
+    roots = cache_with_files(tmp_path / "inductor")
+    records = WarmRecords(tmp_path / "warm-records.json")
+    for i in range(30):
+        records.save(f"k{i}", (), cache_files(roots))
+    kept = json.loads((tmp_path / "warm-records.json").read_text())["records"]
+    assert len(kept) == 20 and kept[-1]["key"] == "k29" and records.find("k0") is None
+
+
+def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.config import resolve_config_path
+
+    home = tmp_path / "home"
+    inductor = home / "cache" / "inductor"
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(home))
+    monkeypatch.setattr(launcher, "current_fingerprint", lambda env: BUILD)
+    children: list[list[str]] = []
+
+    def fake_child(command: list[str], environ: dict[str, str]) -> dict:
+        children.append(command)
+        cache_with_files(inductor) if not inductor.exists() else None
+        return {"first_call_seconds": 1.0, "counters": {}}
+
+    monkeypatch.setattr(launcher, "run_warm_child", fake_child)
+
+    class Interpreter:
+        executable = "/usr/bin/python3"
+
+    class Env:
+        interpreter = Interpreter()
+
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    config = resolve_config_path("tiny-cpu")
+
+    def prepare(*overrides: str) -> str:
+        return launcher.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
+
+    assert "warm-up on cpu" in prepare() and len(children) == 1
+    assert "warm-up skipped" in prepare() and len(children) == 1
+    assert "warm-up skipped" in prepare("optim.steps=7") and len(children) == 1  # bookkeeping only
+    assert "warm-up on cpu" in prepare("data.seq_len=64") and len(children) == 2  # other shapes
+    (inductor / "fxgraph" / "ab" / "entry").unlink()
+    assert "warm-up on cpu" in prepare() and len(children) == 3
