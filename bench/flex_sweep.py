@@ -155,6 +155,26 @@ def autotune_tables(text: str) -> list[str]:
     return keep
 
 
+def timed_step(forward: Any, inputs: Inputs, device: torch.device) -> tuple[torch.Tensor, float, float]:
+    """(output, forward seconds, backward seconds) of one call: CUDA events on a GPU, the clock on CPU."""
+    inputs.zero_grads()
+    if device.type != "cuda":
+        began = time.perf_counter()
+        out = forward()
+        middle = time.perf_counter()
+        if inputs.backward:
+            out.backward(inputs.grad_out)
+        return out.detach(), middle - began, time.perf_counter() - middle
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    out = forward()
+    middle.record()
+    out.backward(inputs.grad_out)
+    end.record()
+    end.synchronize()
+    return out.detach(), start.elapsed_time(middle) / 1e3, middle.elapsed_time(end) / 1e3
+
+
 def measure(row: Row, inputs: Inputs, device: torch.device, repeats: int) -> dict[str, Any]:
     """Compile `dflash_flex_attention` with this row's options, then time forward and backward apart."""
     torch._dynamo.reset()  # a fresh compile per row: options are constants baked into the graph
@@ -162,23 +182,9 @@ def measure(row: Row, inputs: Inputs, device: torch.device, repeats: int) -> dic
     options = dict(row.options) or None
 
     def step() -> tuple[torch.Tensor, float, float]:
-        inputs.zero_grads()
-        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3)) if device.type == "cuda" else (
-            None, None, None)  # fmt: skip
-        t0 = time.perf_counter()
-        if start is not None:
-            start.record()
-        out = compiled(inputs.q, inputs.k, inputs.v, inputs.block_mask, options)
-        if mid is not None:
-            mid.record()
-        t1 = time.perf_counter()
-        if inputs.backward:
-            out.backward(inputs.grad_out)
-        if end is not None and start is not None and mid is not None:
-            end.record()
-            end.synchronize()
-            return out.detach(), start.elapsed_time(mid) / 1000, mid.elapsed_time(end) / 1000
-        return out.detach(), t1 - t0, time.perf_counter() - t1
+        return timed_step(
+            lambda: compiled(inputs.q, inputs.k, inputs.v, inputs.block_mask, options), inputs, device
+        )
 
     tee = StderrTee(sys.stderr)
     sys.stderr = tee
