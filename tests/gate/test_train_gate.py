@@ -179,3 +179,26 @@ def test_broken_torch_in_the_tools_own_interpreter_is_a_message_not_a_traceback(
     err = capsys.readouterr().err
     assert "libcudnn.so.9" in err and "dflash-doctor check --python" in err
     assert launches == []
+
+
+def test_the_gates_deep_probe_keeps_its_flex_proof_in_a_folder_of_its_own(
+    launches: list[list[str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`check --deep` compiles its proof afresh; the gate before a launch reuses a persistent probe folder."""
+    from dflash_doctor import gate
+    from dflash_doctor.deep.run import CACHE_ENV
+
+    seen: list[object] = []
+    real_run_checks = gate.run_checks
+
+    def spy(ctx):  # type: ignore[no-untyped-def]
+        seen.append(ctx.options.extra.get("deep_inductor_cache"))
+        return real_run_checks(ctx)
+
+    monkeypatch.setattr(gate, "run_checks", spy)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run"]) == 0
+    assert seen[-1] == str(tmp_path / "home" / "cache" / "probe-inductor")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run"]) == 0
+    assert seen[-1] == str(tmp_path / "mine")
