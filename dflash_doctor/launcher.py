@@ -75,11 +75,13 @@ def prepare_compile_cache(
                 result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
             steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
             action = "restored"
+    from trainer.config import read_raw
+
     config = _config_with_overrides(config_path, overrides)
     roots = status.locations.roots()
     records = WarmRecords(snapshots_dir().parent / RECORDS_FILE)
     key = warm_key(
-        fingerprint, _read_toml(config), device_type, drafter_devices, env.interpreter.executable, environ
+        fingerprint, read_raw(config), device_type, drafter_devices, env.interpreter.executable, environ
     )
     skipped = skip_reason(records, key, roots, environ)
     if skipped is not None:
@@ -98,12 +100,6 @@ def prepare_compile_cache(
     if misses and action == "warm":
         action = "warmed"
     return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    import tomllib
-
-    return tomllib.loads(path.read_text())
 
 
 def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:

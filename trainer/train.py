@@ -144,9 +144,8 @@ def run_target(
     rank: int,
     device: torch.device,
     resume_step: int,
-    clock: StartupClock | None = None,
+    clock: StartupClock,
 ) -> None:
-    clock = clock or StartupClock()
     assert cfg.drafter.target_layer_ids is not None
     dtype = target_dtype(cfg.target.dtype, device)
     target = load_capture_target(
@@ -189,9 +188,8 @@ def run_drafter(
     device: torch.device,
     group: dist.ProcessGroup,
     resume_step: int,
-    clock: StartupClock | None = None,
+    clock: StartupClock,
 ) -> int:
-    clock = clock or StartupClock()
     began = time.monotonic()
     index = topology.drafter_index(rank)
     is_first = index == 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash_doctor.atomic import write_json_atomic
+from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
-from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 
 SCHEMA = "dflash-doctor/warm-records/v1"
 KEEP_RECORDS = 20
@@ -92,19 +91,9 @@ def warm_key(
 
 
 def cache_files(roots: Mapping[str, Path]) -> dict[str, int]:
-    """`label/relative/path` -> size of every file under the cache roots (transient folders left out)."""
-    files: dict[str, int] = {}
-    for label, root in roots.items():
-        for folder, dirs, names in os.walk(root):
-            if Path(folder) == root:
-                dirs[:] = [d for d in dirs if d not in TRANSIENT_FOLDERS]
-            for name in names:
-                path = Path(folder, name)
-                try:
-                    files[f"{label}/{path.relative_to(root)}"] = path.stat().st_size
-                except OSError:
-                    continue  # removed while we walked: not part of the record
-    return files
+    """`label/relative/path` -> size of every file a snapshot of these roots would hold."""
+    files, _links = collect_files(dict(roots))
+    return {f.archive_path: f.size for f in files}
 
 
 @dataclass(frozen=True)
