@@ -145,6 +145,14 @@ def role_memory(peaks: dict[int, float], targets: int) -> dict[str, float]:
     return {f"{'target' if i < targets else 'drafter'}_gpu{i}": gib for i, gib in sorted(peaks.items())}
 
 
+STARTUP_MARKERS = ("compile cache:", "warm-up", "before torchrun:", "ready in")
+
+
+def startup_lines(log: str) -> list[str]:
+    """The launcher's and the ranks' own start-up lines: where the time to first step went."""
+    return [line.strip() for line in log.splitlines() if any(m in line for m in STARTUP_MARKERS)][:20]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -218,12 +226,14 @@ def main() -> int:
         "summary": summary,
         "log_tail": log_path.read_text()[-4000:],
     }
+    row["startup"] = startup_lines(log_path.read_text())
     out = args.out or RESULTS / f"e2e-{recipe}.json"
     write_result(out, row)
 
     print_rows(
         f"end to end: dflash-doctor train ({cfg.topology.targets}+{cfg.topology.drafters})", COLUMNS, [row]
     )
+    print("start-up:", *row["startup"], sep="\n  ")
     print(f"peak memory (NVML, GiB): {row['peak_memory_gib_nvml'] or 'not available'}")
     if code != 0:
         print(f"train exited {code}; log tail:\n{row['log_tail'][-1500:]}")
