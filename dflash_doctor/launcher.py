@@ -22,14 +22,13 @@ from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
-from dflash_doctor.cache.warm_record import WarmRecords, cache_files, skip_reason, warm_key
+from dflash_doctor.cache.warm_record import cache_files, default_records, skip_reason, warm_key
 from dflash_doctor.environment import Environment
 from dflash_doctor.errors import DoctorError
 
 KEEP_SNAPSHOTS = 5
 TRAIN_PREFIX = "train-"  # snapshots taken after runs; only these are pruned automatically
 STOP_GRACE_S = 30.0
-RECORDS_FILE = "warm-records.json"  # beside the snapshots: dflash_doctor/cache/warm_record.py
 
 
 @dataclass
@@ -59,13 +58,15 @@ def prepare_compile_cache(
        This matters because Inductor keys compiled graphs by device index: a cache warmed on cuda:0 does
        not serve a drafter on cuda:1 (measured on 2 H200s: the worker compiled again). The child is
        skipped when a record says this exact warm-up already ran and every cache file it left is still
-       there (warm_record.py); DFLASH_DOCTOR_ALWAYS_WARM=1 runs it regardless.
+       there (warm_record.py), also a record the restored snapshot carried; DFLASH_DOCTOR_ALWAYS_WARM=1 runs
+       it regardless.
     """
     start = time.perf_counter()
     fingerprint = current_fingerprint(env)
     status = gather_status(fingerprint, environ)
     steps: list[str] = []
     action = "warm"
+    records = default_records()
     if warmth_of(status.main, fingerprint).state != "warm":
         compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
         if compatible:
@@ -73,13 +74,13 @@ def prepare_compile_cache(
             store = SnapshotStore(snapshots_dir())
             with store.locked():
                 result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+            records.adopt(result.manifest.warm_records, newest.name)
             steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
             action = "restored"
     from trainer.config import read_raw
 
     config = _config_with_overrides(config_path, overrides)
     roots = status.locations.roots()
-    records = WarmRecords(snapshots_dir().parent / RECORDS_FILE)
     key = warm_key(
         fingerprint, read_raw(config), device_type, drafter_devices, env.interpreter.executable, environ
     )
@@ -164,6 +165,7 @@ def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int 
                 name,
                 archive_destination(store.root, name, None),
                 now=now,
+                records=default_records(),
             )
             ours = [s for s in store.snapshots() if s.name.startswith(TRAIN_PREFIX)]
             for old in choose_prunable(ours, keep=keep, older_than=None, now=now):

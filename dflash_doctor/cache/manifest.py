@@ -49,6 +49,9 @@ class CacheManifest:
     skipped: list[str] = field(default_factory=list)  # links and special files left out
     tool_version: str = ""
     schema: str = MANIFEST_SCHEMA
+    # Warm-up records (cache/warm_record.py) whose files this snapshot holds: a restore adds them to the
+    # home's records, so `train` can skip its warm-up child. Optional: readers before it ignore the key.
+    warm_records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -67,6 +70,7 @@ class CacheManifest:
             "origins": self.origins,
             "skipped": self.skipped,
             "files": [[f.path, f.size, f.sha256, f.mode, f.mtime] for f in self.files],
+            "warm_records": self.warm_records,
         }
 
     def to_bytes(self) -> bytes:
@@ -96,6 +100,7 @@ class CacheManifest:
                 skipped=[str(s) for s in data.get("skipped", [])],
                 tool_version=str(data.get("tool_version", "")),
                 schema=str(data["schema"]),
+                warm_records=_dicts(data.get("warm_records")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ArchiveError(f"the manifest is malformed ({type(exc).__name__}: {exc})") from exc
@@ -105,6 +110,11 @@ class CacheManifest:
             if entry.size < 0 or len(entry.sha256) != 64:
                 raise ArchiveError(f"the manifest entry for {entry.path!r} has a bad size or sha256")
         return manifest
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The carried warm-up records: a list of objects, or nothing (each is validated when adopted)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def marker_bytes(

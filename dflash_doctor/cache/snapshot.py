@@ -12,6 +12,7 @@ from dflash_doctor.atomic import write_bytes_atomic
 from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, collect_files, hash_files, write_archive
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, marker_bytes
+from dflash_doctor.cache.warm_record import WarmRecords
 from dflash_doctor.errors import DoctorError
 
 
@@ -50,8 +51,11 @@ def take_snapshot(
     dest: Path,
     level: int = 3,
     now: float | None = None,
+    records: WarmRecords | None = None,
 ) -> SnapshotResult:
-    """Archive the cache folders `roots` (label -> folder) to `dest`. The caller holds the store lock."""
+    """Archive the cache folders `roots` (label -> folder) to `dest`. The caller holds the store lock.
+
+    `records`: the warm-up records to carry, those whose files the snapshot holds (warm_record.py)."""
     start = time.perf_counter()
     files, skipped = collect_files(roots)
     if not files:
@@ -60,14 +64,16 @@ def take_snapshot(
             f"nothing to snapshot: no cache files in {where}",
             hint="compile something first, or run `dflash-doctor cache warm`",
         )
+    hashed = hash_files(files)
     manifest = CacheManifest(
         name=name,
         created=now if now is not None else time.time(),
         fingerprint=fingerprint,
         origins={label: str(path) for label, path in roots.items() if path.is_dir()},
-        files=hash_files(files),
+        files=hashed,
         skipped=skipped,
         tool_version=__version__,
+        warm_records=records.covered_by({f.path: f.size for f in hashed}) if records else [],
     )
     size = write_archive(dest, manifest, files, level=level)
     for path in roots.values():

@@ -12,6 +12,11 @@ present right after it (path and size). A later launch with the same key skips t
 one of those files is still there with the same size. A new torch, other shapes, another device, an edited
 trainer, or one deleted or rewritten cache file: the child runs. A needless child costs seconds; a wrong
 skip would let the workers compile concurrently, so every doubt runs the child.
+
+A snapshot carries the records whose files it holds, and a restore adds them here: a cache restored on a
+fresh machine of the same kind then starts as fast as a warm one (on two H200s the child and its start-up
+were 23 s of a 61 s time to first step). The key still has to match on this machine, and the files are
+still checked, so a carried record can only skip what a local one would.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +32,10 @@ from typing import Any
 from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.locations import snapshots_dir
 
 SCHEMA = "dflash-doctor/warm-records/v1"
+RECORDS_FILE = "warm-records.json"  # in the dflash-doctor home, beside the snapshots folder
 KEEP_RECORDS = 20
 MAX_FILES = 100_000  # a cache folder shared with much else: keep no record, always run the child
 ALWAYS_ENV = "DFLASH_DOCTOR_ALWAYS_WARM"  # set to 1: run the warm-up child on every launch
@@ -66,6 +73,9 @@ def graph_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 # Environment variables that steer compilation or device numbering (TORCHINDUCTOR_MAX_AUTOTUNE, ...).
 _ENV_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "CUDA_VISIBLE_DEVICES")
+# ... except where the caches live: that changes no graph, and the recorded files are checked where they are
+# now (another home on another machine holds the same restored files under another folder).
+_ENV_LOCATIONS = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME"})
 
 
 def warm_key(
@@ -84,7 +94,11 @@ def warm_key(
         "device_type": device_type,
         "devices": list(devices),
         "python": python,
-        "environ": {k: v for k, v in sorted((environ or {}).items()) if k.startswith(_ENV_PREFIXES)},
+        "environ": {
+            k: v
+            for k, v in sorted((environ or {}).items())
+            if k.startswith(_ENV_PREFIXES) and k not in _ENV_LOCATIONS
+        },
         "trainer": trainer_digest if trainer_digest is not None else trainer_source_digest(),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
@@ -102,6 +116,7 @@ class WarmRecord:
     when: float
     devices: tuple[str, ...]
     files: dict[str, int]
+    snapshot: str | None = None  # the snapshot that carried it here; None: the warm-up ran on this machine
 
     def missing(self, roots: Mapping[str, Path]) -> list[str]:
         """Recorded files that are gone or changed size (stops at the first few: one is enough)."""
@@ -142,18 +157,71 @@ class WarmRecords:
     def find(self, key: str) -> WarmRecord | None:
         for entry in self._load():
             if entry.get("key") == key and isinstance(entry.get("files"), dict) and entry["files"]:
+                snapshot = entry.get("snapshot")
                 return WarmRecord(
-                    key, float(entry.get("when", 0)), tuple(entry.get("devices", ())), dict(entry["files"])
+                    key,
+                    float(entry.get("when", 0)),
+                    tuple(entry.get("devices", ())),
+                    dict(entry["files"]),
+                    snapshot if isinstance(snapshot, str) else None,
                 )
         return None
 
     def save(self, key: str, devices: tuple[str, ...], files: dict[str, int]) -> None:
         if not files or len(files) > MAX_FILES:
             return
-        kept = [r for r in self._load() if r.get("key") != key][-(KEEP_RECORDS - 1) :]
-        kept.append({"key": key, "when": time.time(), "devices": list(devices), "files": files})
+        entry = {"key": key, "when": time.time(), "devices": list(devices), "files": files}
+        self._write(self._load(), [entry])
+
+    def covered_by(self, files: Mapping[str, int]) -> list[dict[str, Any]]:
+        """The records whose every file is in `files` (archive path -> size) with the same size: what a
+        snapshot holding those files can carry. The `snapshot` field is left out: a restore sets its own."""
+        covered = []
+        for entry in self._load():
+            recorded = entry.get("files")
+            if (
+                isinstance(recorded, dict)
+                and recorded
+                and all(files.get(p) == s for p, s in recorded.items())
+            ):
+                covered.append({k: v for k, v in entry.items() if k != "snapshot"})
+        return covered
+
+    def adopt(self, entries: Iterable[Any], snapshot: str) -> int:
+        """Add the records a restored snapshot carried (malformed ones are dropped); returns how many."""
+        valid = [dict(e, snapshot=snapshot) for e in entries if _well_formed(e)]
+        if valid:
+            self._write(self._load(), valid)
+        return len(valid)
+
+    def _write(self, existing: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+        """Keep the newest KEEP_RECORDS, one per key (a new entry replaces an old one with its key)."""
+        keys = {e["key"] for e in new}
+        kept = [r for r in existing if r.get("key") not in keys] + new
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, {"schema": SCHEMA, "records": kept})
+        write_json_atomic(self.path, {"schema": SCHEMA, "records": kept[-KEEP_RECORDS:]})
+
+
+def default_records() -> WarmRecords:
+    """This dflash-doctor home's records (DFLASH_DOCTOR_HOME moves them with the snapshots)."""
+    return WarmRecords(snapshots_dir().parent / RECORDS_FILE)
+
+
+def _well_formed(entry: Any) -> bool:
+    """A carried record is data from an archive: it must look exactly like one `save` writes."""
+    if not isinstance(entry, dict):
+        return False
+    key, when, devices, files = (entry.get(k) for k in ("key", "when", "devices", "files"))
+    return (
+        isinstance(key, str)
+        and len(key) == 64
+        and isinstance(when, int | float)
+        and isinstance(devices, list)
+        and all(isinstance(d, str) for d in devices)
+        and isinstance(files, dict)
+        and 0 < len(files) <= MAX_FILES
+        and all(isinstance(p, str) and isinstance(s, int) and s >= 0 for p, s in files.items())
+    )
 
 
 def skip_reason(
@@ -166,4 +234,8 @@ def skip_reason(
     if record is None or record.missing(roots):
         return None
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.when))
-    return f"warm-up skipped: this build and config were warmed at {when}; its {len(record.files)} cache files are intact"
+    carried = f" (record carried by snapshot {record.snapshot})" if record.snapshot else ""
+    return (
+        f"warm-up skipped: this build and config were warmed at {when}{carried}; "
+        f"its {len(record.files)} cache files are intact"
+    )

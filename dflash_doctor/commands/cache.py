@@ -20,6 +20,7 @@ from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
 from dflash_doctor.cache.warm import WarmShapes, child_command, child_environ, compile_count, run_warm_child
+from dflash_doctor.cache.warm_record import default_records
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.context import CheckContext
 from dflash_doctor.environment import Environment
@@ -117,7 +118,9 @@ def snapshot_command(
     with store.locked():
         store.remove_partials()
         dest = archive_destination(store.root, snap_name, out)
-        result = take_snapshot(locations.roots(), current, snap_name, dest, level=level, now=now)
+        result = take_snapshot(
+            locations.roots(), current, snap_name, dest, level=level, now=now, records=default_records()
+        )
     manifest = result.manifest
     if json_out:
         _emit(
@@ -132,6 +135,7 @@ def snapshot_command(
                 "fingerprint": manifest.fingerprint.to_json(),
                 "origins": manifest.origins,
                 "skipped": manifest.skipped,
+                "warm_records": len(manifest.warm_records),
             },
         )
         return
@@ -160,6 +164,8 @@ def restore_command(
         archive = store.resolve(snapshot)
         result = restore_snapshot(archive, locations.roots(), current, force=force)
     manifest = result.manifest
+    # A forced restore is for another build: its warm-up records could never match here.
+    adopted = 0 if result.forced_over else default_records().adopt(manifest.warm_records, manifest.name)
     if json_out:
         _emit(
             "restore",
@@ -172,6 +178,7 @@ def restore_command(
                 "backups": {k: str(v) for k, v in result.backups.items()},
                 "forced_over": result.forced_over,
                 "recovered": result.recovered,
+                "warm_records": adopted,
                 "seconds": round(result.seconds, 3),
             },
         )
@@ -189,6 +196,10 @@ def restore_command(
         backup = result.backups.get(label)
         kept = f" (previous kept as {backup})" if backup else ""
         console.print(f"  {label}: {escape(str(target))}{escape(kept)}")
+    if adopted:
+        console.print(
+            f"  {adopted} warm-up record(s) came with it: `train` with the same build and config skips its warm-up"
+        )
 
 
 @cache_app.command("list")
@@ -305,7 +316,9 @@ def warm_command(
         snap_name = check_name(name) if name else default_name(current, now)
         with store.locked():
             dest = archive_destination(store.root, snap_name, None)
-            taken = take_snapshot(locations.roots(), current, snap_name, dest, now=now)
+            taken = take_snapshot(
+                locations.roots(), current, snap_name, dest, now=now, records=default_records()
+            )
         snapshot = {"name": snap_name, "path": str(taken.path), "files": len(taken.manifest.files)}
     if json_out:
         _emit(

@@ -61,6 +61,7 @@ def test_the_key_ignores_bookkeeping_and_follows_everything_a_graph_depends_on()
     assert (
         key_of(environ={"HOME": "/elsewhere", "TORCHINDUCTOR_CACHE_DIR": "/c"}) == base
     )  # unrelated variable
+    assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/other/home"}) == base  # where, not what: files checked
     assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/c", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}) != base
     assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/c", "CUDA_VISIBLE_DEVICES": "3"}) != base
     assert "output" not in graph_config(RAW) and graph_config(RAW)["optim"] == {"anchors": 512, "lr": 6e-4}
@@ -163,3 +164,100 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     assert "warm-up on cpu" in prepare("data.seq_len=64") and len(children) == 2  # other shapes
     (inductor / "fxgraph" / "ab" / "entry").unlink()
     assert "warm-up on cpu" in prepare() and len(children) == 3
+
+
+def record(key: str = "a" * 64, files: object = None) -> dict:
+    return {
+        "key": key,
+        "when": 1.0,
+        "devices": ["cuda:1"],
+        "files": {"inductor/x": 5} if files is None else files,
+    }
+
+
+def test_a_snapshot_carries_only_the_records_whose_files_it_holds(tmp_path: Path) -> None:
+    from dflash_doctor.cache.manifest import CacheManifest
+    from dflash_doctor.cache.snapshot import take_snapshot
+
+    roots = cache_with_files(tmp_path / "inductor")
+    records = WarmRecords(tmp_path / "warm-records.json")
+    records.save("k" * 64, ("cuda:1",), cache_files(roots))
+    records.save("g" * 64, ("cuda:1",), {"inductor/gone": 3})  # a file the cache no longer has
+    records.save("s" * 64, ("cuda:1",), {"inductor/fxgraph/ab/entry": 4})  # the file changed size since
+    taken = take_snapshot(roots, BUILD, "s", tmp_path / "s.tar.zst", records=records)
+    assert [r["key"] for r in taken.manifest.warm_records] == ["k" * 64]
+    reread = CacheManifest.from_bytes(taken.manifest.to_bytes())
+    assert reread.warm_records == taken.manifest.warm_records
+    assert take_snapshot(roots, BUILD, "t", tmp_path / "t.tar.zst").manifest.warm_records == []
+
+
+@pytest.mark.parametrize("carried", [None, "x", 3, {"key": "k"}, ["x", 3]])
+def test_a_manifest_without_or_with_garbage_records_reads_as_carrying_none(carried: object) -> None:
+    from dflash_doctor.cache.manifest import CacheManifest
+
+    data = json.loads(CacheManifest("n", 1.0, BUILD, {}).to_bytes())
+    data.pop("warm_records")
+    if carried is not None:
+        data["warm_records"] = carried
+    assert CacheManifest.from_bytes(json.dumps(data).encode()).warm_records == []
+
+
+def test_adopt_keeps_well_formed_records_and_names_the_snapshot(tmp_path: Path) -> None:
+    roots = {"inductor": tmp_path / "inductor"}
+    (tmp_path / "inductor").mkdir()
+    (tmp_path / "inductor" / "x").write_bytes(b"12345")
+    records = WarmRecords(tmp_path / "warm-records.json")
+    bad = [
+        "x", record(key="short"), record(files={}), record(files={"inductor/x": -1}), record(files=["inductor/x"]),
+        {**record(), "devices": "cuda:1"}, {**record(), "when": "today"},
+    ]  # fmt: skip
+    assert records.adopt(bad, "snap") == 0 and not records.path.exists()
+    assert records.adopt([*bad, record()], "snap") == 1
+    reason = skip_reason(records, "a" * 64, roots, {})
+    assert reason is not None and "carried by snapshot snap" in reason
+    records.save("a" * 64, ("cuda:1",), {"inductor/x": 5})  # the warm-up ran here after all: a local record
+    reason = skip_reason(records, "a" * 64, roots, {})
+    assert reason is not None and "carried" not in reason
+
+
+def test_a_restored_snapshot_lets_a_fresh_home_skip_the_warm_up_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Machine A warms and snapshots; machine B (an empty home, the snapshot copied in) restores it and
+    skips the child; B's child runs when the key differs, as it would without the record."""
+    from trainer.config import resolve_config_path
+
+    children: list[list[str]] = []
+
+    def fake_child(command: list[str], environ: dict[str, str]) -> dict:
+        children.append(command)
+        inductor = Path(environ["TORCHINDUCTOR_CACHE_DIR"])
+        cache_with_files(inductor) if not inductor.exists() else None
+        return {"first_call_seconds": 1.0, "counters": {}}
+
+    class Interpreter:
+        executable = "/usr/bin/python3"
+
+    class Env:
+        interpreter = Interpreter()
+
+    monkeypatch.setattr(launcher, "run_warm_child", fake_child)
+    monkeypatch.setattr(launcher, "current_fingerprint", lambda env: BUILD)
+    config = resolve_config_path("tiny-cpu")
+
+    def on_machine(home: Path, *overrides: str) -> tuple[str, dict[str, str]]:
+        monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(home))
+        environ = {"TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor")}
+        detail = launcher.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
+        return detail, environ
+
+    detail, environ = on_machine(tmp_path / "a")
+    assert "warm-up on cpu" in detail and len(children) == 1
+    assert launcher.snapshot_after_success(Env(), environ).startswith("snapshot train-")  # type: ignore[arg-type]
+    (snapshot,) = (tmp_path / "a" / "cache" / "snapshots").glob("*.tar.zst")
+    (tmp_path / "b" / "cache" / "snapshots").mkdir(parents=True)
+    snapshot.rename(tmp_path / "b" / "cache" / "snapshots" / snapshot.name)
+
+    detail, _ = on_machine(tmp_path / "b")
+    assert "restored snapshot" in detail and "carried by snapshot" in detail and len(children) == 1
+    assert "warm-up on cpu" in on_machine(tmp_path / "b", "data.seq_len=64")[0] and len(children) == 2
