@@ -193,7 +193,12 @@ def main() -> int:
     with Watcher(output_dir / "metrics.jsonl", began) as watcher, open(log_path, "w") as log:
         # Its own session, so torchrun and its workers can be stopped together (and never outlive us).
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True
+            # Wide lines: the launcher's rich output is not wrapped, so each start-up line is one line.
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "200"},
+            start_new_session=True,
         )
         signal.signal(signal.SIGTERM, lambda *_: (stop_group(proc), sys.exit(143)))
         try:

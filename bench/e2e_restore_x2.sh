@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# 1 target + 1 drafter end to end on two H200s through `dflash-doctor train`, three times (issue 7):
+# 1 target + 1 drafter end to end on two H200s through `dflash-doctor train` (issue 7). Runs, in order:
 #   cold      empty compile cache: the launcher's warm-up child compiles the drafter on cuda:1, the target
-#             rank compiles its layers on its first capture; the launcher snapshots the cache after success
-#   restored  the managed cache deleted: the launcher restores that snapshot, then runs
+#             rank compiles its layers on its first capture; the launcher snapshots the cache after success.
+#             Skipped when .snap/ holds a snapshot from an earlier call (carry=[".whl", ".snap"]).
+#   restored  the managed cache deleted: the launcher restores the newest snapshot, then runs
+#   fresh     a fresh machine: the managed cache, the warm-up records and every snapshot but the newest
+#             deleted; the newest (taken after the run before) carries its warm-up record, so the launcher
+#             restores it and skips the warm-up child (cache/warm_record.py)
 #   warm      the cache left in place
-# Time to first step (restored vs warm), steady tok/s and the drafter's data-wait fraction for each.
-#   run(kind="nvidia-h200-x2", carry=[".whl"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
-# With a snapshot from an earlier call in .snap/ (carry=[".whl", ".snap"]) the cold run is skipped;
-# E2E_RUNS=restored skips the warm run too; E2E_COLOCATED=1 first measures the colocated baseline (bench/colocated.py)
-# and compares every 1+1 run with it. Next: E2E_COLOCATED=1 with .snap/ carried (~8 minutes).
+# Time to first step, steady tok/s, the drafter's data-wait fraction, and the start-up lines for each.
+#   run(kind="nvidia-h200-x2", carry=[".whl", ".snap"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
+# E2E_RUNS picks runs (default "restored fresh warm"; a run that would get under 90 s is skipped);
+# E2E_COLOCATED=1 first measures the colocated baseline (bench/colocated.py, ~3.5 minutes) and compares every
+# 1+1 run with it. The newest snapshot comes back as $OUT/e2e-snapshot.tar.zst: put it in .snap/ for next time.
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -20,46 +24,56 @@ unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 stage setup 25 bash -c install_carried_wheels
 INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inductor_dir as d; print(d())")
 STORE=$DFLASH_DOCTOR_HOME/cache/snapshots
+RECORDS=$DFLASH_DOCTOR_HOME/cache/warm-records.json
 echo "managed cache: $INDUCTOR"
 E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16 --no-deep)
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
-keep_log() { cp "$1"/*.log "$LOGS/$2-train.log" 2>/dev/null; tail -n 25 "$LOGS/$2-train.log" 2>/dev/null; }
-CARRIED=$(ls .snap/*.tar.zst 2>/dev/null | head -n 1)
+newest_snapshot() { ls -t "$STORE"/*.tar.zst 2>/dev/null | head -n 1; }
+
+e2e_run() {  # NAME STEPS NEED_S: one `train` through bench/e2e.py, its log kept
+    local name=$1 steps=$2 need=$3 limit
+    limit=$(( $(left) - 30 ))
+    if [ "$limit" -lt "$need" ]; then
+        STAGE_LINES+=("$(printf '%-18s SKIPPED (%s s left, needs %s)' "e2e_$name" "$limit" "$need")")
+        return 0
+    fi
+    stage "e2e_$name" $((limit + 20)) "${E2E[@]}" --steps "$steps" --timeout-s "$limit" --workdir "/tmp/e2e-$name" \
+        --out "$RES/e2e-$name.json"
+    cp /tmp/e2e-"$name"/*.log "$LOGS/$name-train.log" 2>/dev/null
+    tail -n 25 "$LOGS/$name-train.log" 2>/dev/null
+    # Kept for a later call (a name without ':' or '+': it comes back).
+    [ -n "$(newest_snapshot)" ] && cp "$(newest_snapshot)" "$OUT/e2e-snapshot.tar.zst"
+}
+
+CARRIED=$([ -z "$SUITE_TINY" ] && ls .snap/*.tar.zst 2>/dev/null | head -n 1)  # H200 snapshots: not for a CPU dry run
 if [ -n "$CARRIED" ]; then
-    # A snapshot an earlier call made on this kind of machine (carry=[".whl", ".snap"]): no cold run needed.
+    # A snapshot an earlier call made on this kind of machine: no cold run needed.
     mkdir -p "$STORE" && cp "$CARRIED" "$STORE/train-carried.tar.zst" && echo "carried snapshot: $CARRIED"
-    # The colocated baseline compiles the same drafter step: let it start from the snapshot too (its first
-    # iteration is not what it measures). The wipe below deletes this folder before the restored run.
-    [ -n "${E2E_COLOCATED:-}" ] && stage coloc_restore 30 python3 -m dflash_doctor cache restore "$CARRIED"
 else
-    # The cold run pays every compile (about 5 minutes on an H200) and leaves the snapshot; 3 steps suffice.
-    COLD=$(( $(left) - 250 ))
-    stage e2e_cold $((COLD + 30)) "${E2E[@]}" --steps 3 --timeout-s $COLD --workdir /tmp/e2e-cold \
-        --out "$RES/e2e-cold.json"
-    keep_log /tmp/e2e-cold cold
-    # Kept for a later call if the runs below are cut short (a name without ':' or '+': it comes back).
-    cp "$(ls -t "$STORE"/*.tar.zst | head -n 1)" "$OUT/e2e-snapshot.tar.zst" 2>/dev/null || true
+    # The cold run pays every compile (about 4 minutes on an H200) and leaves the snapshot; 3 steps suffice.
+    e2e_run cold 3 200
 fi
 if [ -n "${E2E_COLOCATED:-}" ]; then
-    # The colocated baseline in the same call: target then drafter in one process on cuda:0 (about 4 minutes
-    # cold, about 1.5 from the carried snapshot); every 1+1 run below is then compared with two such GPUs.
+    # The colocated baseline in the same call: target then drafter in one process on cuda:0, from the snapshot
+    # (its first iteration is not what it measures); every 1+1 run below is then compared with two such GPUs.
+    stage coloc_restore 30 env TORCHINDUCTOR_CACHE_DIR="$INDUCTOR" python3 -m dflash_doctor cache restore \
+        "$(newest_snapshot)"
     stage colocated 320 env TORCHINDUCTOR_CACHE_DIR="$INDUCTOR" python3 bench/colocated.py $TINY \
         --config qwen3-8b-b16 --out "$RES/colocated.json"
     [ -s "$RES/colocated.json" ] && E2E+=(--colocated-json "$RES/colocated.json")
 fi
-stage wipe 10 bash -c "du -sh '$INDUCTOR'; rm -rf '$INDUCTOR'; python3 -m dflash_doctor cache list --json \
-    > '$RES/cache_list.json'; ls -la '$STORE' || true"
-# A restored run needs ~110 s (60 s to its first step); the warm run after it (which now skips the warm-up child:
-# the restored run's child recorded itself) gets what is left, and is skipped under 90 s.
-case " ${E2E_RUNS:-restored warm} " in *" warm "*) HALF=$(( $(left) - 130 )); [ $HALF -gt 170 ] && HALF=170 ;;
-    *) HALF=$(( $(left) - 40 )) ;; esac
-stage e2e_restored $((HALF + 30)) "${E2E[@]}" --steps 6 --timeout-s $HALF --workdir /tmp/e2e-restored \
-    --out "$RES/e2e-restored.json"
-keep_log /tmp/e2e-restored restored
-case " ${E2E_RUNS:-restored warm} " in *" warm "*) ;; *) finish e2e; exit 0 ;; esac
-REST=$(( $(left) - 40 ))
-[ $REST -lt 90 ] && { echo "warm run skipped: ${REST} s left"; finish e2e; exit 0; }
-stage e2e_warm $((REST + 30)) "${E2E[@]}" --steps 6 --timeout-s $REST --workdir /tmp/e2e-warm \
-    --out "$RES/e2e-warm.json"
-keep_log /tmp/e2e-warm warm
+for run in ${E2E_RUNS:-restored fresh warm}; do
+    case $run in
+        restored)
+            stage wipe 10 bash -c "du -sh '$INDUCTOR'; rm -rf '$INDUCTOR'; ls -la '$STORE'"
+            e2e_run restored 6 100 ;;
+        fresh)
+            stage fresh_home 10 bash -c "rm -rf '$INDUCTOR' '$RECORDS'; newest=\$(ls -t '$STORE'/*.tar.zst | head -n 1); \
+                for f in '$STORE'/*.tar.zst; do [ \"\$f\" = \"\$newest\" ] || rm -f \"\$f\"; done; \
+                python3 -m dflash_doctor cache list --json > '$RES/cache_list_fresh.json'; ls -la '$STORE'"
+            e2e_run fresh 6 90 ;;
+        warm) e2e_run warm 6 90 ;;
+        *) echo "E2E_RUNS: unknown run '$run' (restored, fresh, warm)"; exit 2 ;;
+    esac
+done
 finish e2e
