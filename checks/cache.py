@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
+from dflash_doctor.cache.inspection import volatility
 from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir
 from dflash_doctor.cache.status import CacheStatus, gather_status, warmth_of
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
+from dflash_doctor.paths import HOME_ENV
 from dflash_doctor.registry import check
 
 
@@ -28,6 +30,18 @@ def cache_status(ctx: CheckContext) -> CacheStatus:
     return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus), environ))
 
 
+def persistent_cache_remedy() -> str:
+    """Point the cache at our managed folder, unless that folder is volatile too (DFLASH_DOCTOR_HOME set to a
+    temp folder): then the home has to move, or the advice would swap one volatile folder for another."""
+    managed = managed_inductor_dir()
+    if volatility(managed, None) is None:
+        return f"export {INDUCTOR_VARIABLE}={managed}  # persistent, private; then `dflash-doctor cache warm`"
+    return (
+        f"export {HOME_ENV}=<a folder of yours outside the temp folders>  # the managed cache {managed} is "
+        f"volatile too; then `export {INDUCTOR_VARIABLE}=${HOME_ENV}/cache/inductor` and `dflash-doctor cache warm`"
+    )
+
+
 @check("cache.location", "compile cache")
 def cache_location(ctx: CheckContext) -> Iterator[Finding]:
     status = cache_status(ctx)
@@ -36,11 +50,10 @@ def cache_location(ctx: CheckContext) -> Iterator[Finding]:
         if folder.exists:
             facts.update(size_mb=round(folder.size_bytes / 1e6, 1), files=folder.files)
         if folder.volatile:
-            managed = managed_inductor_dir()
             yield warn(
                 "cache.volatile",
                 f"{folder.label} cache {folder.path} is {folder.volatile}: a cleanup or reboot makes every launch compile cold",
-                remedy=f"export {INDUCTOR_VARIABLE}={managed}  # persistent, private; then `dflash-doctor cache warm`",
+                remedy=persistent_cache_remedy(),
                 **facts,
             )
         else:

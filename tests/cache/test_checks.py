@@ -47,11 +47,25 @@ def test_volatility_is_judged_from_filesystem_and_place() -> None:
     assert "shared temp" in (volatility(Path("/tmp/torchinductor_ana"), "ext4", tempdir="/tmp") or "")
 
 
-def test_cache_in_tmp_warns_with_managed_location(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+def test_cache_in_tmp_warns_with_managed_location(
+    torch_site: FakeSite, cache_env: dict[str, Path], persistent_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(persistent_dir / "home"))
     make_tree(cache_env["inductor"], files=3)
     found = cache_findings(torch_site)
     assert found["cache.volatile"].severity is Severity.WARN
-    assert str(cache_env["home"]) in (found["cache.volatile"].remedy or "")
+    remedy = found["cache.volatile"].remedy or ""
+    assert remedy.startswith(
+        f"export TORCHINDUCTOR_CACHE_DIR={persistent_dir / 'home' / 'cache' / 'inductor'}"
+    )
+
+
+def test_a_volatile_home_is_not_advised_as_the_cure(torch_site: FakeSite, cache_env: dict[str, Path]) -> None:
+    """DFLASH_DOCTOR_HOME in /tmp (here: pytest's tmp_path): advising its cache folder would swap one
+    volatile folder for another, so the remedy moves the home."""
+    make_tree(cache_env["inductor"], files=3)
+    remedy = cache_findings(torch_site)["cache.volatile"].remedy or ""
+    assert remedy.startswith("export DFLASH_DOCTOR_HOME=") and str(cache_env["home"]) in remedy
 
 
 def test_persistent_cache_location_is_ok(
