@@ -40,11 +40,12 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
     """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it.
 
     The trainer needs torch in the interpreter running dflash-doctor (to read the config's target); when
-    that torch cannot be imported we say so plainly instead of a traceback.
+    that torch cannot be imported we say so plainly instead of a traceback. Only the target's config is
+    read (trainer.target_config): the model code would import torch's compiler stack, seconds before torchrun.
     """
     try:
         from trainer.config import load_config, resolve_config_path
-        from trainer.target import target_hf_config
+        from trainer.target_config import target_hf_config
     except (ImportError, OSError) as exc:
         raise DoctorError(
             f"the trainer cannot be imported by {sys.executable}: {exc}",

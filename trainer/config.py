@@ -18,6 +18,7 @@ from typing import Any
 import tomllib
 
 from dflash_doctor.errors import ConfigError
+from trainer.target_config import default_target_layer_ids, is_embedded, target_hf_config
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -443,7 +444,7 @@ def _check_relations(cfg: TrainConfig) -> None:
         raise ConfigError(
             'data.kind: "synthetic" needs target.path = "tiny" (the tiny target writes the data)'
         )
-    if d.kind in ("text", "chat") and _is_embedded(cfg.target.path):
+    if d.kind in ("text", "chat") and is_embedded(cfg.target.path):
         raise ConfigError(f'data.kind: "{d.kind}" needs a target folder with a tokenizer (target.path)')
     if d.seq_len <= cfg.drafter.block_size:
         raise ConfigError(
@@ -456,17 +457,11 @@ def _check_relations(cfg: TrainConfig) -> None:
         raise ConfigError(f"drafter.target_layer_ids: must be increasing, got {_shown(ids)}")
 
 
-def _is_embedded(path: str) -> bool:
-    return path == "tiny" or path.startswith("random:")
-
-
 # ---------------------------------------------------------------- target-dependent defaults
 
 
 def complete_with_target(cfg: TrainConfig, target_config: Any) -> TrainConfig:
     """Fill in the defaults that depend on the target and check the fields that must fit it."""
-    from trainer.drafter import default_target_layer_ids
-
     num_layers = int(target_config.num_hidden_layers)
     vocab = int(target_config.vocab_size)
     dr = cfg.drafter
@@ -581,11 +576,11 @@ def read_raw(path: Path) -> dict[str, Any]:
 
 def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
     """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing."""
-    from trainer.data import check_data_file
-    from trainer.target import target_hf_config
-
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
     if cfg.data.path is not None:
+        # Imported only when there is a file to check: trainer.data imports torch.
+        from trainer.data import check_data_file
+
         check_data_file(cfg.data.kind, cfg.data.path)
     return complete_with_target(cfg, target_hf_config(cfg.target.path))

@@ -35,25 +35,10 @@ from trainer.attention import (
     keys_layout,
 )
 from trainer.loss import LossOutput, block_targets, default_gamma, dflash_loss
+from trainer.target_config import default_target_layer_ids  # re-exported: callers import it from here
 
 AttentionKind = Literal["sdpa", "flex"]
 Mask = Tensor | BlockMask  # dense boolean (SDPA) or sparse block mask (flex)
-
-
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """Target layers to capture, evenly spaced from 1 to L-3 (the published DFlash spacing).
-
-    Qwen3-8B (36 layers), 5 draft layers -> [1, 9, 17, 25, 33]. One draft layer -> the middle layer.
-    Layer i's output is Hugging Face `hidden_states[i + 1]`.
-    """
-    if num_target_layers < 1 or num_draft_layers < 1:
-        raise ValueError("num_target_layers and num_draft_layers must be >= 1")
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    start, end = 1, max(1, num_target_layers - 3)
-    span = end - start
-    ids = [round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-    return [min(max(i, 0), num_target_layers - 1) for i in ids]
 
 
 @dataclass

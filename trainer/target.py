@@ -17,29 +17,10 @@ from torch import nn
 
 from dflash_doctor.errors import ConfigError
 from trainer.batch import CapturedBatch
-from trainer.tiny import build_embedded_target, embedded_config, is_embedded, seeded_frozen_weights
+from trainer.target_config import is_embedded, target_hf_config
+from trainer.tiny import build_embedded_target, seeded_frozen_weights
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def target_hf_config(path: str) -> Any:
-    """The transformers config of `target.path`, read without loading weights (no network)."""
-    if is_embedded(path):
-        try:
-            return embedded_config(path)
-        except KeyError:
-            raise ConfigError(
-                f'target.path: unknown embedded target "{path}" (known: "tiny", "random:qwen3-8b")'
-            ) from None
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise ConfigError(
-            f'target.path: "{path}" is not a Hugging Face model folder (no config.json); '
-            'use a local folder, "tiny" or "random:qwen3-8b"'
-        )
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(folder, local_files_only=True)
 
 
 def target_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -3,6 +3,7 @@
 `target.path = "tiny"` is the default for CPU runs and tests; `target.path = "random:qwen3-8b"` gives a
 Qwen3-8B-shaped model with random weights, for measuring throughput on a GPU without fetching 16 GB.
 Every weight is a pure function of the seed, so each rank (and each restart) builds the same model.
+Their configs (shapes only, no torch model code) live in trainer/target_config.py.
 """
 
 from __future__ import annotations
@@ -10,71 +11,38 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import Qwen3Config
+
+# The configs live in trainer.target_config (readable without torch's compiler stack); re-exported here
+# for the code and tests that import them from trainer.tiny.
+from trainer.target_config import (
+    PRESETS,
+    RANDOM_PREFIX,
+    TINY,
+    embedded_config,
+    is_embedded,
+    qwen3_8b_config,
+    tiny_qwen3_config,
+)
 
 if TYPE_CHECKING:
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-TINY = "tiny"
-RANDOM_PREFIX = "random:"
+__all__ = [
+    "PRESETS",
+    "RANDOM_PREFIX",
+    "TINY",
+    "build_embedded_target",
+    "embedded_config",
+    "is_embedded",
+    "qwen3_8b_config",
+    "seeded_frozen_weights",
+    "tiny_qwen3_config",
+]
 
 # The tiny target's embedding and LM head are drawn larger than its layers (0.02): the residual stream is
 # then led by the current token, the next-token distribution is peaked, and sequences sampled at a low
 # temperature carry structure a drafter can learn (with every weight at 0.02 the logits are near uniform).
 _TINY_FROZEN_STD = 0.25
-
-
-def tiny_qwen3_config() -> Qwen3Config:
-    """hidden 128, 4 layers, 4 heads, 2 KV heads, head_dim 32, vocab 512 (mask token = 511)."""
-    return Qwen3Config(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        initializer_range=0.02,
-    )
-
-
-def qwen3_8b_config() -> Qwen3Config:
-    """The shapes of Qwen3-8B (36 layers, hidden 4096, 32 heads, 8 KV heads, vocab 151936)."""
-    return Qwen3Config(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=False,
-    )
-
-
-PRESETS = {"qwen3-8b": qwen3_8b_config}
-
-
-def is_embedded(path: str) -> bool:
-    """True for the targets this module builds (no folder on disk)."""
-    return path == TINY or path.startswith(RANDOM_PREFIX)
-
-
-def embedded_config(path: str) -> Qwen3Config:
-    """The transformers config of an embedded target ("tiny" or "random:<preset>")."""
-    if path == TINY:
-        return tiny_qwen3_config()
-    name = path.removeprefix(RANDOM_PREFIX)
-    if name not in PRESETS:
-        raise KeyError(name)
-    return PRESETS[name]()
 
 
 def seeded_frozen_weights(

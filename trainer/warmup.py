@@ -20,6 +20,7 @@ from dflash_doctor.errors import ConfigError
 from trainer.batch import CapturedBatch
 from trainer.config import TrainConfig, load_config
 from trainer.drafter import DFlashDrafter, DrafterConfig
+from trainer.target_config import target_hf_config
 
 if TYPE_CHECKING:
     from trainer.target import CaptureTarget
@@ -199,8 +200,6 @@ def warm_up_target(target: CaptureTarget, cfg: TrainConfig, device: torch.device
 
 def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict[str, Any]:
     """Build the drafter at the config's shapes and warm it; no process group, no target weights."""
-    from trainer.target import target_hf_config
-
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     dev = resolve_device(device or cfg.run.device)
     if dev.type == "cuda":
