@@ -10,7 +10,8 @@
 #   warm      the cache left in place
 # Time to first step, steady tok/s, the drafter's data-wait fraction, and the start-up lines for each.
 #   run(kind="nvidia-h200-x2", carry=[".whl", ".snap"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
-# E2E_RUNS picks runs (default "restored fresh warm"; a run that would get under 90 s is skipped);
+# E2E_RUNS picks runs (default "restored fresh warm"; a run that would get under 90 s is skipped); E2E_GPU_TESTS=1
+# runs the GPU-marked trainer tests first;
 # E2E_COLOCATED=1 first measures the colocated baseline (bench/colocated.py, ~3.5 minutes) and compares every
 # 1+1 run with it. The newest snapshot comes back as $OUT/e2e-snapshot.tar.zst: put it in .snap/ for next time.
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
@@ -22,6 +23,8 @@ export DFLASH_DOCTOR_HOME=${DFLASH_DOCTOR_HOME:-/tmp/e2e-ddhome}
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 
 stage setup 25 bash -c install_carried_wheels
+# E2E_GPU_TESTS=1: the GPU-marked trainer tests first (flex vs SDPA forward and backward, the dense guard).
+[ -n "${E2E_GPU_TESTS:-}" ] && stage pytest_gpu 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/trainer
 INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inductor_dir as d; print(d())")
 STORE=$DFLASH_DOCTOR_HOME/cache/snapshots
 RECORDS=$DFLASH_DOCTOR_HOME/cache/warm-records.json
