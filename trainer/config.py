@@ -18,7 +18,7 @@ from typing import Any
 import tomllib
 
 from dflash_doctor.errors import ConfigError
-from trainer.target_config import default_target_layer_ids, is_embedded, target_hf_config
+from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -583,4 +583,4 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
         from trainer.data import check_data_file
 
         check_data_file(cfg.data.kind, cfg.data.path)
-    return complete_with_target(cfg, target_hf_config(cfg.target.path))
+    return complete_with_target(cfg, target_shapes(cfg.target.path))
