@@ -10,8 +10,9 @@
 #   warm      the cache left in place
 # Time to first step, steady tok/s, the drafter's data-wait fraction, and the start-up lines for each.
 #   run(kind="nvidia-h200-x2", carry=[".whl", ".snap"], timeout_s=600, command="bash bench/e2e_restore_x2.sh")
-# E2E_RUNS picks runs (default "restored fresh warm"; a run that would get under 90 s is skipped); E2E_GPU_TESTS=1
-# runs the GPU-marked trainer tests first;
+# E2E_RUNS picks runs (default "restored fresh warm"; a run that would get under 90 s is skipped; "bytecode"
+# compiles site-packages' bytecode first, the startup.bytecode remedy, then runs warm); E2E_GPU_TESTS=1
+# runs the GPU-marked trainer tests first; E2E_IMPORTS=1 measures import times first (bench/import_times.sh);
 # E2E_COLOCATED=1 first measures the colocated baseline (bench/colocated.py, ~3.5 minutes) and compares every
 # 1+1 run with it. The newest snapshot comes back as $OUT/e2e-snapshot.tar.zst: put it in .snap/ for next time.
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/e2e_restore_x2.sh
@@ -25,6 +26,7 @@ unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 stage setup 25 bash -c install_carried_wheels
 # E2E_GPU_TESTS=1: the GPU-marked trainer tests first (flex vs SDPA forward and backward, the dense guard).
 [ -n "${E2E_GPU_TESTS:-}" ] && stage pytest_gpu 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/trainer
+[ -n "${E2E_IMPORTS:-}" ] && IMPORT_QUICK=1 IMPORT_ROUNDS=1 IMPORT_TAG=before stage imports_before 90 bash bench/import_times.sh
 INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inductor_dir as d; print(d())")
 STORE=$DFLASH_DOCTOR_HOME/cache/snapshots
 RECORDS=$DFLASH_DOCTOR_HOME/cache/warm-records.json
@@ -32,6 +34,19 @@ echo "managed cache: $INDUCTOR"
 E2E=(python3 bench/e2e.py $TINY --config qwen3-8b-b16 --no-deep)
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 newest_snapshot() { ls -t "$STORE"/*.tar.zst 2>/dev/null | head -n 1; }
+bytecode_facts() {  # why this interpreter compiles its imports from source, and what the check says of it
+    env | grep '^PYTHON'
+    python3 -c 'import sys; print("dont_write_bytecode", sys.flags.dont_write_bytecode, "pycache_prefix", sys.pycache_prefix)'
+    python3 -m dflash_doctor check --json > "$RES/check_before_bytecode.json"
+    python3 - "$RES/check_before_bytecode.json" <<'PY'
+import json, sys
+for finding in json.load(open(sys.argv[1]))["findings"]:
+    if str(finding.get("id", "")).startswith("startup"):
+        print(json.dumps(finding)[:1500])
+PY
+}
+export RES
+export -f bytecode_facts
 
 e2e_run() {  # NAME STEPS NEED_S: one `train` through bench/e2e.py, its log kept
     local name=$1 steps=$2 need=$3 limit
@@ -76,7 +91,21 @@ for run in ${E2E_RUNS:-restored fresh warm}; do
                 python3 -m dflash_doctor cache list --json > '$RES/cache_list_fresh.json'; ls -la '$STORE'"
             e2e_run fresh 6 90 ;;
         warm) e2e_run warm 6 90 ;;
-        *) echo "E2E_RUNS: unknown run '$run' (restored, fresh, warm)"; exit 2 ;;
+        bytecode)
+            # The startup.bytecode remedy applied (checks/startup.py), then a warm run: how much of each
+            # process's start-up was compiling imports from source. In place when site-packages is writable,
+            # else into a PYTHONPYCACHEPREFIX folder that every later process is pointed at.
+            stage bytecode_facts 20 bash -c bytecode_facts
+            SITE_PACKAGES=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+            if [ -w "$SITE_PACKAGES/torch" ]; then
+                stage compileall 150 python3 -m compileall -q -j 0 "$SITE_PACKAGES"
+            else
+                export PYTHONPYCACHEPREFIX=/tmp/pycache-prefix
+                stage compileall 150 python3 -m compileall -q -j 0 "$SITE_PACKAGES"
+            fi
+            IMPORT_QUICK=1 IMPORT_ROUNDS=1 IMPORT_TAG=after stage imports_after 90 bash bench/import_times.sh
+            e2e_run bytecode 6 90 ;;
+        *) echo "E2E_RUNS: unknown run '$run' (restored, fresh, warm, bytecode)"; exit 2 ;;
     esac
 done
 finish e2e
