@@ -31,6 +31,8 @@ print(json.dumps({
     "user_site": site.getusersitepackages() if site.ENABLE_USER_SITE else None,
     "machine": platform.machine(),
     "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
+    "cache_tag": sys.implementation.cache_tag,
+    "site_disables_bytecode": sys.dont_write_bytecode and not sys.flags.dont_write_bytecode,
 }))
 """
 
@@ -52,6 +54,10 @@ class InterpreterInfo:
     ld_library_path: str = ""
     is_current: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    # The name part of its bytecode files (`cpython-312` in `__pycache__/os.cpython-312.pyc`); None when unknown.
+    cache_tag: str | None = None
+    # Its start-up (sitecustomize, usercustomize, a .pth file) set sys.dont_write_bytecode: no .pyc gets written.
+    site_disables_bytecode: bool = False
 
     @property
     def is_venv(self) -> bool:
@@ -83,6 +89,8 @@ def current_interpreter() -> InterpreterInfo:
         machine=os.uname().machine,
         ld_library_path=os.environ.get("LD_LIBRARY_PATH", ""),
         is_current=True,
+        cache_tag=sys.implementation.cache_tag,
+        site_disables_bytecode=sys.dont_write_bytecode and not sys.flags.dont_write_bytecode,
     )
 
 
@@ -165,6 +173,8 @@ class InterpreterProbe:
             machine=raw.get("machine", ""),
             ld_library_path=raw.get("ld_library_path", ""),
             is_current=False,
+            cache_tag=raw.get("cache_tag"),
+            site_disables_bytecode=bool(raw.get("site_disables_bytecode", False)),
         )
 
 
