@@ -97,12 +97,8 @@ for run in ${E2E_RUNS:-restored fresh warm}; do
             # else into a PYTHONPYCACHEPREFIX folder that every later process is pointed at.
             stage bytecode_facts 20 bash -c bytecode_facts
             SITE_PACKAGES=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
-            if [ -w "$SITE_PACKAGES/torch" ]; then
-                stage compileall 150 python3 -m compileall -q -j 0 "$SITE_PACKAGES"
-            else
-                export PYTHONPYCACHEPREFIX=/tmp/pycache-prefix
-                stage compileall 150 python3 -m compileall -q -j 0 "$SITE_PACKAGES"
-            fi
+            [ -w "$SITE_PACKAGES/torch" ] || export PYTHONPYCACHEPREFIX=/tmp/pycache-prefix
+            stage compileall 150 python3 -m compileall -q -j 0 "$SITE_PACKAGES"
             IMPORT_QUICK=1 IMPORT_ROUNDS=1 IMPORT_TAG=after stage imports_after 90 bash bench/import_times.sh
             e2e_run bytecode 6 90 ;;
         *) echo "E2E_RUNS: unknown run '$run' (restored, fresh, warm, bytecode)"; exit 2 ;;
