@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
@@ -39,6 +41,7 @@ RECORDS_FILE = "warm-records.json"  # in the dflash-doctor home, beside the snap
 KEEP_RECORDS = 20
 MAX_FILES = 100_000  # a cache folder shared with much else: keep no record, always run the child
 ALWAYS_ENV = "DFLASH_DOCTOR_ALWAYS_WARM"  # set to 1: run the warm-up child on every launch
+LOCK_TIMEOUT_S = 60.0  # a write takes milliseconds; a lock held this long belongs to a hung process
 
 # Config fields that never reach a compiled graph (bookkeeping, schedule lengths): changing them keeps the key.
 _IGNORED_FIELDS = {
@@ -170,8 +173,7 @@ class WarmRecords:
     def save(self, key: str, devices: tuple[str, ...], files: dict[str, int]) -> None:
         if not files or len(files) > MAX_FILES:
             return
-        entry = {"key": key, "when": time.time(), "devices": list(devices), "files": files}
-        self._write(self._load(), [entry])
+        self._add([{"key": key, "when": time.time(), "devices": list(devices), "files": files}])
 
     def covered_by(self, files: Mapping[str, int]) -> list[dict[str, Any]]:
         """The records whose every file is in `files` (archive path -> size) with the same size: what a
@@ -191,15 +193,19 @@ class WarmRecords:
         """Add the records a restored snapshot carried (malformed ones are dropped); returns how many."""
         valid = [dict(e, snapshot=snapshot) for e in entries if _well_formed(e)]
         if valid:
-            self._write(self._load(), valid)
+            self._add(valid)
         return len(valid)
 
-    def _write(self, existing: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
-        """Keep the newest KEEP_RECORDS, one per key (a new entry replaces an old one with its key)."""
+    def _add(self, new: list[dict[str, Any]]) -> None:
+        """Keep the newest KEEP_RECORDS, one per key (a new entry replaces an old one with its key).
+
+        Read, merge and rename under a lock beside the file: two launches from one home at once would
+        otherwise each write what it read, and one record would be lost (a needless child later)."""
         keys = {e["key"] for e in new}
-        kept = [r for r in existing if r.get("key") not in keys] + new
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, {"schema": SCHEMA, "records": kept[-KEEP_RECORDS:]})
+        with filelock.FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
+            kept = [r for r in self._load() if r.get("key") not in keys] + new
+            write_json_atomic(self.path, {"schema": SCHEMA, "records": kept[-KEEP_RECORDS:]})
 
 
 def default_records() -> WarmRecords:

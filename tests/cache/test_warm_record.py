@@ -11,6 +11,7 @@ from dflash_doctor import launcher
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.warm_record import (
     ALWAYS_ENV,
+    KEEP_RECORDS,
     WarmRecords,
     cache_files,
     graph_config,
@@ -118,6 +119,26 @@ def test_an_unreadable_or_foreign_records_file_means_run_the_child(tmp_path: Pat
     assert skip_reason(records, "k", roots, {}) is None
     records.save("k", (), cache_files(roots))  # and it is rewritten whole
     assert skip_reason(records, "k", roots, {}) is not None
+
+
+def test_concurrent_writers_lose_no_record(tmp_path: Path) -> None:
+    """Launches from one home write at the same time: each read-merge-write happens under the lock."""
+    import threading
+
+    records = WarmRecords(tmp_path / "warm-records.json")
+    keys = [f"{i:064x}" for i in range(KEEP_RECORDS)]
+    start = threading.Barrier(len(keys))
+
+    def write(key: str) -> None:
+        start.wait()
+        WarmRecords(records.path).adopt([record(key=key)], "snap")
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r["key"] for r in json.loads(records.path.read_text())["records"]) == keys
 
 
 def test_records_are_bounded_and_the_newest_wins(tmp_path: Path) -> None:
