@@ -40,9 +40,9 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
     """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it.
 
     The trainer's config code must import in the interpreter running dflash-doctor; when it cannot, we say
-    so plainly instead of a traceback. Only the target's shapes are
-    read (trainer.target_config): neither the model code (torch's compiler stack) nor, where config.json
-    says enough, transformers: 13-14 s of imports per process on the H200 machine, before torchrun.
+    so plainly instead of a traceback. Only the target's shapes are read (trainer.target_config): neither
+    the model code (torch's compiler stack) nor, where config.json says enough, transformers: 13-14 s of
+    imports per process on the H200 machine, before torchrun.
     """
     try:
         from trainer.config import load_config, resolve_config_path

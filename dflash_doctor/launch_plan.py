@@ -95,16 +95,19 @@ class LaunchPlan:
 
 
 def model_shape(target_config: Any) -> ModelShape:
-    heads = int(target_config.num_attention_heads)
+    """From the target's shapes (TargetShapes), or a transformers config read into them."""
+    from trainer.target_config import TargetShapes  # light: no torch, no transformers
+
+    t = target_config if isinstance(target_config, TargetShapes) else TargetShapes.from_config(target_config)
     return ModelShape(
-        hidden=int(target_config.hidden_size),
-        intermediate=int(target_config.intermediate_size),
-        layers=int(target_config.num_hidden_layers),
-        heads=heads,
-        kv_heads=int(getattr(target_config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(target_config, "head_dim", None) or int(target_config.hidden_size) // heads),
-        vocab=int(target_config.vocab_size),
-        tied_embeddings=bool(getattr(target_config, "tie_word_embeddings", False)),
+        hidden=t.hidden_size,
+        intermediate=t.intermediate_size,
+        layers=t.num_hidden_layers,
+        heads=t.num_attention_heads,
+        kv_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        vocab=t.vocab_size,
+        tied_embeddings=t.tie_word_embeddings,
     )
 
 

@@ -74,7 +74,7 @@ def qwen3_8b_config() -> Qwen3Config:
 
 
 PRESETS: dict[str, Callable[[], Qwen3Config]] = {"qwen3-8b": qwen3_8b_config}
-_PRESET_FIELDS = {"qwen3-8b": QWEN3_8B_FIELDS}
+_EMBEDDED_FIELDS = {TINY: TINY_FIELDS, RANDOM_PREFIX + "qwen3-8b": QWEN3_8B_FIELDS}  # by target.path
 
 
 def is_embedded(path: str) -> bool:
@@ -83,22 +83,18 @@ def is_embedded(path: str) -> bool:
 
 
 def embedded_config(path: str) -> Qwen3Config:
-    """The transformers config of an embedded target ("tiny" or "random:<preset>"); KeyError if unknown."""
-    if path == TINY:
-        return tiny_qwen3_config()
-    name = path.removeprefix(RANDOM_PREFIX)
-    if name not in PRESETS:
-        raise KeyError(name)
-    return PRESETS[name]()
+    """The transformers config of an embedded target ("tiny" or "random:<preset>"); ConfigError if unknown."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**_embedded_fields(path))
 
 
 def _embedded_fields(path: str) -> dict[str, Any]:
     """An embedded target's fields, or the ConfigError naming the known ones."""
-    fields_ = TINY_FIELDS if path == TINY else _PRESET_FIELDS.get(path.removeprefix(RANDOM_PREFIX))
-    if fields_ is None:
-        known = ", ".join(f'"{name}"' for name in (TINY, *(RANDOM_PREFIX + p for p in PRESETS)))
+    if path not in _EMBEDDED_FIELDS:
+        known = ", ".join(f'"{name}"' for name in _EMBEDDED_FIELDS)
         raise ConfigError(f'target.path: unknown embedded target "{path}" (known: {known})')
-    return fields_
+    return _EMBEDDED_FIELDS[path]
 
 
 def _config_json(path: str) -> Path:
@@ -114,7 +110,6 @@ def _config_json(path: str) -> Path:
 def target_hf_config(path: str) -> Any:
     """The transformers config of `target.path`, read without loading weights (no network)."""
     if is_embedded(path):
-        _embedded_fields(path)  # the error for an unknown name
         return embedded_config(path)
     from transformers import AutoConfig
 
