@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dflash_doctor.atomic import write_json_atomic  # noqa: E402
+from dflash_doctor.audit.packages import libraries_worth_hashing  # noqa: E402
 from dflash_doctor.context import CheckContext  # noqa: E402
-from dflash_doctor.environment import Environment  # noqa: E402
-from dflash_doctor.file_hashes import CACHE_DIR_ENV, HashCache, sha256_of  # noqa: E402
-from dflash_doctor.package_analyses import libraries_worth_hashing  # noqa: E402
-from dflash_doctor.record_audit import audit_records, audited_rows  # noqa: E402
+from dflash_doctor.env.environment import Environment  # noqa: E402
+from dflash_doctor.env.file_hashes import CACHE_DIR_ENV, HashCache, sha256_of  # noqa: E402
+from dflash_doctor.env.record_audit import audit_records, audited_rows  # noqa: E402
 
 DEFAULT_PYTHONS = ["/work/venvs/cpu/bin/python", "/work/venvs/cu13/bin/python"]
 

@@ -1,4 +1,4 @@
-"""Fill `dflash_doctor/data/role_rates.json` (what dflash_doctor/split.py reads) from a GPU run's results.
+"""Fill `dflash_doctor/data/role_rates.json` (what dflash_doctor/launch/split.py reads) from a GPU run's results.
 
 Target rate: the `capture +compiled` row (else `capture`) of bench/target_capture.json at the recipe's sequence length. Drafter rate:
 the chosen row (`--variant`, default "trainer": what the trainer runs today) of bench/drafter_variants.json; a
@@ -24,7 +24,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, write_result
-from dflash_doctor.split import DEFAULT_RATES_PATH, RoleRates, recommend_split
+from dflash_doctor.launch.split import DEFAULT_RATES_PATH, RoleRates, recommend_split
 
 
 def recipe_variants(variants: dict[str, Any], pairs: list[str]) -> dict[str, str]:

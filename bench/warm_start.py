@@ -30,7 +30,7 @@ from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
 from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
 
 
 def fresh_process(command: list[str], cache: Path) -> tuple[dict, float]:

@@ -61,7 +61,7 @@ def deep_probe(ctx: CheckContext) -> Iterator[Finding]:
 def _static_predictions(ctx: CheckContext) -> dict[str, str] | None:
     """soname -> file the static loader model says the process maps; None without the model."""
     try:
-        from dflash_doctor.loader import library_report
+        from dflash_doctor.libs.loader import library_report
     except ImportError:
         return None
     report = library_report(ctx)
@@ -255,7 +255,7 @@ def _locked_overhead(ctx: CheckContext) -> dict[str, float]:
     if ctx.options.lock_path is None:
         return {}
     from dflash_doctor.errors import DoctorError
-    from dflash_doctor.lock import read_lock
+    from dflash_doctor.lock.lockfile import read_lock
 
     try:
         lock = read_lock(ctx.options.lock_path)
@@ -265,7 +265,7 @@ def _locked_overhead(ctx: CheckContext) -> dict[str, float]:
 
 
 def context_findings(report: ProbeReport, locked: dict[str, float]) -> Iterator[Finding]:
-    from dflash_doctor.drift import CONTEXT_GROWTH_MIB
+    from dflash_doctor.lock.drift import CONTEXT_GROWTH_MIB
 
     cuda = report.cuda
     if not cuda.get("available"):

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dflash_doctor.context import CheckContext
+from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
+from dflash_doctor.env.torch_build import TorchBuild
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
-from dflash_doctor.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.registry import check
-from dflash_doctor.torch_build import TorchBuild
 
 # Oldest driver branch per CUDA major (REFERENCE.md section 1).
 DRIVER_FLOOR = {13: 580, 12: 525, 11: 450}

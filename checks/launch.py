@@ -11,19 +11,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from dflash_doctor.context import CheckContext
+from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, fail, ok, warn
-from dflash_doctor.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.registry import check
 
 if TYPE_CHECKING:  # imported when a launch is checked, not by every `check` (psutil, the plan)
-    from dflash_doctor.launch_plan import LaunchPlan
+    from dflash_doctor.launch.plan import LaunchPlan
 
 GIB = 1024**3
 LOW_HEADROOM = 0.10  # warn under 10% spare
 
 
 def _plan(ctx: CheckContext) -> LaunchPlan:
-    from dflash_doctor.launch_plan import LaunchPlan
+    from dflash_doctor.launch.plan import LaunchPlan
 
     plan = ctx.options.extra.get("launch_plan")
     if not isinstance(plan, LaunchPlan):

@@ -1,6 +1,6 @@
 """Shared libraries: does every soname torch needs resolve, and to the copy torch ships with?
 
-All findings read one LibraryReport (dflash_doctor/loader.py), a static simulation of glibc
+All findings read one LibraryReport (dflash_doctor/libs/loader.py), a static simulation of glibc
 loading torch: DT_RPATH before `LD_LIBRARY_PATH`, RUNPATH after it, torch's preloads by full path
 first. So an old `libnccl.so.2` in an `LD_LIBRARY_PATH` folder that torch's RPATH outranks is not a
 finding, while one that wins a RUNPATH lookup is.
@@ -12,11 +12,11 @@ import os
 from collections.abc import Iterator
 
 from dflash_doctor.context import CheckContext
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
-from dflash_doctor.loader import LibraryReport, Resolution, library_report
+from dflash_doctor.libs.loader import LibraryReport, Resolution, library_report
+from dflash_doctor.libs.sonames import cuda_major_of, is_cuda_soname, is_driver_soname, requirement_for
 from dflash_doctor.registry import check
-from dflash_doctor.sonames import cuda_major_of, is_cuda_soname, is_driver_soname, requirement_for
 
 _LAZY_USE = {
     "libtorch_cuda_linalg.so": "torch.linalg on CUDA",

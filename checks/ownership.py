@@ -12,17 +12,17 @@ import os
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dflash_doctor.context import CheckContext
-from dflash_doctor.findings import Finding, fail, ok, warn
-from dflash_doctor.package_analyses import (
+from dflash_doctor.audit.packages import (
     cuda_families,
     record_audit,
     requirement_graph,
     torch_closure,
     twin_remedy,
 )
-from dflash_doctor.pip_commands import pip_command
-from dflash_doctor.record_audit import SharedFile, is_shared_library
+from dflash_doctor.context import CheckContext
+from dflash_doctor.env.pip_commands import pip_command
+from dflash_doctor.env.record_audit import SharedFile, is_shared_library
+from dflash_doctor.findings import Finding, fail, ok, warn
 from dflash_doctor.registry import check
 
 SHOWN = 8  # files listed in evidence; the count says how many in all

@@ -13,10 +13,7 @@ from collections.abc import Iterator
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.context import CheckContext
-from dflash_doctor.cuda_family import TOOLKIT_NAME
-from dflash_doctor.findings import Finding, fail, ok, skip, warn
-from dflash_doctor.package_analyses import (
+from dflash_doctor.audit.packages import (
     cuda_families,
     record_audit,
     requirement_graph,
@@ -24,16 +21,15 @@ from dflash_doctor.package_analyses import (
     torch_closure,
     twin_remedy,
 )
-from dflash_doctor.pip_commands import pinned, pip_command
+from dflash_doctor.context import CheckContext
+from dflash_doctor.env.cuda_family import TOOLKIT_NAME
+from dflash_doctor.env.pip_commands import pinned, pip_command
+from dflash_doctor.env.requirement_graph import Problem, version_satisfies
+from dflash_doctor.env.torch_build import TRITON_NAMES
+from dflash_doctor.findings import Finding, fail, ok, skip, warn
 from dflash_doctor.registry import check
-from dflash_doctor.requirement_graph import Problem, version_satisfies
 
 _CUDA_SUFFIX = re.compile(r"-cu\d+$")
-
-# Distributions that provide the `triton` package torch compiles with.
-TRITON_NAMES = frozenset(
-    {"triton", "pytorch-triton", "pytorch-triton-rocm", "triton-rocm", "pytorch-triton-xpu"}
-)
 
 
 def _is_runtime_package(key: str) -> bool:

@@ -19,11 +19,11 @@ import shlex
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from checks.packages import TRITON_NAMES
-from dflash_doctor import bytecode
-from dflash_doctor.bytecode import BytecodeSettings, PackageBytecode, sample_package, settings_for
 from dflash_doctor.context import CheckContext
-from dflash_doctor.environment import Environment
+from dflash_doctor.env import bytecode
+from dflash_doctor.env.bytecode import BytecodeSettings, PackageBytecode, sample_package, settings_for
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.torch_build import TRITON_NAMES
 from dflash_doctor.findings import Finding, ok, skip, warn
 from dflash_doctor.registry import check
 

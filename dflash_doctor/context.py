@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from dflash_doctor.environment import Environment
+if TYPE_CHECKING:  # a type only: the core imports nothing above it
+    from dflash_doctor.env.environment import Environment
 
 T = TypeVar("T")
 

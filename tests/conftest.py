@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.environment import Environment
-from dflash_doctor.interpreter import InterpreterInfo
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.interpreter import InterpreterInfo
 from tests.fakeenv import HAVE_GCC, FakeSite
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.ldcache import LdCache, load_system_cache
+from dflash_doctor.libs.ldcache import LdCache, load_system_cache
 from tests.fakeenv import HAVE_GCC, FakeSite, build_elf
 
 TORCH_RPATH = (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, Severity
-from dflash_doctor.loader import resolve_torch_libraries
+from dflash_doctor.libs.loader import resolve_torch_libraries
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite, build_elf

@@ -141,8 +141,8 @@ def test_library_untouched_since_install_is_not_rehashed(site: FakeSite, monkeyp
     import os
     import time
 
-    from dflash_doctor import record_audit as audit_module
-    from dflash_doctor.file_hashes import HashCache
+    from dflash_doctor.env import record_audit as audit_module
+    from dflash_doctor.env.file_hashes import HashCache
     from tests.conftest import env_for
 
     site.add_dist("nvidia-nccl-cu13", "2.30.7", {"nvidia/nccl/lib/libnccl.so.2": b"n" * 64})

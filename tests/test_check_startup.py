@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor import bytecode
-from dflash_doctor.bytecode import (
+from dflash_doctor.context import CheckContext
+from dflash_doctor.env import bytecode
+from dflash_doctor.env.bytecode import (
     BytecodeSettings,
     bytecode_path,
     cache_tag_of,
@@ -20,9 +21,8 @@ from dflash_doctor.bytecode import (
     sample_package,
     settings_for,
 )
-from dflash_doctor.context import CheckContext
+from dflash_doctor.env.interpreter import probe_interpreter
 from dflash_doctor.findings import Finding, Severity
-from dflash_doctor.interpreter import probe_interpreter
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite, make_venv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_doctor.cuda_family import cuda_family, is_cuda_flavoured, toolkit_pins
+from dflash_doctor.env.cuda_family import cuda_family, is_cuda_flavoured, toolkit_pins
 
 
 @pytest.mark.parametrize(

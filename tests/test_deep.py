@@ -20,9 +20,9 @@ from dflash_doctor.deep.compare import (
     version_verdicts,
 )
 from dflash_doctor.deep.run import ProbeReport, parse_probe_output, run_probe
+from dflash_doctor.env.gpus import GpuInventory
 from dflash_doctor.findings import Finding, Severity
-from dflash_doctor.gpus import GpuInventory
-from dflash_doctor.lock import build_lock, write_lock
+from dflash_doctor.lock.lockfile import build_lock, write_lock
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
@@ -363,7 +363,7 @@ def test_real_cuda_venv_without_gpu_maps_libraries_and_agrees_with_static(
     report = run_probe(CU13_PYTHON, timeout=120, flex=False)
     assert report.ran and report.import_ok, report.error
     assert report.versions["cudnn"]["parsed"][:2] == report.torch["cudnn_compiled"][:2]
-    from dflash_doctor.environment import Environment
+    from dflash_doctor.env.environment import Environment
 
     ctx = CheckContext(Environment.load(CU13_PYTHON), CheckOptions(deep=True))
     got = deep_findings(ctx, report)

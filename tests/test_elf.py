@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.elf import expand_search_path, read_elf
-from dflash_doctor.ldcache import load_system_cache, parse_cache_bytes, parse_ldconfig_output
+from dflash_doctor.env.elf import expand_search_path, read_elf
+from dflash_doctor.libs.ldcache import load_system_cache, parse_cache_bytes, parse_ldconfig_output
 from tests.fakeenv import build_elf
 
 

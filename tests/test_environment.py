@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 from dflash_doctor.cli import run
-from dflash_doctor.distributions import read_dist_info
-from dflash_doctor.environment import Environment
-from dflash_doctor.interpreter import probe_interpreter
-from dflash_doctor.torch_build import read_torch_build
+from dflash_doctor.env.distributions import read_dist_info
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.interpreter import probe_interpreter
+from dflash_doctor.env.torch_build import read_torch_build
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite, make_venv
 
@@ -79,7 +79,7 @@ def test_cli_check_through_python_flag(tmp_path: Path, capsys) -> None:
 
 
 def test_extra_only_requirements_are_parsed_only_when_that_extra_is_asked_for(site: FakeSite) -> None:
-    from dflash_doctor.requirement_graph import build_requirement_graph, marker_environment
+    from dflash_doctor.env.requirement_graph import build_requirement_graph, marker_environment
 
     site.add_dist(
         "pkg",
@@ -114,7 +114,7 @@ def test_record_paths_are_normalised_like_normpath(tmp_path: Path) -> None:
     import csv
     import os
 
-    from dflash_doctor.distributions import read_record_rows
+    from dflash_doctor.env.distributions import read_record_rows
 
     rels = [
         "pkg/mod.py",

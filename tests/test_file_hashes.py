@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.file_hashes import CACHE_DIR_ENV, HashCache, default_cache_path
+from dflash_doctor.env.file_hashes import CACHE_DIR_ENV, HashCache, default_cache_path
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import dflash_doctor.gpus as gpus
+import dflash_doctor.env.gpus as gpus
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.registry import run_checks
@@ -31,7 +31,7 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """The subset of pynvml that dflash_doctor.gpus calls, answering like a real driver would."""
+    """The subset of pynvml that dflash_doctor.env.gpus calls, answering like a real driver would."""
 
     def __init__(
         self, gpus_: list[FakeGpu], driver: str = "580.159.04", cuda: int = 13000, broken: bool = False

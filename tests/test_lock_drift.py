@@ -9,11 +9,11 @@ import pytest
 
 from dflash_doctor.cli import run
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.drift import diff_locks
+from dflash_doctor.env.gpus import GpuDevice, GpuInventory
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Severity
-from dflash_doctor.gpus import GpuDevice, GpuInventory
-from dflash_doctor.lock import (
+from dflash_doctor.lock.drift import diff_locks
+from dflash_doctor.lock.lockfile import (
     REDACTED,
     EnvironmentLock,
     build_lock,

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor import parse_cache
 from dflash_doctor.cli import run as cli_run
 from dflash_doctor.context import CheckContext
-from dflash_doctor.environment import Environment
+from dflash_doctor.env import parse_cache
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.interpreter import InterpreterInfo
+from dflash_doctor.env.parse_cache import HEADER, ParseCache, cache_file_for
 from dflash_doctor.findings import Finding, Severity
-from dflash_doctor.interpreter import InterpreterInfo
-from dflash_doctor.loader import resolve_torch_libraries
-from dflash_doctor.parse_cache import HEADER, ParseCache, cache_file_for
+from dflash_doctor.libs.loader import resolve_torch_libraries
 from dflash_doctor.registry import run_checks
 from tests.fakeenv import FakeSite, build_elf, record_hash
 from tests.libs_fixtures import ALL_PRELOADS, cuda_libs, install_cuda_torch, system_cache

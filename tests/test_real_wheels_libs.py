@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.context import CheckContext
-from dflash_doctor.environment import Environment
-from dflash_doctor.loader import compare_with_maps, library_report
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.libs.loader import compare_with_maps, library_report
 from dflash_doctor.registry import run_checks
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.role_rates import main, measured_rates, recipe_variants
-from dflash_doctor.split import load_role_rates
+from dflash_doctor.launch.split import load_role_rates
 
 CAPTURE: dict[str, Any] = {
     "rows": [

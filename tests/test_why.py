@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor import cli
-from dflash_doctor.environment import Environment
-from dflash_doctor.why import explain_package
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.libs.why import explain_package
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite, build_elf
 from tests.libs_fixtures import ALL_PRELOADS, cuda_libs, install_cuda_torch, system_cache

@@ -18,6 +18,7 @@ from typing import Any
 import tomllib
 
 from dflash_doctor.errors import ConfigError
+from trainer.data_files import check_data_file
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -579,8 +580,5 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
     if cfg.data.path is not None:
-        # Imported only when there is a file to check: trainer.data imports torch.
-        from trainer.data import check_data_file
-
         check_data_file(cfg.data.kind, cfg.data.path)
     return complete_with_target(cfg, target_shapes(cfg.target.path))

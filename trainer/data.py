@@ -12,8 +12,6 @@ Kinds: `jsonl` ({"input_ids": [...], "loss_mask": [...]} per line), `text` ({"te
 from __future__ import annotations
 
 import inspect
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +21,7 @@ from torch import nn
 
 from dflash_doctor.errors import ConfigError
 from trainer.config import DataSection, TrainConfig
+from trainer.data_files import count_records, jsonl_records
 
 PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
 
@@ -44,73 +43,13 @@ def fit_to_length(ids: list[int], mask: list[bool], seq_len: int) -> tuple[torch
 # ---------------------------------------------------------------- sources
 
 
-def _json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for every non-empty line; a line that is not a JSON object is a ConfigError."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"data.path: {path} line {number}: not JSON ({exc.msg})") from exc
-                if not isinstance(record, dict):
-                    raise ConfigError(f"data.path: {path} line {number}: must be a JSON object")
-                yield number, record
-    except OSError as exc:
-        raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"data.path: {path} is not UTF-8 text ({exc.reason})") from exc
-
-
-def _jsonl_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    records = list(_json_objects(path))
-    if not records:
-        raise ConfigError(f"data.path: {path} holds no records")
-    return records
-
-
-_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
-
-
-def check_data_file(kind: str, path: str, head: int = 64) -> None:
-    """Before any process starts: the file exists, is readable, and its first records have the fields
-    `kind` needs. A full check happens when the target ranks load it; this catches the common mistakes
-    (wrong path, wrong kind, not JSONL) while they can still be a config error (exit 2)."""
-    fields = _FIELDS.get(kind)
-    if fields is None:
-        return
-    seen = 0
-    for number, record in _json_objects(Path(path)):
-        missing = [f for f in fields if f not in record]
-        if missing:
-            raise ConfigError(
-                f'data.path: {path} line {number}: a "{kind}" record needs {", ".join(map(repr, missing))}'
-            )
-        seen += 1
-        if seen >= head:
-            return
-    if not seen:
-        raise ConfigError(f"data.path: {path} holds no records")
-
-
-def count_records(path: str) -> int:
-    """Number of non-empty lines: what every rank needs to plan the run, without parsing them."""
-    try:
-        with open(path, "rb") as handle:
-            return sum(1 for line in handle if line.strip())
-    except OSError as exc:
-        raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
-
-
 class JsonlSource:
     """Pre-tokenised sequences: {"input_ids": [ints], "loss_mask": [0/1 or bools, same length]}."""
 
     def __init__(self, path: str, seq_len: int, vocab_size: int) -> None:
         self.seq_len = seq_len
         self.rows: list[tuple[list[int], list[bool]]] = []
-        for number, record in _jsonl_records(Path(path)):
+        for number, record in jsonl_records(Path(path)):
             where = f"data.path: {path} line {number}"
             ids, mask = record.get("input_ids"), record.get("loss_mask")
             if (
@@ -136,7 +75,7 @@ class TokenizedSource:
 
     def __init__(self, path: str, kind: str, tokenizer: Any, seq_len: int) -> None:
         self.kind, self.tokenizer, self.seq_len = kind, tokenizer, seq_len
-        self.records = _jsonl_records(Path(path))
+        self.records = jsonl_records(Path(path))
         field = "text" if kind == "text" else "messages"
         for number, record in self.records:
             if field not in record:

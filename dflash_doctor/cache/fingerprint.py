@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only a type here: restore must not pay for the environment model's imports
-    from dflash_doctor.environment import Environment
+    from dflash_doctor.env.environment import Environment
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def _text(value: object) -> str | None:
 
 
 def read_gpu_names() -> tuple[str, ...] | None:
-    """GPU names through NVML (dflash_doctor.gpus), as the driver reports them; None without a driver."""
-    from dflash_doctor.gpus import query_gpus
+    """GPU names through NVML (dflash_doctor.env.gpus), as the driver reports them; None without a driver."""
+    from dflash_doctor.env.gpus import query_gpus
 
     inventory = query_gpus()
     return None if inventory is None else tuple(d.name for d in inventory.devices)

@@ -23,7 +23,7 @@ from dflash_doctor.cache.warm import WarmShapes, child_command, child_environ, c
 from dflash_doctor.cache.warm_record import default_records
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.context import CheckContext
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.registry import run_checks
 from dflash_doctor.report import dumps, exit_code, flatten, render

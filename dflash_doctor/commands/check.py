@@ -17,9 +17,9 @@ from dflash_doctor.commands.options import (
     split_only,
 )
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.interpreter import InterpreterProbe
 from dflash_doctor.errors import DoctorError
-from dflash_doctor.interpreter import InterpreterProbe
 from dflash_doctor.registry import all_checks, run_checks, unknown_selectors
 from dflash_doctor.report import dumps, exit_code, flatten, render, to_json
 

@@ -15,11 +15,11 @@ from rich.text import Text
 
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.context import CheckContext
-from dflash_doctor.drift import Change, diff_locks, worst_severity
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Severity
-from dflash_doctor.lock import DEFAULT_LOCK_NAME, EnvironmentLock, capture_lock, read_lock
+from dflash_doctor.lock.drift import Change, diff_locks, worst_severity
+from dflash_doctor.lock.lockfile import DEFAULT_LOCK_NAME, EnvironmentLock, capture_lock, read_lock
 from dflash_doctor.report import ICONS, dumps
 
 DIFF_SCHEMA = "dflash-doctor/diff/v1"

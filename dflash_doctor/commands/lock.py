@@ -8,8 +8,8 @@ import typer
 
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.environment import Environment
-from dflash_doctor.lock import DEFAULT_LOCK_NAME, capture_lock, write_lock
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.lock.lockfile import DEFAULT_LOCK_NAME, capture_lock, write_lock
 from dflash_doctor.report import dumps
 
 OutOption = typer.Option(Path(DEFAULT_LOCK_NAME), "--out", "-o", help="Where to write the lock.")

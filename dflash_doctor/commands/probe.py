@@ -14,7 +14,7 @@ import typer
 from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.commands.options import PythonOption
 from dflash_doctor.deep.run import probe_timeout, run_probe
-from dflash_doctor.interpreter import interpreter_for
+from dflash_doctor.env.interpreter import interpreter_for
 from dflash_doctor.report import dumps
 
 ProbeOutOption = typer.Option(None, "--out", "-o", help="Also write the report to this file (atomically).")

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dflash_doctor.commands.options import JsonOption
-from dflash_doctor.runs import RunRecord, RunStore, describe_age
+from dflash_doctor.launch.runs import RunRecord, RunStore, describe_age
 
 runs_app = typer.Typer(help="Past launches: config, environment, verdicts, throughput, outcome.")
 
@@ -63,8 +63,8 @@ def list_runs(
 
 def environment_changes(record: RunRecord, baseline: RunRecord) -> list[dict[str, Any]]:
     """What changed in the environment between a good run and this one (uses the lock differ)."""
-    from dflash_doctor.drift import diff_locks
-    from dflash_doctor.lock import EnvironmentLock
+    from dflash_doctor.lock.drift import diff_locks
+    from dflash_doctor.lock.lockfile import EnvironmentLock
 
     if not baseline.environment or not record.environment:
         return []

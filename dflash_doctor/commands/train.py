@@ -16,13 +16,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_doctor.commands.options import JsonOption, PythonOption, default_lock
-from dflash_doctor.gate import GateResult, load_training_config, run_gate
-from dflash_doctor.launch_plan import LaunchPlan, TorchrunOptions
-from dflash_doctor.launcher import prepare_compile_cache, read_summary, run_torchrun, snapshot_after_success
-from dflash_doctor.lock import capture_lock
-from dflash_doctor.memory_plan import GIB
+from dflash_doctor.launch.gate import GateResult, load_training_config, run_gate
+from dflash_doctor.launch.launcher import (
+    prepare_compile_cache,
+    read_summary,
+    run_torchrun,
+    snapshot_after_success,
+)
+from dflash_doctor.launch.memory_plan import GIB
+from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions
+from dflash_doctor.launch.runs import RunStore
+from dflash_doctor.lock.lockfile import capture_lock
 from dflash_doctor.report import render
-from dflash_doctor.runs import RunStore
 
 
 def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:

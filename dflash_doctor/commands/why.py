@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from dflash_doctor.commands.options import JsonOption, PythonOption
-from dflash_doctor.environment import Environment
-from dflash_doctor.why import PackageExplanation, explain_package
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.libs.why import PackageExplanation, explain_package
 
 
 def render_explanation(expl: PackageExplanation, console: Console) -> None:

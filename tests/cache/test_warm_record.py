@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor import launcher
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.warm_record import (
     ALWAYS_ENV,
@@ -19,6 +18,7 @@ from dflash_doctor.cache.warm_record import (
     trainer_source_digest,
     warm_key,
 )
+from dflash_doctor.launch import launcher
 
 BUILD = BuildFingerprint("2.11.0+cu130", "70d99e998b49", "13.0", "3.6.0", "3.12", ("NVIDIA H200",) * 2)
 RAW = {

@@ -8,9 +8,9 @@ import pytest
 
 from checks import launch as launch_checks
 from dflash_doctor.context import CheckContext, CheckOptions
+from dflash_doctor.env.gpus import GpuDevice, GpuInventory, GpuUnavailable
 from dflash_doctor.findings import Severity
-from dflash_doctor.gpus import GpuDevice, GpuInventory, GpuUnavailable
-from dflash_doctor.launch_plan import TorchrunOptions, build_launch_plan
+from dflash_doctor.launch.plan import TorchrunOptions, build_launch_plan
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite

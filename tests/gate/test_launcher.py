@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_doctor.cache.warm import WarmShapes, child_command
-from dflash_doctor.launcher import _config_with_overrides
+from dflash_doctor.launch.launcher import _config_with_overrides
 from trainer.config import load_config, resolve_config_path
 
 
@@ -52,7 +52,7 @@ def test_ctrl_c_stops_the_launch_and_every_worker(tmp_path: Path) -> None:
     )
     launcher = (
         "import sys\n"
-        "from dflash_doctor import launcher\n"
+        "from dflash_doctor.launch import launcher\n"
         "launcher.STOP_GRACE_S = 5\n"
         f"code, interrupted = launcher.run_torchrun([sys.executable, '-c', {fake_torchrun!r}], {{}})\n"
         "print('RESULT', code, interrupted)\n"

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from dflash_doctor.memory_plan import GIB, ModelShape, PlanInputs, drafter_estimate, drafter_params, plan
+from dflash_doctor.launch.memory_plan import (
+    GIB,
+    ModelShape,
+    PlanInputs,
+    drafter_estimate,
+    drafter_params,
+    plan,
+)
 
 QWEN3_8B = ModelShape(
     hidden=4096, intermediate=12288, layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run
-from dflash_doctor.lock import build_lock
-from dflash_doctor.runs import RunStore
+from dflash_doctor.launch.runs import RunStore
+from dflash_doctor.lock.lockfile import build_lock
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor import gpus as gpus_module
 from dflash_doctor.cli import run
 from dflash_doctor.commands import train as train_command
-from dflash_doctor.gpus import GpuInventory
-from dflash_doctor.runs import RunStore
+from dflash_doctor.env import gpus as gpus_module
+from dflash_doctor.env.gpus import GpuInventory
+from dflash_doctor.launch.runs import RunStore
 from tests.fakeenv import FakeSite, make_venv
 from tests.gate.test_launch_checks import h200
 from tests.libs_fixtures import cuda_libs, install_cuda_torch  # noqa: F401  (fixture)
@@ -37,7 +37,7 @@ def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]
 
 
 def train_command_prep():  # a stand-in for the cache preparation (tested in tests/cache)
-    from dflash_doctor.launcher import CachePreparation
+    from dflash_doctor.launch.launcher import CachePreparation
 
     return CachePreparation("warm", "test", 0.0)
 
@@ -185,8 +185,8 @@ def test_the_gates_deep_probe_keeps_its_flex_proof_in_a_folder_of_its_own(
     launches: list[list[str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """`check --deep` compiles its proof afresh; the gate before a launch reuses a persistent probe folder."""
-    from dflash_doctor import gate
     from dflash_doctor.deep.run import CACHE_ENV
+    from dflash_doctor.launch import gate
 
     seen: list[object] = []
     real_run_checks = gate.run_checks

@@ -42,7 +42,7 @@ import json, sys
 def heavy() -> list[str]:
     return sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules)
 
-from dflash_doctor.gate import load_training_config
+from dflash_doctor.launch.gate import load_training_config
 
 load_training_config("tiny-cpu")
 load_training_config("qwen3-8b-b16")

@@ -25,10 +25,10 @@ from typing import Any
 
 from dflash_doctor import __version__
 from dflash_doctor.atomic import write_json_atomic
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.file_hashes import HashCache
+from dflash_doctor.env.gpus import GpuInventory
 from dflash_doctor.errors import DoctorError
-from dflash_doctor.file_hashes import HashCache
-from dflash_doctor.gpus import GpuInventory
 
 LOCK_SCHEMA = "dflash-doctor/lock/v1"
 DEFAULT_LOCK_NAME = "dflash.lock"
@@ -259,7 +259,7 @@ def _digest_function() -> tuple[Callable[[str], str | None], Callable[[], None]]
 def library_hashes(ctx: Any) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
     """(rows, None) from the static library model, or (None, reason) when it is not available."""
     try:
-        from dflash_doctor.loader import library_report
+        from dflash_doctor.libs.loader import library_report
     except ImportError:
         return None, LIBRARIES_UNAVAILABLE
     report = library_report(ctx)
@@ -272,7 +272,7 @@ def library_hashes(ctx: Any) -> tuple[dict[str, dict[str, Any]] | None, str | No
 
 def capture_lock(ctx: Any, runtime: dict[str, Any] | None = None) -> EnvironmentLock:
     """The lock of the environment a check context audits (memoise with ctx.shared("lock.current"))."""
-    from dflash_doctor.gpus import query_gpus
+    from dflash_doctor.env.gpus import query_gpus
 
     libraries, note = library_hashes(ctx)
     return build_lock(ctx.env, libraries, query_gpus(), os.environ, note, runtime)

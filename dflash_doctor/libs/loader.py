@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from dflash_doctor.context import CheckContext
-from dflash_doctor.elf import ElfInfo, read_elf
-from dflash_doctor.environment import Environment
-from dflash_doctor.ldcache import LdCache, load_system_cache
-from dflash_doctor.preload import PreloadPlan, read_preload_plan
-from dflash_doctor.sonames import is_cuda_soname, is_driver_soname
+from dflash_doctor.env.elf import ElfInfo, read_elf
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.libs.ldcache import LdCache, load_system_cache
+from dflash_doctor.libs.preload import PreloadPlan, read_preload_plan
+from dflash_doctor.libs.sonames import is_cuda_soname, is_driver_soname
 
 VIAS = ("preload", "loaded", "rpath", "ld_library_path", "runpath", "ld.so.cache", "default", "missing")
 STAGES = ("import", "lazy", "extension")

@@ -22,7 +22,8 @@ from typing import Any
 
 from dflash_doctor.errors import DoctorError
 
-DEFAULT_RATES_PATH = Path(__file__).resolve().parent / "data" / "role_rates.json"  # shipped with the package
+# Shipped with the package, in dflash_doctor/data/.
+DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"
 
 
 @dataclass(frozen=True)

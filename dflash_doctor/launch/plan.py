@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.memory_plan import (
+from dflash_doctor.launch.memory_plan import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     ModelShape,
     PlanInputs,

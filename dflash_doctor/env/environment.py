@@ -14,11 +14,11 @@ from functools import cached_property
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.distributions import Distribution, RecordEntry, scan_distributions
-from dflash_doctor.elf import ElfInfo, read_elf, read_elf_cached
-from dflash_doctor.interpreter import InterpreterInfo, InterpreterProbe, interpreter_for
-from dflash_doctor.parse_cache import ParseCache
-from dflash_doctor.torch_build import TorchBuild, read_torch_build
+from dflash_doctor.env.distributions import Distribution, RecordEntry, scan_distributions
+from dflash_doctor.env.elf import ElfInfo, read_elf, read_elf_cached
+from dflash_doctor.env.interpreter import InterpreterInfo, InterpreterProbe, interpreter_for
+from dflash_doctor.env.parse_cache import ParseCache
+from dflash_doctor.env.torch_build import TorchBuild, read_torch_build
 
 
 @dataclass

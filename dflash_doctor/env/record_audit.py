@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dflash_doctor.distributions import Distribution, RecordEntry, RecordRow
-from dflash_doctor.file_hashes import HashCache
+from dflash_doctor.env.distributions import Distribution, RecordEntry, RecordRow
+from dflash_doctor.env.file_hashes import HashCache
 
 # What torch's `_preload_cuda_deps` dlopens from `nvidia/*/lib`: the libraries worth a full sha256
 # when nobody told us which libraries the loader really resolves.

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.distributions import Distribution
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.distributions import Distribution
+from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
-from dflash_doctor.ldcache import LdCache, load_system_cache
-from dflash_doctor.loader import PRELOAD_REQUESTER, LibraryReport, Resolution, resolve_torch_libraries
+from dflash_doctor.libs.ldcache import LdCache, load_system_cache
+from dflash_doctor.libs.loader import PRELOAD_REQUESTER, LibraryReport, Resolution, resolve_torch_libraries
 
 _SHARED_OBJECT = re.compile(r"\.so(\.\d+)*$")
 _EXTRA = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")

@@ -23,7 +23,7 @@ from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
 from dflash_doctor.cache.warm_record import cache_files, default_records, skip_reason, warm_key
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 
 KEEP_SNAPSHOTS = 5

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from dflash_doctor.parse_cache import stamp_of
+from dflash_doctor.env.parse_cache import stamp_of
 
 if TYPE_CHECKING:  # pyelftools is imported on the first file actually parsed (20 ms)
     from elftools.elf.dynamic import DynamicTag
     from elftools.elf.elffile import ELFFile
 
-    from dflash_doctor.parse_cache import ParseCache
+    from dflash_doctor.env.parse_cache import ParseCache
 
 _ELF_MAGIC = b"\x7fELF"
 _DST = re.compile(r"\$(\{(ORIGIN|LIB|PLATFORM)\}|(ORIGIN|LIB|PLATFORM)(?![A-Za-z0-9_]))")

@@ -8,20 +8,26 @@ builds them, so a `check` run reads every RECORD and hashes every file at most o
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
 from dflash_doctor.context import CheckContext
-from dflash_doctor.cuda_family import TOOLKIT_NAME, CudaFamily, cuda_family, is_cuda_flavoured, toolkit_pins
-from dflash_doctor.distributions import Distribution, RecordRow
-from dflash_doctor.file_hashes import HashCache
-from dflash_doctor.pip_commands import pinned, pip_command
-from dflash_doctor.record_audit import (
+from dflash_doctor.env.cuda_family import (
+    TOOLKIT_NAME,
+    CudaFamily,
+    cuda_family,
+    is_cuda_flavoured,
+    toolkit_pins,
+)
+from dflash_doctor.env.distributions import Distribution, RecordRow
+from dflash_doctor.env.file_hashes import HashCache
+from dflash_doctor.env.pip_commands import pinned, pip_command
+from dflash_doctor.env.record_audit import (
     RecordAudit,
     audit_records,
     audited_record_rows,
     is_preloaded_cuda_library,
 )
-from dflash_doctor.requirement_graph import RequirementGraph, build_requirement_graph, marker_environment
+from dflash_doctor.env.requirement_graph import RequirementGraph, build_requirement_graph, marker_environment
+from dflash_doctor.libs.loader import library_report
 
 
 def requirement_graph(ctx: CheckContext) -> RequirementGraph:
@@ -92,23 +98,12 @@ def libraries_worth_hashing(ctx: CheckContext) -> set[str]:
 
 
 def resolved_library_paths(ctx: CheckContext) -> set[str]:
-    """Paths from `dflash_doctor.loader.library_report(ctx).by_soname`, when that module is there.
+    """Where the loader simulation resolves each soname torch needs (`libs.loader.library_report`).
 
     It belongs to the library-resolution checks; we only read it and never fail because of it.
     """
     try:
-        from dflash_doctor import loader  # type: ignore[attr-defined]
-    except ImportError:
-        return set()
-    try:
-        by_soname = loader.library_report(ctx).by_soname
-        values: Iterable[object] = by_soname.values()
-        paths = set()
-        for value in values:
-            candidate = value if isinstance(value, str | os.PathLike) else getattr(value, "path", None)
-            if isinstance(candidate, str | os.PathLike):
-                paths.add(os.path.normpath(os.fspath(candidate)))
-        return paths
+        return {os.path.normpath(path) for path in library_report(ctx).loaded_paths.values()}
     except Exception:  # their bug must not take our check down; we fall back to the preload list
         return set()
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from dflash_doctor.interpreter import InterpreterInfo
+from dflash_doctor.env.interpreter import InterpreterInfo
 
 MAX_SUBPACKAGES = 80  # torch has ~60 direct sub-packages, sympy ~40, transformers ~12
 MAX_MODULES = 1000  # per package; torch's top two levels hold ~700 modules

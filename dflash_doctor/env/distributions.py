@@ -3,7 +3,7 @@
 We read METADATA headers, RECORD (file -> sha256, size), WHEEL (tag, build) and INSTALLER, because
 those are what tell "the same version" builds apart and which package owns which file. With a
 `ParseCache` (what `Environment.load` uses) the parsed headers and RECORD rows are reused across runs
-while the files' stat signatures are unchanged (see dflash_doctor/parse_cache.py).
+while the files' stat signatures are unchanged (see dflash_doctor/env/parse_cache.py).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.parse_cache import stamp_of
+from dflash_doctor.env.parse_cache import stamp_of
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
 
-    from dflash_doctor.parse_cache import ParseCache
+    from dflash_doctor.env.parse_cache import ParseCache
 
 
 class RecordEntry(NamedTuple):

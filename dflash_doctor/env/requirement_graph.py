@@ -19,8 +19,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from dflash_doctor.distributions import Distribution
-from dflash_doctor.interpreter import InterpreterInfo
+from dflash_doctor.env.distributions import Distribution
+from dflash_doctor.env.interpreter import InterpreterInfo
 
 
 def marker_environment(interpreter: InterpreterInfo) -> dict[str, str]:

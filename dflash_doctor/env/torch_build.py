@@ -12,6 +12,11 @@ from dataclasses import asdict, dataclass
 
 from packaging.version import InvalidVersion, Version
 
+# Distributions that provide the `triton` package torch compiles with.
+TRITON_NAMES = frozenset(
+    {"triton", "pytorch-triton", "pytorch-triton-rocm", "triton-rocm", "pytorch-triton-xpu"}
+)
+
 
 @dataclass(frozen=True)
 class TorchBuild:

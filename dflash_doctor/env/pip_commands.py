@@ -6,7 +6,7 @@ import shlex
 
 from packaging.requirements import Requirement
 
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
 
 
 def pip_command(env: Environment, verb: str, *args: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dflash_doctor.findings import Severity
-from dflash_doctor.lock import EnvironmentLock
+from dflash_doctor.lock.lockfile import EnvironmentLock
 
 CONTEXT_GROWTH_MIB = 64.0  # CUDA context growth worth a warning (the story's wheel switch: ~200 MB)
 

@@ -16,11 +16,11 @@ from typing import Any
 from dflash_doctor.cache.locations import managed_inductor_dir, snapshots_dir
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.deep.run import CACHE_ENV
-from dflash_doctor.environment import Environment
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding, Severity
-from dflash_doctor.gpus import GpuInventory, gpu_inventory
-from dflash_doctor.launch_plan import LaunchPlan, TorchrunOptions, build_launch_plan
+from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions, build_launch_plan
 from dflash_doctor.registry import CheckRun, run_checks
 from dflash_doctor.report import flatten
 
@@ -121,7 +121,7 @@ def run_gate(
     )
     options.extra["launch_plan"] = plan
     if plan.device_type == "cuda":
-        from dflash_doctor.split import recommendation_for_config
+        from dflash_doctor.launch.split import recommendation_for_config
 
         # From the per-role rates measured on an H200 (dflash_doctor/data/role_rates.json).
         recommendation = recommendation_for_config(training.config, gpu_count * plan.nnodes)
