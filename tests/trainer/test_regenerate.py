@@ -437,3 +437,15 @@ def test_a_pool_of_device_processes_gives_the_same_answers(target_folder: Path) 
         pool.close()
     assert pooled == TorchEngine(settings, "cpu").generate(chats)
     assert not any(p.is_alive() for p in pool.procs)
+
+
+def test_a_static_cache_gives_the_same_tokens_as_the_dynamic_one(target_folder: Path) -> None:
+    from trainer.generation import WIDTH_BUCKET, TorchEngine, generate_token_batch
+
+    engine = TorchEngine(GenerationSettings(target=str(target_folder), max_new_tokens=5), "cpu")
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]  # padded to WIDTH_BUCKET columns under the static cache
+    args = (engine.model, prompts, engine.settings, engine.pad_id, engine.stop_ids)
+    assert len(prompts[0]) < WIDTH_BUCKET
+    dynamic = generate_token_batch(*args, seed=0)
+    static = generate_token_batch(*args, seed=0, static_cache=True)
+    assert static == dynamic and all(len(row) == 5 for row in static)
