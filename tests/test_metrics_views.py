@@ -1,0 +1,111 @@
+"""Metrics people can look at: TensorBoard event files, W&B (faked), run curves as PNG and sparklines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.errors import ConfigError, DoctorError
+from dflash_doctor.launch.run_curves import Curves, plot_curves, read_curves, sparkline, sparkline_rows
+from trainer.metric_sinks import TensorBoardSink, WandbSink, require_extra, scalars_of
+
+ROW = {
+    "step": 3,
+    "loss": 2.5,
+    "lr": 1e-3,
+    "accuracy": [0.0, 0.5, 0.25],
+    "accept_len": 1.6,
+    "heldout": {"accept_len_target": 1.7, "n": 4},
+    "tok_s": float("nan"),
+    "note": "text",
+    "flag": True,
+}
+
+
+def test_every_number_of_a_metrics_line_becomes_a_scalar() -> None:
+    assert scalars_of(ROW) == {
+        "loss": 2.5,
+        "lr": 1e-3,
+        "accuracy/0": 0.0,
+        "accuracy/1": 0.5,
+        "accuracy/2": 0.25,
+        "accept_len": 1.6,
+        "heldout/accept_len_target": 1.7,
+        "heldout/n": 4.0,
+    }  # step is the x axis; NaN, strings and booleans are left out
+
+
+def test_tensorboard_event_files_are_readable_by_tensorboards_own_reader(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sink = TensorBoardSink(tmp_path / "tb")
+    for step in (1, 2, 3):
+        sink.write(step, scalars_of(ROW | {"loss": 3.0 - step}))
+    sink.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert {"loss", "accuracy/1", "heldout/accept_len_target"} <= set(events.Tags()["scalars"])
+    loss = events.Scalars("loss")
+    assert [(e.step, e.value) for e in loss] == [(1, 2.0), (2, 1.0), (3, 0.0)]
+
+
+def test_a_missing_extra_is_a_config_error_naming_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"output\.wandb: needs the `wandb` package") as info:
+        require_extra("wandb", "output.wandb")
+    assert "dflash-doctor[wandb]" in (info.value.hint or "")
+    require_extra("tensorboard", "output.tensorboard")  # installed: quiet
+
+
+def test_wandb_sink_logs_each_step_once_after_a_resume(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    logged: list[tuple[dict, int]] = []
+    run = types.SimpleNamespace(
+        log=lambda d, step: logged.append((d, step)), finish=lambda: logged.append(({}, -1))
+    )
+    fake = types.SimpleNamespace(init=lambda **kw: run)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    sink = WandbSink("proj", tmp_path / "wandb", "run-a", {"seed": 0}, resume_step=2)
+    for step in (1, 2, 3):
+        sink.write(step, {"loss": float(step)})
+    sink.close()
+    assert logged == [({"loss": 3.0}, 3), ({}, -1)]
+
+
+def write_metrics(path: Path, losses: list[float]) -> Path:
+    lines = [
+        json.dumps({"step": i + 1, "loss": v, "accept_len": 1 + i / 10, "tok_s": 100.0})
+        for i, v in enumerate(losses)
+    ]
+    path.write_text("\n".join(lines) + "\n{torn")
+    return path
+
+
+def test_curves_skip_a_torn_line_and_draw_sparklines(tmp_path: Path) -> None:
+    curves = read_curves(write_metrics(tmp_path / "m.jsonl", [4.0, 3.0, 2.0, 1.0]), "run-a")
+    assert curves.series["loss"] == [(1, 4.0), (2, 3.0), (3, 2.0), (4, 1.0)]
+    assert sparkline([4.0, 3.0, 2.0, 1.0]) == "█▆▃▁"  # lowest ▁, highest █
+    assert len(sparkline(list(map(float, range(1000))), width=40)) == 40
+    names = [name for name, _, _ in sparkline_rows(curves)]
+    assert names == ["loss", "accept_len", "tok_s"]
+
+
+def test_plot_writes_a_png_overlaying_two_runs(tmp_path: Path) -> None:
+    a = read_curves(write_metrics(tmp_path / "a.jsonl", [4.0, 3.0, 2.0]), "a")
+    b = read_curves(write_metrics(tmp_path / "b.jsonl", [5.0, 2.0, 1.0]), "b")
+    out = plot_curves([a, b], tmp_path / "plots" / "runs.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not list(out.parent.glob(".*partial"))
+    with pytest.raises(DoctorError, match=r"must end in \.png"):
+        plot_curves([a], tmp_path / "runs.txt")
+    with pytest.raises(DoctorError, match="no metrics yet"):
+        plot_curves([Curves("empty", {})], tmp_path / "e.png")
