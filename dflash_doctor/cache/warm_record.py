@@ -260,15 +260,30 @@ def _well_formed(entry: Any) -> bool:
     )
 
 
+def run_reason(
+    records: WarmRecords, key: str, roots: Mapping[str, Path], environ: Mapping[str, str]
+) -> str | None:
+    """Why the warm-up child must run (None: it can be skipped). Printed with the launch, so a child that
+    runs again says which record or file made it."""
+    if environ.get(ALWAYS_ENV, "") not in ("", "0"):
+        return f"{ALWAYS_ENV} is set"
+    record = records.find(key)
+    if record is None:
+        return "no warm-up of this build, config, devices and trainer recorded"
+    missing = record.missing(roots)
+    if missing:
+        return f"changed since the recorded warm-up: {', '.join(missing)}"
+    return None
+
+
 def skip_reason(
     records: WarmRecords, key: str, roots: Mapping[str, Path], environ: Mapping[str, str]
 ) -> str | None:
-    """Why the warm-up child can be skipped (None: it must run)."""
-    if environ.get(ALWAYS_ENV, "") not in ("", "0"):
+    """Why the warm-up child can be skipped (None: it must run, see `run_reason`)."""
+    if run_reason(records, key, roots, environ) is not None:
         return None
     record = records.find(key)
-    if record is None or record.missing(roots):
-        return None
+    assert record is not None  # run_reason found it
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.when))
     carried = f" (record carried by snapshot {record.snapshot})" if record.snapshot else ""
     return (

@@ -14,6 +14,7 @@ from dflash_doctor.cache.warm_record import (
     WarmRecords,
     cache_files,
     graph_config,
+    run_reason,
     skip_reason,
     trainer_source_digest,
     warm_key,
@@ -128,6 +129,9 @@ def test_state_that_torch_rewrites_in_place_counts_by_presence_artifacts_by_size
     assert records.covered_by(cache_files(roots))  # a snapshot of this cache still carries the record
     (root / "zz" / "czzkernel.py").write_text("another kernel source")  # an artifact changed: run the child
     assert skip_reason(records, "k", roots, {}) is None
+    assert (
+        run_reason(records, "k", roots, {}) == "changed since the recorded warm-up: inductor/zz/czzkernel.py"
+    )
     (root / "zz" / "czzkernel.py").write_text("kernel source")
     (root / "zz" / "czzkernel.best_config").unlink()  # an autotune pick gone: the workers would tune again
     assert skip_reason(records, "k", roots, {}) is None
@@ -204,7 +208,8 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     def prepare(*overrides: str) -> str:
         return launcher.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
 
-    assert "warm-up on cpu" in prepare() and len(children) == 1
+    first = prepare()
+    assert "warm-up on cpu" in first and "(ran: no warm-up of this build" in first and len(children) == 1
     assert "warm-up skipped" in prepare() and len(children) == 1
     assert "warm-up skipped" in prepare("optim.steps=7") and len(children) == 1  # bookkeeping only
     assert "warm-up on cpu" in prepare("data.seq_len=64") and len(children) == 2  # other shapes
