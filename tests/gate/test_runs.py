@@ -46,7 +46,8 @@ def test_list_and_unknown_id(capsys) -> None:
     assert "No runs yet" in capsys.readouterr().out
     RunStore().create("refused", config_path="x.toml")
     assert run(["runs", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["status"] == "refused"
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["schema"] == "dflash-doctor/runs/v1" and listed["runs"][0]["status"] == "refused"
     assert run(["runs", "show", "nope"]) == 2
 
 
