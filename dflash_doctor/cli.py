@@ -17,12 +17,15 @@ import importlib
 import os
 import pkgutil
 import sys
+import threading
+from collections.abc import Iterator
 
 import typer
 
 from dflash_doctor import __version__
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.paths import HOME_ENV
+from dflash_doctor.stopping import Stopped, handling_stop_signals
 
 app = typer.Typer(
     name="dflash-doctor",
@@ -104,6 +107,16 @@ def _print_error(message: str, hint: str | None = None) -> None:
         err.print(f"  [cyan]hint:[/] {escape(hint)}")
 
 
+@contextlib.contextmanager
+def _stop_signals_unwind() -> Iterator[None]:
+    """Ctrl-C, SIGTERM or SIGHUP anywhere in a command: unwind (finally blocks run), exit 128+signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may install handlers (tests call `run` from threads)
+        return
+    with handling_stop_signals():
+        yield
+
+
 def _wants_traceback(args: list[str]) -> bool:
     return bool(os.environ.get(DEBUG_ENV)) or any(a in ("-v", "--verbose") for a in args)
 
@@ -120,7 +133,11 @@ def run(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     _register_for(args)
     try:
-        app(args=args, prog_name="dflash-doctor")
+        with _stop_signals_unwind():
+            app(args=args, prog_name="dflash-doctor")
+    except Stopped as stop:
+        _print_error(f"{stop}; nothing more was done")
+        return stop.exit_code
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -65,6 +65,10 @@ def check_command(
     lock_path = default_lock(lock, no_lock)
     if lock_path is not None and not lock_path.is_file():
         raise DoctorError(f"--lock {lock_path}: no such file", hint="create one with `dflash-doctor lock`")
+    if lock_path is not None:
+        from dflash_doctor.lock.lockfile import read_lock  # only when a lock is compared
+
+        read_lock(lock_path)  # a lock that cannot be read is bad input (exit 2), as in `diff`
     start = time.perf_counter()
     ctx, runs = audit(python, only, CheckOptions(deep=deep, lock_path=lock_path, strict=strict))
     elapsed = time.perf_counter() - start

@@ -9,9 +9,11 @@ import typer
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.environment import Environment
+from dflash_doctor.errors import DoctorError
 from dflash_doctor.lock.lockfile import DEFAULT_LOCK_NAME, capture_lock, write_lock
 from dflash_doctor.report import dumps
 
+LOCK_WRITTEN_SCHEMA = "dflash-doctor/lock-written/v1"
 OutOption = typer.Option(Path(DEFAULT_LOCK_NAME), "--out", "-o", help="Where to write the lock.")
 
 
@@ -32,9 +34,14 @@ def lock_command(
         runtime = deep_report(ctx).lock_runtime()
     lock = capture_lock(ctx, runtime)
     ctx.env.save_parse_cache()
-    written = write_lock(lock, out)
+    try:
+        written = write_lock(lock, out)
+    except OSError as exc:
+        raise DoctorError(
+            f"lock --out {out}: {exc.strerror}", hint="write it where you may write files: --out PATH"
+        ) from exc
     if json_out:
-        typer.echo(dumps({"written": str(written), "lock": lock.to_json()}))
+        typer.echo(dumps({"schema": LOCK_WRITTEN_SCHEMA, "written": str(written), "lock": lock.to_json()}))
         return
     torch = lock.torch or {}
     libs = "not modelled" if lock.libraries is None else f"{len(lock.libraries)} libraries hashed"

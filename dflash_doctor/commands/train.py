@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_
 from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
 from dflash_doctor.launch.memory_plan import GIB
 from dflash_doctor.launch.output_lock import OutputLock
-from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions
+from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
 from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
 from dflash_doctor.lock.lockfile import capture_lock
@@ -41,7 +42,10 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     table = Table(title="launch plan", title_justify="left")
     for column in ("rank", "role", "node", "device", "estimated peak"):
         table.add_column(column)
-    for role in plan.roles:
+    for role in _shown_roles(plan.roles):
+        if role is None:
+            table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "")
+            continue
         estimate = plan.memory.get(role.role)
         table.add_row(
             str(role.rank),
@@ -53,13 +57,23 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     console.print(table)
     for name, estimate in plan.memory.items():
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate.parts.items())
-        console.print(f"[dim]{name} memory (GiB): {parts}[/]")
-    console.print(f"command: {escape(' '.join(plan.command))}")
+        console.print(f"[dim]{name} memory (GiB): {parts}[/]", soft_wrap=True)
+    console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
-        console.print(f"env: {key}={escape(value)}")
+        console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)
     recommendation = gate.context.options.extra.get("split_recommendation")
     if recommendation:
         console.print(f"recommended split: {escape(str(recommendation))}")
+
+
+PLAN_ROWS_EACH_END = 8  # a plan of more ranks shows its first and last few, the rest as one row
+
+
+def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
+    """Every rank of a small plan; of a large one the first and last few, None standing for the rest."""
+    if len(roles) <= 2 * PLAN_ROWS_EACH_END + 1:
+        return list(roles)
+    return [*roles[:PLAN_ROWS_EACH_END], None, *roles[-PLAN_ROWS_EACH_END:]]
 
 
 def train_command(
