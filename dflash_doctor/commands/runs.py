@@ -81,7 +81,7 @@ def list_runs(
     if not console.is_terminal or console.width < TABLE_MIN_WIDTH:
         for r in records:
             row = (r.id, describe_age(r), status_text(r), r.config_path or "-", _fmt_tps(r), _exit(r))
-            console.print("\t".join(row), soft_wrap=True, markup=False)
+            typer.echo("\t".join(row))
         return
     table = Table(title="dflash-doctor runs")
     for column in ("id", "when", "status", "config", "tok/s", "exit", "overrides"):
