@@ -50,10 +50,10 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
+        False, "--version", callback=_version, is_eager=True, metavar="", help="Print the version."
     ),
     verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="On an internal error, print the full traceback."
+        False, "--verbose", "-v", metavar="", help="On an internal error, print the full traceback."
     ),
 ) -> None:
     """dflash-doctor: verdicts with evidence and exact remedies for your training environment."""

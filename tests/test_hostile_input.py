@@ -135,8 +135,14 @@ def test_lock_out_where_nothing_can_be_written_is_a_named_error(capsys, monkeypa
         (b"", "empty"),
         (b"\x00\xff garbage", "not JSON"),
         (b"[1, 2]", "not a JSON object"),
-        (b'{"schema": "dflash-doctor/run/v1", "id": "x", "created": "yesterday", "status": "failed"}', "created"),
-        (b'{"schema": "dflash-doctor/run/v1", "id": "x", "created": 1, "status": "failed", "notes": [1]}', "notes"),
+        (
+            b'{"schema": "dflash-doctor/run/v1", "id": "x", "created": "yesterday", "status": "failed"}',
+            "created",
+        ),
+        (
+            b'{"schema": "dflash-doctor/run/v1", "id": "x", "created": 1, "status": "failed", "notes": [1]}',
+            "notes",
+        ),
     ],
 )
 def test_a_damaged_record_is_skipped_by_runs_and_named_by_runs_show(capsys, content, words) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from dflash_doctor.commands.options import (
+    FLAG,
     JsonOption,
     LockOption,
     OnlyOption,
@@ -55,11 +56,13 @@ def check_command(
     json_out: bool = JsonOption,
     strict: bool = StrictOption,
     deep: bool = typer.Option(
-        False, "--deep", help="Also import torch in a child process, init CUDA, test flex."
+        False, "--deep", metavar=FLAG, help="Also import torch in a child process, init CUDA, test flex."
     ),
     lock: Path | None = LockOption,
-    no_lock: bool = typer.Option(False, "--no-lock", help="Ignore ./dflash.lock."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence for passing findings too."),
+    no_lock: bool = typer.Option(False, "--no-lock", metavar=FLAG, help="Ignore ./dflash.lock."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", metavar=FLAG, help="Show evidence for passing findings too."
+    ),
 ) -> None:
     """Audit the environment: torch build, CUDA packages, shared libraries, GPUs, compile cache."""
     lock_path = default_lock(lock, no_lock)

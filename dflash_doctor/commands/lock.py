@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
@@ -22,7 +22,10 @@ def lock_command(
     python: str | None = PythonOption,
     json_out: bool = JsonOption,
     deep: bool = typer.Option(
-        False, "--deep", help="Also run the deep probe and record CUDA context overhead and loaded versions."
+        False,
+        "--deep",
+        metavar=FLAG,
+        help="Also run the deep probe and record CUDA context overhead and loaded versions.",
     ),
 ) -> None:
     """Record this environment (packages, torch build, library hashes, driver, GPUs, env vars) as known-good."""

@@ -13,13 +13,13 @@ from pathlib import Path
 import typer
 
 from dflash_doctor.atomic import write_json_atomic
-from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption
 from dflash_doctor.deep.run import probe_timeout, run_probe
 from dflash_doctor.env.interpreter import interpreter_for
 from dflash_doctor.report import dumps
 
 ProbeOutOption = typer.Option(None, "--out", "-o", help="Also write the report to this file (atomically).")
-NoFlexOption = typer.Option(False, "--no-flex", help="Skip the compiled flex_attention proof.")
+NoFlexOption = typer.Option(False, "--no-flex", metavar=FLAG, help="Skip the compiled flex_attention proof.")
 CacheOption = typer.Option(
     None,
     "--inductor-cache",

@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dflash_doctor.commands.options import JsonOption, PythonOption, default_lock
+from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
 from dflash_doctor.launch import supervise
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
@@ -78,9 +77,15 @@ def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
 
 def train_command(
     config: str = typer.Option(..., "--config", help="A training config (TOML) or a shipped config's name."),
-    force: bool = typer.Option(False, "--force", help="Launch even over failing findings (recorded)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the verdicts; start nothing."),
-    deep: bool = typer.Option(True, "--deep/--no-deep", help="Run the deep probe (import torch in a child)."),
+    force: bool = typer.Option(
+        False, "--force", metavar=FLAG, help="Launch even over failing findings (recorded)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", metavar=FLAG, help="Print the plan and the verdicts; start nothing."
+    ),
+    deep: bool = typer.Option(
+        True, "--deep/--no-deep", metavar=FLAG, help="Run the deep probe (import torch in a child)."
+    ),
     python: str | None = PythonOption,
     overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set optim.steps=50."),
     nnodes: int = typer.Option(1, "--nnodes", min=1, help="torchrun: number of nodes."),
@@ -166,7 +171,7 @@ def train_command(
             **this_launcher(),
             run_id=record.id,
         )
-        launch(record, store, training, gate, plan, failing, began, gate_s, say, json_out)
+        launch(record, store, training, gate, plan, failing, began, gate_s, console, json_out)
     finally:
         output_lock.release()
     finish_json(record, failing)
@@ -184,11 +189,15 @@ def launch(
     failing: list[str],
     began: float,
     gate_s: float,
-    say: Callable[[str], None],
+    console: Console,
     json_out: bool,
 ) -> None:
     """Warm the cache, run torchrun, close the record: in every path (a stop signal at any moment, a
     crash of our own) the record ends as interrupted, succeeded or failed, never `running`."""
+
+    def say(markup: str) -> None:
+        console.print(markup, soft_wrap=True)
+
     if failing:
         say(f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]")
     started = time.time()
@@ -212,14 +221,20 @@ def launch(
                     r.device for r in plan.roles if r.role == "drafter" and r.node == 0 and r.device != "cpu"
                 )
             )
-            prep = prepare_compile_cache(
-                gate.context.env,
-                gate.environ,
-                training.path,
-                plan.device_type,
-                drafter_devices,
-                tuple(training.overrides),
+            waiting = (
+                "compile cache: making it warm for this build before any worker starts "
+                "(a cold compile runs once, in one process: a minute or two on CPU)"
             )
+            say(f"[dim]{waiting}[/]")
+            with console.status("warming the compile cache", spinner="dots"):  # animates on a terminal only
+                prep = prepare_compile_cache(
+                    gate.context.env,
+                    gate.environ,
+                    training.path,
+                    plan.device_type,
+                    drafter_devices,
+                    tuple(training.overrides),
+                )
             record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
             say(f"compile cache: {escape(prep.detail)}")
             before = (
