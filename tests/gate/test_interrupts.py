@@ -8,6 +8,7 @@ torchrun is a stand-in that, like torchrun, starts each worker in a session of i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -162,3 +163,81 @@ def test_a_record_whose_launcher_is_gone_reads_as_lost(
     assert listed[gone.id]["status"] == "lost"
     assert run(["runs"]) == 0
     assert "lost" in capsys.readouterr().out
+
+
+# The real chain: `train` -> torchrun -> two trainer ranks (gloo, CPU); only the compile-cache warm-up is
+# stubbed (tests/cache covers it). Slow: the ranks import torch and compile their loss.
+REAL_DRIVER = r"""
+import sys
+from dflash_doctor.commands import train
+from dflash_doctor.launch.launcher import CachePreparation
+from dflash_doctor.cli import main
+
+train.prepare_compile_cache = lambda *a, **k: CachePreparation("warm", "stub", 0.0)
+sys.argv = ["dflash-doctor", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_ends_a_real_run_with_nothing_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: signal.Signals
+) -> None:
+    out = tmp_path / "out"
+    sets = {
+        "output.dir": f"'{out}'",
+        "optim.steps": "100000",
+        "data.seq_len": "64",
+        "data.num_samples": "64",
+        "optim.batch_size": "4",
+        "optim.anchors": "16",
+        "run.log_every": "1",
+    }
+    args = ["train", "--config", "tiny-cpu", "--no-deep"]
+    args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    env = {**os.environ, "DFLASH_DOCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REAL_DRIVER, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    seen: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    seen.setdefault(child.pid, child)
+            metrics = out / "metrics.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        left = [p for p in seen.values() if _still(p)]
+        for p in left:
+            p.kill()
+    assert proc.returncode == 128 + signum, stdout[-2000:] + stderr[-2000:]
+    assert left == [], f"left running: {[p.pid for p in left]}"
+    assert len(seen) >= 3  # torchrun and two ranks were seen, and none outlived the launcher
+    assert "Traceback" not in stdout + stderr
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    (record,) = RunStore().all()
+    assert record.status == "interrupted" and record.exit_code == 128 + signum
+    assert record.metrics.get("steps", 0) >= 3 or record.metrics.get("last_step", {}).get("step", 0) >= 3
+
+
+def _still(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
