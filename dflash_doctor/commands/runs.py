@@ -155,6 +155,10 @@ def show_run(
         console.print(escape(line))
     for note in record.notes:
         console.print(f"note: {escape(note)}")
+    if record.stderr_tail:
+        console.print("the run's last lines on stderr (why it failed):")
+        for line in record.stderr_tail:
+            console.print(f"  {escape(line)}", highlight=False)
     if baseline is None:
         console.print("No earlier successful run to compare with.")
         return

@@ -269,6 +269,7 @@ def launch(
         record.notes.append(describe_stop(outcome, stop_log))
     else:
         record.status = "succeeded" if outcome.exit_code == 0 else "failed"
+        record.stderr_tail = list(outcome.stderr_tail)
         if outcome.killed:
             record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
     if record.status == "succeeded":

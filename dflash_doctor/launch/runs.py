@@ -54,6 +54,7 @@ class RunRecord:
     launcher_pid: int | None = None
     launcher_started: float | None = None  # the launcher's start time: a reused pid is not the launcher
     last_seen: float | None = None  # the launcher's last heartbeat while the run was running
+    stderr_tail: list[str] = field(default_factory=list)  # a failed run's last stderr lines: why it failed
 
     @property
     def seconds(self) -> float | None:
@@ -124,8 +125,15 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "launcher_pid": (int,),
     "launcher_started": _NUMBER,
     "last_seen": _NUMBER,
+    "stderr_tail": (list,),
 }
-ITEM_TYPES: dict[str, type] = {"findings": dict, "overrides": str, "command": str, "notes": str}
+ITEM_TYPES: dict[str, type] = {
+    "findings": dict,
+    "overrides": str,
+    "command": str,
+    "notes": str,
+    "stderr_tail": str,
+}
 
 
 def this_launcher() -> dict[str, Any]:

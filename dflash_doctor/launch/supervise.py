@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ class TorchrunOutcome:
     exit_code: int  # torchrun's, or 128+signal when a stop signal ended the run
     stop_signal: int | None = None
     killed: int = 0  # processes still alive after the grace period (or left by torchrun), killed
+    stderr_tail: tuple[str, ...] = ()  # the last lines the processes wrote to stderr (why a run failed)
 
     @property
     def interrupted(self) -> bool:
@@ -92,14 +94,19 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
+TAIL_LINES = 40
+
+
 class StderrRelay(threading.Thread):
-    """Copies the children's stderr to ours line by line; after `quiet()`, into `log` instead."""
+    """Copies the children's stderr to ours line by line; after `quiet()`, into `log` instead. Keeps the
+    last lines shown, so a failed run's record can say why."""
 
     def __init__(self, source: IO[bytes], sink: IO[bytes], log: Path | None) -> None:
         super().__init__(name="stderr-relay", daemon=True)
         self.source, self.sink, self.log_path = source, sink, log
         self._quiet = threading.Event()
         self.diverted = 0  # lines kept out of the terminal
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def quiet(self) -> None:
         self._quiet.set()
@@ -109,6 +116,7 @@ class StderrRelay(threading.Thread):
         try:
             for line in iter(self.source.readline, b""):
                 if not self._quiet.is_set():
+                    self.tail.append(line.decode("utf-8", errors="replace").rstrip())
                     with contextlib.suppress(OSError, ValueError):
                         self.sink.write(line)
                         self.sink.flush()
@@ -179,7 +187,7 @@ def run_torchrun(
     relay.join(timeout=5)
     if stops:
         return TorchrunOutcome(128 + stops[0], stops[0], killed)
-    return TorchrunOutcome(code, None, killed)
+    return TorchrunOutcome(code, None, killed, tuple(relay.tail) if code else ())
 
 
 def describe_stop(outcome: TorchrunOutcome, log: Path | None) -> str:
