@@ -160,16 +160,11 @@ def train_command(
         finish_json(record, failing)
         raise typer.Exit(1)
     output_lock = OutputLock(Path(training.config.output_dir).resolve())
-    record = RunRecord(id=new_run_id(), created=time.time(), status="running")
-    output_lock.acquire(record.id, os.getpid())  # a folder another run holds: refused here, exit 2
+    run_id = new_run_id()
+    output_lock.acquire(run_id, os.getpid())  # a folder another run holds: refused here, exit 2
     try:
         record = store.create(
-            "running",
-            environment=environment,
-            overrides=failing,
-            **common,
-            **this_launcher(),
-            run_id=record.id,
+            "running", environment=environment, overrides=failing, **common, **this_launcher(), run_id=run_id
         )
         launch(record, store, training, gate, plan, failing, began, gate_s, console, json_out)
     finally:
