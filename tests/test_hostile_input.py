@@ -205,3 +205,16 @@ def test_probe_exits_1_when_import_torch_fails(tmp_path: Path, capsys) -> None:
     assert report["schema"] == "dflash-doctor/probe-report/v1"
     assert report["raw"]["import"]["ok"] is False
     assert "probing" in captured.err  # a line while it works, on stderr
+
+
+def test_runs_on_a_wide_terminal_falls_back_to_lines_rather_than_cut_a_path(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich: a terminal
+    monkeypatch.setenv("COLUMNS", "160")
+    short = RunStore().create("failed", config_path="/c/short.toml", exit_code=1)
+    assert run(["runs"]) == 0
+    assert "┃" in capsys.readouterr().out  # a table: everything fits
+    long_path = "/very/" + "long/" * 40 + "config.toml"
+    RunStore().create("failed", config_path=long_path, exit_code=1)
+    assert run(["runs"]) == 0
+    out = capsys.readouterr().out
+    assert long_path in out and short.id in out and "┃" not in out

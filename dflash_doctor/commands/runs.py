@@ -78,25 +78,31 @@ def list_runs(
     if not records:
         console.print("No runs yet. Launch one with `dflash-doctor train --config run.toml`.")
         return
-    if not console.is_terminal or console.width < TABLE_MIN_WIDTH:
-        for r in records:
-            row = (r.id, describe_age(r), status_text(r), r.config_path or "-", _fmt_tps(r), _exit(r))
-            typer.echo("\t".join(row))
-        return
-    table = Table(title="dflash-doctor runs")
-    for column in ("id", "when", "status", "config", "tok/s", "exit", "overrides"):
-        table.add_column(column, no_wrap=column in ("id", "config", "status"))
-    for r in records:
-        style = STATUS_STYLE.get(r.status, "")
-        table.add_row(
+    rows = [
+        (
             r.id,
             describe_age(r),
-            f"[{style}]{escape(status_text(r))}[/]",
-            escape(r.config_path or "-"),
+            status_text(r),
+            r.config_path or "-",
             _fmt_tps(r),
             _exit(r),
             ", ".join(r.overrides) or "-",
         )
+        for r in records
+    ]
+    # Each column as wide as its longest cell, plus rich's padding and borders: when that does not fit,
+    # the table would cut ids or paths, so plain lines instead.
+    needed = sum(max(len(row[i]) for row in rows) + 3 for i in range(len(rows[0]))) + 1
+    if not console.is_terminal or console.width < max(TABLE_MIN_WIDTH, needed):
+        for row in rows:
+            typer.echo("\t".join(row[:6]))
+        return
+    table = Table(title="dflash-doctor runs")
+    for column in ("id", "when", "status", "config", "tok/s", "exit", "overrides"):
+        table.add_column(column, no_wrap=column in ("id", "config", "status"))
+    for r, row in zip(records, rows, strict=True):
+        style = STATUS_STYLE.get(r.status, "")
+        table.add_row(row[0], row[1], f"[{style}]{escape(row[2])}[/]", escape(row[3]), *row[4:])
     console.print(table)
 
 
