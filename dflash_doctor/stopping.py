@@ -39,6 +39,11 @@ def signal_name(signum: int) -> str:
 
 
 def raise_stopped(signum: int, _frame: FrameType | None) -> None:
+    """The first stop signal raises; later ones are ignored, so the unwinding it starts (a rank writing
+    its summary, the launcher closing its record) is not cut short by the next one. torchrun and `train`
+    both signal a rank, so two arrive within milliseconds; whoever sent them kills after a grace period."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise Stopped(signum)
 
 

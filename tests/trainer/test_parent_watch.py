@@ -55,3 +55,29 @@ def test_a_rank_whose_parent_was_killed_stops_within_seconds(tmp_path: Path) -> 
         if rank.is_running():
             rank.kill()
     assert said.read_text() == "stopped by SIGTERM"  # unwound through the stop handlers, finally blocks ran
+
+
+def test_a_second_stop_signal_does_not_cut_the_unwinding_short(tmp_path: Path) -> None:
+    """torchrun and `train` both signal a rank: the second SIGTERM, arriving in the middle of the `finally`
+    that writes the summary, must not abort it."""
+    done = tmp_path / "summary"
+    rank = r"""
+import os, signal, sys, time
+from dflash_doctor.stopping import Stopped, install_stop_handlers
+install_stop_handlers()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except Stopped:
+    os.kill(os.getpid(), signal.SIGTERM)  # the second one, in the middle of the cleanup
+    time.sleep(0.2)
+    open(sys.argv[1], "w").write("written")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", rank, str(done)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.read_text() == "written", proc.stderr
