@@ -252,6 +252,8 @@ def run_drafter(
         status = "ok"
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, Stopped):
+            status = "interrupted"
         raise
     finally:
         if progress is not None:
