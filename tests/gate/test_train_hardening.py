@@ -146,3 +146,35 @@ def test_train_json_prints_one_document_for_a_refused_launch(launches, monkeypat
     assert any(f.startswith("hazards.") for f in document["failing"])
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["schema"] == "dflash-doctor/train/v1"
+
+
+def test_ctrl_c_during_the_gate_is_one_line_and_exit_130(launches, monkeypatch, capsys) -> None:  # noqa: F811
+    import os
+    import signal
+
+    from dflash_doctor.commands import train as train_command
+
+    def interrupted_gate(*args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the checks run
+        raise AssertionError("the signal did not stop the gate")
+
+    monkeypatch.setattr(train_command, "run_gate", interrupted_gate)
+    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 130
+    err = capsys.readouterr().err
+    assert "stopped by SIGINT" in err and "Traceback" not in err
+    assert launches == [] and RunStore().all() == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_a_crash_of_the_launcher_still_closes_the_record(launches, monkeypatch, capsys) -> None:  # noqa: F811
+    from dflash_doctor.commands import train as train_command
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the warm-up child vanished")
+
+    monkeypatch.setattr(train_command, "prepare_compile_cache", broken)
+    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 3  # a bug: one line, exit 3
+    assert "internal error: RuntimeError: the warm-up child vanished" in capsys.readouterr().err
+    (record,) = RunStore().all()
+    assert record.status == "failed" and any("the warm-up child vanished" in n for n in record.notes)
+    assert launches == []
