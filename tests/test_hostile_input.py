@@ -218,3 +218,11 @@ def test_runs_on_a_wide_terminal_falls_back_to_lines_rather_than_cut_a_path(monk
     assert run(["runs"]) == 0
     out = capsys.readouterr().out
     assert long_path in out and short.id in out and "┃" not in out
+
+
+def test_a_folder_where_a_file_belongs_is_named_before_any_work(tmp_path: Path, capsys) -> None:
+    assert run(["check", "--lock", str(tmp_path)]) == 2
+    assert "a folder, not a lock file" in capsys.readouterr().err
+    began = time.monotonic()
+    assert run(["probe", "--out", str(tmp_path)]) == 2  # before the probe's minute of work, not after
+    assert "a folder, not a file" in capsys.readouterr().err and time.monotonic() - began < 10

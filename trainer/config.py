@@ -592,7 +592,7 @@ def _toml_value(value: Any) -> str:
 
 def read_raw(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_bytes().decode("utf-8"))
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a BOM (Windows editors) is fine
     except OSError as exc:
         raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

@@ -127,6 +127,8 @@ def check_data_file(kind: str, path: str, vocab_size: int | None = None) -> None
     line and counting the others, or a file with no records."""
     if kind not in RECORD_FIELDS:
         return
+    if Path(path).exists() and not Path(path).is_file():  # a folder, or a FIFO that would block the read
+        raise ConfigError(f"data.path: {path} is not a regular file", hint="give a .jsonl file")
     scan = scan_data_file(kind, Path(path), vocab_size)
     if scan.first_bad is not None:
         more = scan.bad_lines - 1

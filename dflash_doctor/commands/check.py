@@ -67,7 +67,8 @@ def check_command(
     """Audit the environment: torch build, CUDA packages, shared libraries, GPUs, compile cache."""
     lock_path = default_lock(lock, no_lock)
     if lock_path is not None and not lock_path.is_file():
-        raise DoctorError(f"--lock {lock_path}: no such file", hint="create one with `dflash-doctor lock`")
+        what = "a folder, not a lock file" if lock_path.is_dir() else "no such file"
+        raise DoctorError(f"--lock {lock_path}: {what}", hint="create one with `dflash-doctor lock`")
     if lock_path is not None:
         from dflash_doctor.lock.lockfile import read_lock  # only when a lock is compared
 

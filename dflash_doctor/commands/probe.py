@@ -16,6 +16,7 @@ from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption
 from dflash_doctor.deep.run import probe_timeout, run_probe
 from dflash_doctor.env.interpreter import interpreter_for
+from dflash_doctor.errors import DoctorError
 from dflash_doctor.report import dumps
 
 ProbeOutOption = typer.Option(None, "--out", "-o", help="Also write the report to this file (atomically).")
@@ -42,6 +43,10 @@ def probe_command(
     The report is JSON either way (`--json` is accepted like on every other command). Exit 1 when the
     probe could not run or `import torch` failed in it.
     """
+    if out is not None and out.is_dir():  # before a probe of a minute or more, not after
+        raise DoctorError(
+            f"probe --out {out}: a folder, not a file", hint="give a file path: --out probe.json"
+        )
     interpreter = interpreter_for(python)
     timeout = probe_timeout()
     steps = "import torch, init CUDA" + ("" if no_flex else ", compile the flex_attention proof")
@@ -51,7 +56,10 @@ def probe_command(
     report = run_probe(interpreter.executable, timeout, flex=not no_flex, inductor_cache=inductor_cache)
     data = {"schema": PROBE_SCHEMA, **report.to_json()}
     if out is not None:
-        write_json_atomic(out, data)
+        try:
+            write_json_atomic(out, data)
+        except OSError as exc:
+            raise DoctorError(f"probe --out {out}: {exc.strerror}", hint="give a file you may write") from exc
     typer.echo(dumps(data))
     raise typer.Exit(0 if report.ran and report.import_ok else 1)
 

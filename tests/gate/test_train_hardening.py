@@ -178,3 +178,17 @@ def test_a_crash_of_the_launcher_still_closes_the_record(launches, monkeypatch, 
     (record,) = RunStore().all()
     assert record.status == "failed" and any("the warm-up child vanished" in n for n in record.notes)
     assert launches == []
+
+
+def test_a_config_with_a_bom_reads_and_a_fifo_as_data_is_refused(launches, capsys, tmp_path) -> None:  # noqa: F811
+    import os
+
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf[optim]\nsteps = 5\n")  # saved by a Windows editor
+    assert run(["train", "--no-deep", "--dry-run", "--config", str(bom)]) == 0
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)  # opening it to read would block for ever
+    err = refused(
+        capsys, "--config", "tiny-cpu", "--set", "data.kind='jsonl'", "--set", f"data.path='{fifo}'"
+    )
+    assert "not a regular file" in err
