@@ -14,7 +14,6 @@ the terminal. Prints a table; writes JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -26,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dflash_doctor.launch.supervise import ProcessTree  # noqa: E402  (the repo's copy)
 
 
 def gpu_processes() -> list[str] | None:
@@ -41,13 +41,6 @@ def gpu_processes() -> list[str] | None:
         check=False,
     )
     return [line for line in done.stdout.splitlines() if line.strip()]
-
-
-def alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def one_stop(
@@ -74,13 +67,11 @@ def one_stop(
         text=True,
         start_new_session=True,
     )
-    tree: dict[int, psutil.Process] = {}
+    tree = ProcessTree(proc.pid)  # the launcher and every descendant seen while it runs
     metrics = out / "metrics.jsonl"
     try:
         while time.monotonic() - began < limit_s and proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    tree.setdefault(child.pid, child)
+            tree.refresh()
             if metrics.is_file() and len(metrics.read_text().splitlines()) >= steps_first:
                 break
             time.sleep(0.25)
@@ -96,10 +87,8 @@ def one_stop(
             output, _ = proc.communicate()
             stop_s = float("nan")
     time.sleep(1.0)
-    left = [p for p in tree.values() if alive(p)]
-    for p in left:  # the benchmark leaves nothing behind either
-        with contextlib.suppress(psutil.Error):
-            p.kill()
+    left = tree.alive()
+    tree.kill_all()  # the benchmark leaves nothing behind either
     home = Path(os.environ.get("DFLASH_DOCTOR_HOME", ""))
     records = sorted((home / "state" / "runs").glob("*/record.json"), key=lambda p: p.stat().st_mtime)
     record = json.loads(records[-1].read_text()) if records else {}
@@ -110,7 +99,7 @@ def one_stop(
         "exit_code": proc.returncode,
         "expected_exit_code": 128 + signum,
         "seconds_signal_to_exit": round(stop_s, 2),
-        "processes_seen": len(tree),
+        "processes_seen": len(tree.known) - 1,  # the launcher's descendants
         "processes_left": [p.pid for p in left],
         "gpu_processes_after": gpu_processes(),
         "record_status": record.get("status"),

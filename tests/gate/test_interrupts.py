@@ -8,7 +8,6 @@ torchrun is a stand-in that, like torchrun, starts each worker in a session of i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ import pytest
 
 from dflash_doctor.cli import run
 from dflash_doctor.launch.runs import RunStore, this_launcher
+from dflash_doctor.launch.supervise import ProcessTree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -205,13 +205,11 @@ def test_a_stop_signal_ends_a_real_run_with_nothing_left(
         text=True,
         start_new_session=True,
     )
-    seen: dict[int, psutil.Process] = {}
+    tree = ProcessTree(proc.pid)  # the launcher and every descendant seen while it runs
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    seen.setdefault(child.pid, child)
+            tree.refresh()
             metrics = out / "metrics.jsonl"
             if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
                 break
@@ -223,21 +221,13 @@ def test_a_stop_signal_ends_a_real_run_with_nothing_left(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-        left = [p for p in seen.values() if _still(p)]
-        for p in left:
-            p.kill()
+        left = [p.pid for p in tree.alive()]
+        tree.kill_all()
     assert proc.returncode == 128 + signum, stdout[-2000:] + stderr[-2000:]
-    assert left == [], f"left running: {[p.pid for p in left]}"
-    assert len(seen) >= 3  # torchrun and two ranks were seen, and none outlived the launcher
+    assert left == [], f"left running: {left}"
+    assert len(tree.known) >= 4  # the launcher, torchrun and two ranks were seen; none outlived the launch
     assert "Traceback" not in stdout + stderr
     monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
     (record,) = RunStore().all()
     assert record.status == "interrupted" and record.exit_code == 128 + signum
     assert record.metrics.get("steps", 0) >= 3 or record.metrics.get("last_step", {}).get("step", 0) >= 3
-
-
-def _still(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
