@@ -109,3 +109,27 @@ def test_plot_writes_a_png_overlaying_two_runs(tmp_path: Path) -> None:
         plot_curves([a], tmp_path / "runs.txt")
     with pytest.raises(DoctorError, match="no metrics yet"):
         plot_curves([Curves("empty", {})], tmp_path / "e.png")
+
+
+def test_runs_show_and_compare_draw_the_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dflash_doctor.cli import run
+    from dflash_doctor.launch.runs import RunStore
+
+    store = RunStore()
+    records = []
+    for name, losses in (("a", [4.0, 3.0, 2.0]), ("b", [5.0, 2.5, 1.5])):
+        out = tmp_path / name
+        out.mkdir()
+        write_metrics(out / "metrics.jsonl", losses)
+        records.append(store.create("succeeded", output_dir=str(out), metrics={"final_loss": losses[-1]}))
+    assert run(["runs", "show", records[0].id, "--plot", str(tmp_path / "a.png")]) == 0
+    shown = capsys.readouterr().out
+    assert "summary" in shown and "4 -> 2" in shown and "█" in shown  # the table, then the sparklines
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    assert run(["runs", "compare", records[0].id, records[1].id, "--plot", str(tmp_path / "ab.png")]) == 0
+    compared = capsys.readouterr().out
+    assert records[0].id in compared and records[1].id in compared and "final loss" in compared
+    assert (tmp_path / "ab.png").stat().st_size > 1000
+    refused = store.create("refused")
+    assert run(["runs", "show", refused.id, "--plot", str(tmp_path / "r.png")]) == 2
+    assert "no output folder" in " ".join(capsys.readouterr().err.split())
