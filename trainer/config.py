@@ -59,6 +59,9 @@ class DataSection:
     num_samples: int = 512  # synthetic / random only
     prompt_len: int = 8  # synthetic only: random prompt tokens (not supervised)
     temperature: float = 0.5  # synthetic only: sampling temperature of the tiny target
+    # chat only: handed to the tokenizer's chat template, e.g. {enable_thinking = false}, so the data are
+    # rendered the way the target will be served
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,18 @@ def int_choice(*options: int) -> Parser:
     return parse
 
 
+def table() -> Parser:
+    """A TOML table of plain values (strings, numbers, booleans, lists), e.g. {enable_thinking = false}."""
+    expected = "a table of plain values, like {enable_thinking = false}"
+
+    def parse(name: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict) or any(isinstance(v, dict) for v in value.values()):
+            raise _fail(name, expected, value)
+        return dict(value)
+
+    return parse
+
+
 # flex_attention's kernel_options that a config may set (torch.nn.attention.flex_attention.FlexKernelOptions).
 # A `fwd_`/`bwd_` prefix applies an option to the forward/backward kernel only (torch strips the prefix
 # there); the backward kernel has two block pairs (M1/N1: the dK/dV loop, M2/N2: the dQ loop).
@@ -375,6 +390,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "num_samples": integer(1),
             "prompt_len": integer(1),
             "temperature": number(above=0.0),
+            "chat_template_kwargs": table(),
         },
     ),
     "topology": (TopologySection, {"targets": integer(1), "drafters": integer(1), "in_flight": integer(1)}),

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from dflash_doctor.errors import ConfigError
+from trainer.chat import TemplateMarks, chat_tokens_and_mask, check_messages
 from trainer.config import DataSection, TrainConfig
 from trainer.data_files import count_records, jsonl_records
 
@@ -71,51 +72,46 @@ class JsonlSource:
 
 
 class TokenizedSource:
-    """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily."""
+    """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily.
 
-    def __init__(self, path: str, kind: str, tokenizer: Any, seq_len: int) -> None:
-        self.kind, self.tokenizer, self.seq_len = kind, tokenizer, seq_len
+    Chat records go through `trainer.chat` with the run's `data.chat_template_kwargs`; the template is
+    probed once for its header and end-of-turn marker."""
+
+    def __init__(
+        self,
+        path: str,
+        kind: str,
+        tokenizer: Any,
+        seq_len: int,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.kind, self.tokenizer, self.seq_len, self.path = kind, tokenizer, seq_len, path
+        self.template_kwargs = dict(template_kwargs or {})
         self.records = jsonl_records(Path(path))
         field = "text" if kind == "text" else "messages"
         for number, record in self.records:
             if field not in record:
                 raise ConfigError(f'data.path: {path} line {number}: a "{kind}" record needs "{field}"')
+        self.marks = TemplateMarks.of(tokenizer, self.template_kwargs) if kind == "chat" else None
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _, record = self.records[j]
+    def tokens(self, j: int) -> tuple[list[int], list[bool]]:
+        """Record j's ids and loss mask before truncation and padding."""
+        number, record = self.records[j]
+        where = f"data.path: {self.path} line {number}"
         if self.kind == "text":
+            if not isinstance(record["text"], str):
+                raise ConfigError(f'{where}: "text" must be a string')
             ids = self.tokenizer(record["text"], add_special_tokens=True)["input_ids"]
-            return fit_to_length(ids, [True] * len(ids), self.seq_len)
-        ids, mask = chat_tokens_and_mask(self.tokenizer, record["messages"])
+            return ids, [True] * len(ids)
+        messages = check_messages(record["messages"], where)
+        return chat_tokens_and_mask(self.tokenizer, messages, self.template_kwargs, where, self.marks)
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = self.tokens(j)
         return fit_to_length(ids, mask, self.seq_len)
-
-
-def _template_ids(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
-    if isinstance(out, dict) or hasattr(out, "keys"):  # newer transformers return a BatchEncoding
-        out = out["input_ids"]
-    return list(out)
-
-
-def chat_tokens_and_mask(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
-    """Tokens of the whole conversation; True on the tokens each assistant turn adds (not its header).
-
-    Each assistant span is the difference between the template up to that turn (with the generation prompt,
-    so the header is context) and the template including it.
-    """
-    ids = _template_ids(tokenizer, messages, generation_prompt=False)
-    mask = [False] * len(ids)
-    for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        start = len(_template_ids(tokenizer, messages[:i], generation_prompt=True)) if i else 0
-        end = len(_template_ids(tokenizer, messages[: i + 1], generation_prompt=False))
-        for k in range(start, min(end, len(ids))):
-            mask[k] = True
-    return ids, mask
 
 
 class RandomSource:
@@ -213,7 +209,7 @@ def build_source(cfg: TrainConfig, device: torch.device, vocab_size: int) -> Seq
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, local_files_only=True)
-        return TokenizedSource(str(d.path), d.kind, tokenizer, d.seq_len)
+        return TokenizedSource(str(d.path), d.kind, tokenizer, d.seq_len, d.chat_template_kwargs)
     if d.kind == "random":
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
     from trainer.tiny import build_embedded_target

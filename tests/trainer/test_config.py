@@ -204,7 +204,8 @@ def test_bad_config_in_process_never_reaches_torchrun(
 def _every_field() -> list[tuple[str, str]]:
     from trainer.config import SCHEMA
 
-    return [(section, key) for section, (_, parsers) in SCHEMA.items() for key in parsers]
+    tables = {("data", "chat_template_kwargs")}  # any table is valid there (its wrong types: test_chat.py)
+    return [(s, key) for s, (_, parsers) in SCHEMA.items() for key in parsers if (s, key) not in tables]
 
 
 @pytest.mark.parametrize(("section", "key"), _every_field())
