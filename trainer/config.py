@@ -19,12 +19,10 @@ import tomllib
 
 from dflash_doctor.errors import ConfigError
 from trainer.data_files import check_data_file
+from trainer.mask_token import resolve_mask_token
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
-
-# Qwen3 tokenizers reserve this id as the DFlash mask token (REFERENCE.md section 5).
-QWEN3_MASK_TOKEN_ID = 151669
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class DrafterSection:
     layers: int = 1
     block_size: int = 16
     target_layer_ids: list[int] | None = None  # default: evenly spaced from 1 to L-3
-    mask_token_id: int | None = None  # default: tiny -> vocab-1, Qwen3 -> 151669
+    mask_token_id: int | None = None  # default: resolved by trainer.mask_token's rules
     intermediate_size: int | None = None  # default: the target's
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa
     loss_chunk: int = 2048  # rows of LM head + CE per chunk (its gradient is computed in the same pass)
@@ -49,6 +47,9 @@ class DrafterSection:
     # flex_attention's kernel_options, e.g. {USE_TMA = true} (Hopper's tensor memory accelerator); the
     # keys accepted: FLEX_KERNEL_OPTIONS. Empty: torch's own choices.
     flex_kernel_options: dict[str, int | bool] = field(default_factory=dict)
+    # Filled by load_config (not TOML keys): the mask token's string and the rule that chose its id.
+    mask_token_text: str | None = None
+    mask_token_rule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -490,40 +491,28 @@ def complete_with_target(cfg: TrainConfig, target_config: Any) -> TrainConfig:
                 "set the ids"
             )
         ids = default_target_layer_ids(num_layers, dr.layers)
-    elif max(ids) >= num_layers:
+    elif max(ids) >= num_layers - 1:
         raise ConfigError(
-            f"drafter.target_layer_ids: must be < the target's {num_layers} layers, got {_shown(ids)}"
+            f"drafter.target_layer_ids: must be <= {num_layers - 2} (L-2 of the target's {num_layers} layers), "
+            f"got {_shown(ids)}: the engines capture layer L-1 after the final norm (hidden_states[L]) where "
+            "training captures it before, and SGLang's capture loop never reaches it"
         )
-    mask = dr.mask_token_id
-    if mask is None:
-        mask = default_mask_token_id(cfg.target.path, target_config)
-    if mask >= vocab:
-        raise ConfigError(f"drafter.mask_token_id: must be < the target's vocab size {vocab}, got {mask}")
+    mask = resolve_mask_token(
+        cfg.target.path,
+        str(getattr(target_config, "model_type", "")),
+        vocab,
+        dr.mask_token_id,
+        is_embedded(cfg.target.path),
+    )
     max_pos = int(getattr(target_config, "max_position_embeddings", 1 << 30))
     if cfg.data.seq_len > max_pos:
         raise ConfigError(
             f"data.seq_len: must be <= the target's max_position_embeddings {max_pos}, got {cfg.data.seq_len}"
         )
-    return replace(cfg, drafter=replace(dr, target_layer_ids=ids, mask_token_id=mask))
-
-
-def default_mask_token_id(target_path: str, target_config: Any) -> int:
-    """tiny: the last id; Qwen3-family: 151669; otherwise the tokenizer's mask token, or an error."""
-    vocab = int(target_config.vocab_size)
-    if target_path == "tiny":
-        return vocab - 1
-    if str(getattr(target_config, "model_type", "")).startswith("qwen") and vocab > QWEN3_MASK_TOKEN_ID:
-        return QWEN3_MASK_TOKEN_ID
-    tok_cfg = Path(target_path) / "tokenizer_config.json"
-    if tok_cfg.is_file():
-        settings = json.loads(tok_cfg.read_text())
-        mask = settings.get("mask_token")
-        for token_id, added in settings.get("added_tokens_decoder", {}).items():
-            if mask is not None and isinstance(added, dict) and added.get("content") == mask:
-                return int(token_id)
-    raise ConfigError(
-        "drafter.mask_token_id: no default for this target (not Qwen3, no mask token in its tokenizer); set it"
+    drafter = replace(
+        dr, target_layer_ids=ids, mask_token_id=mask.id, mask_token_text=mask.text, mask_token_rule=mask.rule
     )
+    return replace(cfg, drafter=drafter)
 
 
 # ---------------------------------------------------------------- loading

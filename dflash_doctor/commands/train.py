@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_doctor.commands.options import JsonOption, PythonOption, default_lock
-from dflash_doctor.launch.gate import GateResult, load_training_config, run_gate
+from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.launcher import (
     prepare_compile_cache,
     read_summary,
@@ -30,7 +30,13 @@ from dflash_doctor.lock.lockfile import capture_lock
 from dflash_doctor.report import render
 
 
-def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
+def _mask_token(training: TrainingConfig) -> dict[str, object]:
+    """The drafter's mask token and the rule that chose it (trainer.mask_token)."""
+    d = training.config.drafter
+    return {"id": d.mask_token_id, "text": d.mask_token_text, "rule": d.mask_token_rule}
+
+
+def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: TrainingConfig) -> None:
     table = Table(title="launch plan", title_justify="left")
     for column in ("rank", "role", "node", "device", "estimated peak"):
         table.add_column(column)
@@ -50,6 +56,9 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     console.print(f"command: {escape(' '.join(plan.command))}")
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(value)}")
+    mask = _mask_token(training)
+    shown = f" {mask['text']!r}" if mask["text"] is not None else " (a row no token uses)"
+    console.print(f"mask token: {mask['id']}{escape(shown)}, chosen by {escape(str(mask['rule']))}")
     recommendation = gate.context.options.extra.get("split_recommendation")
     if recommendation:
         console.print(f"recommended split: {escape(str(recommendation))}")
@@ -93,11 +102,19 @@ def train_command(
     )
     if json_out and dry_run:
         typer.echo(
-            json.dumps({"plan": plan.to_json(), "findings": common["findings"], "failing": failing}, indent=2)
+            json.dumps(
+                {
+                    "plan": plan.to_json(),
+                    "mask_token": _mask_token(training),
+                    "findings": common["findings"],
+                    "failing": failing,
+                },
+                indent=2,
+            )
         )
         raise typer.Exit(1 if failing else 0)
     render(gate.runs, console, header=f"dflash-doctor train · {training.path}")
-    _print_plan(console, plan, gate)
+    _print_plan(console, plan, gate, training)
     if dry_run:
         raise typer.Exit(1 if failing else 0)
     environment = capture_lock(gate.context).to_json()

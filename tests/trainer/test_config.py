@@ -116,7 +116,11 @@ def test_fields_that_must_agree(overrides: list[str], message: str) -> None:
 @pytest.mark.parametrize(
     ("text_change", "message"),
     [
-        ("target_layer_ids = [1, 4]", "drafter.target_layer_ids: must be < the target's 4 layers"),
+        (
+            "target_layer_ids = [1, 4]",
+            "drafter.target_layer_ids: must be <= 2 (L-2 of the target's 4 layers)",
+        ),
+        ("target_layer_ids = [1, 3]", "got [1, 3]: the engines capture layer L-1 after the final norm"),
         ("mask_token_id = 512", "drafter.mask_token_id: must be < the target's vocab size 512, got 512"),
     ],
 )
