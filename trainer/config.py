@@ -63,6 +63,19 @@ class DataSection:
     # chat only: handed to the tokenizer's chat template, e.g. {enable_thinking = false}, so the data are
     # rendered the way the target will be served
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Held-out sequences the drafters score but never train on: a share of the data (fixed by run.seed),
+    # or a separate file of the same kind. Either one turns held-out evaluation on ([eval]).
+    eval_fraction: float = 0.0
+    eval_path: str | None = None
+
+    @property
+    def holds_out(self) -> bool:
+        return self.eval_fraction > 0 or self.eval_path is not None
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    every: int = 500  # steps between held-out evaluations (0: only after the last step); needs held-out data
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,10 @@ class OptimSection:
     grad_clip: float = 1.0
     steps: int | None = None  # exactly one of steps / epochs
     epochs: float | None = None
-    batch_size: int = 1  # sequences per drafter rank per step
+    batch_size: int = 1  # sequences per drafter rank per micro-step
+    grad_accum: int = (
+        1  # micro-steps per optimizer step: sequences per step = batch_size x grad_accum x drafters
+    )
     anchors: int = 512  # anchors per sequence per step
     gamma: float | None = None  # loss decay; default chosen by the drafter from the block size
     weight_decay: float = 0.0
@@ -117,6 +133,7 @@ class TrainConfig:
     target: TargetSection = field(default_factory=TargetSection)
     drafter: DrafterSection = field(default_factory=DrafterSection)
     data: DataSection = field(default_factory=DataSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     topology: TopologySection = field(default_factory=TopologySection)
     optim: OptimSection = field(default_factory=OptimSection)
     precision: PrecisionSection = field(default_factory=PrecisionSection)
@@ -392,8 +409,11 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "prompt_len": integer(1),
             "temperature": number(above=0.0),
             "chat_template_kwargs": table(),
+            "eval_fraction": number(0.0, 0.5),
+            "eval_path": text(),
         },
     ),
+    "eval": (EvalSection, {"every": integer(0)}),
     "topology": (TopologySection, {"targets": integer(1), "drafters": integer(1), "in_flight": integer(1)}),
     "optim": (
         OptimSection,
@@ -406,6 +426,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "steps": integer(1),
             "epochs": number(above=0.0),
             "batch_size": integer(1),
+            "grad_accum": integer(1),
             "anchors": integer(1),
             "gamma": number(above=0.0),
             "weight_decay": number(0.0),
@@ -470,6 +491,12 @@ def _check_relations(cfg: TrainConfig) -> None:
         )
     if d.kind in ("synthetic", "random") and d.prompt_len >= d.seq_len:
         raise ConfigError(f"data.prompt_len: must be < data.seq_len ({d.seq_len}), got {d.prompt_len}")
+    if d.eval_fraction > 0 and d.eval_path is not None:
+        raise ConfigError("data.eval_path: set data.eval_fraction or data.eval_path, not both")
+    if d.eval_path is not None and d.kind not in ("jsonl", "text", "chat"):
+        raise ConfigError(f'data.eval_path: needs data.kind "jsonl", "text" or "chat", got "{d.kind}"')
+    if d.chat_template_kwargs and d.kind != "chat":
+        raise ConfigError(f'data.chat_template_kwargs: only for data.kind = "chat", got "{d.kind}"')
     ids = cfg.drafter.target_layer_ids
     if ids is not None and ids != sorted(ids):
         raise ConfigError(f"drafter.target_layer_ids: must be increasing, got {_shown(ids)}")
@@ -586,4 +613,6 @@ def load_config(name_or_path: str | Path, overrides: list[str] | None = None) ->
     cfg = parse_config(raw)
     if cfg.data.path is not None:
         check_data_file(cfg.data.kind, cfg.data.path)
+    if cfg.data.eval_path is not None:
+        check_data_file(cfg.data.kind, cfg.data.eval_path, field="data.eval_path")
     return complete_with_target(cfg, target_shapes(cfg.target.path))
