@@ -118,6 +118,7 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class OutputSection:
     dir: str = "runs/dflash"
+    export_dtype: str = "bf16"  # the export's weights: bf16 (what engines serve) | fp32 (the master weights)
 
 
 @dataclass(frozen=True)
@@ -435,7 +436,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
     ),
     "precision": (PrecisionSection, {"autocast": choice("auto", "bf16", "off")}),
     "checkpoint": (CheckpointSection, {"every": integer(0), "keep": integer(1)}),
-    "output": (OutputSection, {"dir": text()}),
+    "output": (OutputSection, {"dir": text(), "export_dtype": choice("bf16", "fp32")}),
     "run": (
         RunSection,
         {

@@ -48,6 +48,7 @@ from trainer.data import (
     split_data,
     target_work,
 )
+from trainer.drafter import DFlashDrafter
 from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.heldout import HeldoutSums, evaluate_heldout
 from trainer.loss import LossOutput, expected_acceptance_length
@@ -273,10 +274,7 @@ def run_drafter(
                 save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
         receiver.expect_end()
         if is_first:
-            from trainer.export import export_drafter
-
-            exported = export_drafter(model, cfg.output_dir / "export")
-            print(f"dflash trainer: exported the drafter to {exported}", flush=True)
+            announce_export(cfg, model)
         status = "ok"
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -322,6 +320,19 @@ class MicroBatches:
             self.supervised_tokens += int(batch.loss_mask.sum())
             self.sequences += batch.batch_size
             yield batch
+
+
+def announce_export(cfg: TrainConfig, model: DFlashDrafter) -> None:
+    """Export the drafter (bf16 unless output.export_dtype = "fp32") and print how to serve it."""
+    from trainer.export import export_drafter, serve_commands
+
+    dtype = torch.float32 if cfg.output.export_dtype == "fp32" else torch.bfloat16
+    exported = export_drafter(
+        model, cfg.output_dir / "export", dtype, cfg.drafter.mask_token_text, cfg.target.path
+    )
+    print(f"dflash trainer: exported the drafter to {exported}", flush=True)
+    for engine, command in serve_commands(cfg.target.path, exported, model.cfg.block_size).items():
+        print(f"  serve with {engine}: {command}", flush=True)
 
 
 def train_step(
