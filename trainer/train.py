@@ -22,7 +22,7 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -338,19 +338,20 @@ def announce_export(cfg: TrainConfig, model: DFlashDrafter) -> None:
 def train_step(
     ddp: nn.Module,
     model: nn.Module,
-    batches: MicroBatches,
+    batches: Iterable[CapturedBatch],
     cfg: TrainConfig,
     anchor_gen: torch.Generator,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     device: torch.device,
 ) -> tuple[list[LossOutput], float, float]:
-    """Per micro-batch: anchors, forward+backward of loss / accum (DDP averages gradients over the drafters,
+    """Per micro-batch (`optim.grad_accum` of them): anchors, forward+backward of loss / accum (DDP averages gradients over the drafters,
     once, on the last micro-batch); then clip, step, schedule. Returns the micro-batches' loss outputs, the
     grad norm before clipping and the lr this step used."""
     outs: list[LossOutput] = []
+    accum = cfg.optim.grad_accum
     for micro, batch in enumerate(batches):
-        last = micro == batches.accum - 1
+        last = micro == accum - 1
         anchors, valid = sample_anchors(
             batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, anchor_gen
         )
@@ -358,7 +359,7 @@ def train_step(
         with sync:
             with autocast_for(cfg, device):
                 out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
-            (out.loss / batches.accum).backward()
+            (out.loss / accum).backward()
         outs.append(out)
     grad_norm = clip_gradients(model, cfg.optim.grad_clip)
     lr = float(optimizer.param_groups[0]["lr"])
