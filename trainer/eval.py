@@ -297,10 +297,9 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
         if isinstance(record.get("prompt"), str):
             out.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
         elif isinstance(record.get("messages"), list):
-            rendered = tokenizer.apply_chat_template(
-                record["messages"], tokenize=False, add_generation_prompt=True, **template_kwargs
-            )
-            out.append(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]))
+            from trainer.generation import prompt_ids
+
+            out.append(prompt_ids(tokenizer, record["messages"], template_kwargs))
         else:
             raise ConfigError(f'{where}: needs "prompt", "messages" or "input_ids"')
     return out
