@@ -52,6 +52,16 @@ PLAIN = (
 )
 
 
+# A multi-turn reasoning chat with a system prompt: under QWEN3_LIKE the first think block is dropped.
+REASONING = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Q1"},
+    {"role": "assistant", "content": "<think>\nR1\n</think>\n\nA1"},
+    {"role": "user", "content": "Q2"},
+    {"role": "assistant", "content": "<think>\nR2\n</think>\n\nA2"},
+]
+
+
 def byte_tokenizer(template: str, folder: Path | None = None) -> Any:
     """A PreTrainedTokenizerFast: one token per byte plus SPECIAL and MARKERS; saved to `folder` if given."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dflash_doctor.errors import ConfigError
-from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, byte_tokenizer, supervised_text
+from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
 from trainer.chat import TemplateMarks, chat_tokens_and_mask
 from trainer.config import parse_config
 from trainer.data import TokenizedSource
@@ -19,13 +19,6 @@ TWO_TURNS = [
     {"role": "assistant", "content": "Hello!"},
     {"role": "user", "content": "Bye"},
     {"role": "assistant", "content": "See you."},
-]
-REASONING = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Q1"},
-    {"role": "assistant", "content": "<think>\nR1\n</think>\n\nA1"},
-    {"role": "user", "content": "Q2"},
-    {"role": "assistant", "content": "<think>\nR2\n</think>\n\nA2"},
 ]
 
 

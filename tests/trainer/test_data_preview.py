@@ -9,16 +9,8 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run
-from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_text
+from tests.trainer.chat_fixtures import QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
 from trainer.tiny import build_embedded_target
-
-REASONING = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Q1"},
-    {"role": "assistant", "content": "<think>\nR1\n</think>\n\nA1"},
-    {"role": "user", "content": "Q2"},
-    {"role": "assistant", "content": "<think>\nR2\n</think>\n\nA2"},
-]
 
 
 @pytest.fixture(scope="module")
