@@ -363,9 +363,3 @@ def make_batch(source: SequenceSource, ids: list[int]) -> tuple[torch.Tensor, to
     """(B, S) input_ids and loss_mask for the given sequence ids."""
     rows = [source.get(j) for j in ids]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
-
-
-def batches_of_target(target_rank: int, num_targets: int, first_batch: int, total_batches: int) -> range:
-    """The global batches target t produces, from the resume point on: every i with i % N == t."""
-    start = first_batch + (target_rank - first_batch) % num_targets
-    return range(start, total_batches, num_targets)
