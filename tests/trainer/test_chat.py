@@ -107,7 +107,8 @@ def test_malformed_messages_name_the_line(tmp_path: Path) -> None:
 
 
 def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
-    cfg = parse_config({"data": {"chat_template_kwargs": {"enable_thinking": False}}, "optim": {"steps": 1}})
+    chat = {"kind": "chat", "path": "chat.jsonl", "chat_template_kwargs": {"enable_thinking": False}}
+    cfg = parse_config({"target": {"path": "/models/x"}, "data": chat, "optim": {"steps": 1}})
     assert cfg.data.chat_template_kwargs == {"enable_thinking": False}
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps({"messages": TWO_TURNS}) + "\n")
@@ -117,3 +118,5 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
     assert supervised_text(tokenizer, ids, mask) == ["Hello!<|im_end|>", "See you.<|im_end|>"]
     with pytest.raises(ConfigError, match=r"data\.chat_template_kwargs: must be a table"):
         parse_config({"data": {"chat_template_kwargs": "enable_thinking"}, "optim": {"steps": 1}})
+    with pytest.raises(ConfigError, match=r'data\.chat_template_kwargs: only for data.kind = "chat"'):
+        parse_config({"data": {"chat_template_kwargs": {"enable_thinking": False}}, "optim": {"steps": 1}})
