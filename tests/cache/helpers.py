@@ -41,7 +41,10 @@ def make_tree(root: Path, files: int = 40, seed: int = 0, size: int = 2000) -> d
     return digests
 
 
-def tree_digests(root: Path, skip: tuple[str, ...] = (".dflash-doctor.json",)) -> dict[str, str]:
+def tree_digests(
+    root: Path, skip: tuple[str, ...] = (".dflash-doctor.json", ".dflash-doctor-backup.json")
+) -> dict[str, str]:
+    """Relative path -> sha256 of every file under root, our own records (marker, backup owner) left out."""
     found = {}
     for folder, _, names in os.walk(root):
         for name in names:
