@@ -86,6 +86,22 @@ class FolderReport:
     unsafe_count: int = 0
     foreign_count: int = 0
     marker: dict[str, Any] | None = None
+    parent_uid: int | None = None
+    parent_mode: int | None = None  # with the file type bits' sticky bit: who may put names beside it
+    pending: str | None = None  # a restore into it that was interrupted and is not finished yet
+
+    @property
+    def parent_exposure(self) -> str | None:
+        """`open` when others may rename or replace the cache itself (a group/world-writable parent
+        without the sticky bit, or another user's), `shared` when they may only plant names beside it
+        (sticky, as /tmp), None when only its owner (or root) can."""
+        if self.parent_mode is None:
+            return None
+        if self.parent_uid not in (0, os.getuid()):
+            return "open"
+        if self.parent_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return "shared" if self.parent_mode & stat.S_ISVTX else "open"
+        return None
 
     @property
     def made_for(self) -> BuildFingerprint | None:
@@ -115,6 +131,10 @@ class FolderReport:
             "foreign_owned_count": self.foreign_count,
             "made_for": made_for.to_json() if made_for else None,
             "snapshot": self.marker.get("snapshot") if self.marker else None,
+            "parent_mode": f"{self.parent_mode:04o}" if self.parent_mode is not None else None,
+            "parent_uid": self.parent_uid,
+            "parent_exposure": self.parent_exposure,
+            "interrupted_restore": self.pending,
         }
 
 
@@ -132,6 +152,11 @@ def inspect_folder(
     fs_probe = path if path.exists() else _existing_parent(path)
     report.fs_type = filesystem_of(fs_probe, mounts)
     report.volatile = volatility(path, report.fs_type, tempdir)
+    try:
+        parent = os.stat(_existing_parent(path) if not path.parent.exists() else path.parent)
+        report.parent_uid, report.parent_mode = parent.st_uid, stat.S_IMODE(parent.st_mode)
+    except OSError:
+        pass
     try:
         top = os.lstat(path)
     except OSError:

@@ -141,8 +141,21 @@ class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def check_usable(self) -> None:
+        """A DoctorError when the store's path runs into a file (a home or `cache/snapshots` that is a
+        file): a reader would otherwise say "no snapshots" of a store it cannot see."""
+        for folder in (self.root, *self.root.parents):
+            if os.path.lexists(folder):
+                if not folder.is_dir():
+                    raise DoctorError(
+                        f"{folder} is a file, not a folder: the snapshot store {self.root} cannot be there",
+                        hint=f"move {folder} away, or set {HOME_ENV} to another folder",
+                    )
+                return
+
     def ensure(self) -> None:
         """Make the store folder (private), or say plainly why it cannot be."""
+        self.check_usable()
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         except FileExistsError:
