@@ -391,7 +391,7 @@ def _execute(
                         view = view[write(fd, view) :]
                 elif kind == _MKDIRS:
                     target = op[1]
-                    os.makedirs(target, mode=0o755, exist_ok=True)
+                    _make_folders(target)
                 elif kind == _OPEN:
                     _, target, mode, chmod, check = op
                     fd = open_(target, _WRITE_FLAGS, mode)
@@ -416,6 +416,19 @@ def _execute(
     finally:
         if fd >= 0:
             close(fd)
+
+
+def _make_folders(path: str) -> None:
+    """`os.makedirs(path, 0o755, exist_ok=True)`, but every folder made 0o755 at most: makedirs makes
+    the intermediate ones 0o777 less the umask, world-writable under `umask 000`."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileNotFoundError:
+        _make_folders(os.path.dirname(path))
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        if os.path.islink(path) or not os.path.isdir(path):
+            raise
 
 
 def _write_error(exc: OSError, target: str) -> DoctorError:

@@ -88,7 +88,7 @@ def journal_path(target: Path) -> Path:
 
 def new_restore_id(now: float | None = None) -> str:
     """`20261201T031500Z-<random>`: UTC, so ids never run backwards across a clock change (DST)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now or time.time()))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     return f"{stamp}-{secrets.token_hex(3)}"
 
 
