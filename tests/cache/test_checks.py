@@ -17,7 +17,7 @@ from dflash_doctor.cache.snapshot import take_snapshot, write_marker
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.registry import run_checks
-from tests.cache.helpers import make_tree
+from tests.cache.helpers import CPU_BUILD, make_tree
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
 
@@ -131,3 +131,54 @@ def test_no_cache_yet_is_skipped(torch_site: FakeSite, cache_env: dict[str, Path
     found = cache_findings(torch_site)
     assert found["cache.empty"].severity is Severity.SKIP
     assert found["cache.permissions"].severity is Severity.SKIP
+
+
+@pytest.mark.parametrize(
+    ("mode", "finding", "severity"),
+    [(0o1777, "cache.parent_shared", Severity.WARN), (0o777, "cache.parent_writable", Severity.FAIL)],
+)
+def test_a_parent_others_can_write_is_reported(
+    torch_site: FakeSite, cache_env: dict[str, Path], mode: int, finding: str, severity: Severity
+) -> None:
+    """D19: the folder holding the cache decides who can rename it or plant names beside it."""
+    make_tree(cache_env["inductor"], files=3)
+    cache_env["inductor"].parent.chmod(0o700)
+    found = cache_findings(torch_site)
+    assert "cache.parent_shared" not in found and "cache.parent_writable" not in found
+    cache_env["inductor"].parent.chmod(mode)
+    found = cache_findings(torch_site)
+    assert found[finding].severity is severity
+    assert str(cache_env["inductor"].parent) in found[finding].summary
+
+
+def test_a_store_others_can_write_fails(
+    torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
+) -> None:
+    """D8: the snapshot store is checked like the cache."""
+    source = tmp_path / "elsewhere"
+    make_tree(source, files=3)
+    cache_env["snapshots"].mkdir(parents=True, mode=0o700)
+    take_snapshot({"inductor": source}, CPU_BUILD, "s", cache_env["snapshots"] / "s.tar.zst")
+    found = cache_findings(torch_site)
+    assert found["cache.store"].severity is Severity.OK and "cache.store_permissions" not in found
+    cache_env["snapshots"].chmod(0o777)
+    found = cache_findings(torch_site)
+    assert found["cache.store_permissions"].severity is Severity.FAIL
+    assert found["cache.store_permissions"].remedy == f"chmod go-w {cache_env['snapshots']}"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making another user's file needs root (chown)")
+def test_another_users_archive_in_the_store_fails(
+    torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
+) -> None:
+    current = fingerprint_of(env_for(torch_site))
+    source = tmp_path / "elsewhere"
+    make_tree(source, files=3)
+    cache_env["snapshots"].mkdir(parents=True, mode=0o700)
+    planted = take_snapshot(
+        {"inductor": source}, current, "theirs", cache_env["snapshots"] / "theirs.tar.zst"
+    )
+    os.chown(planted.path, 4242, 4242)
+    found = cache_findings(torch_site)
+    assert found["cache.store_untrusted"].severity is Severity.FAIL
+    assert "cache.cold" not in found or "theirs" not in (found["cache.cold"].remedy or "")
