@@ -46,6 +46,12 @@ class SnapshotInfo:
     error: str | None = None
     mtime: float = 0.0
     untrusted: str | None = None  # why this archive must not be restored by name
+    owner_uid: int | None = None
+
+    @property
+    def ours(self) -> bool:
+        """A regular file of this user: what `cache prune` may delete (never another user's)."""
+        return self.owner_uid == os.getuid()
 
     @property
     def created(self) -> float:
@@ -249,7 +255,10 @@ class SnapshotStore:
                 manifest, error = None, exc.message
             except OSError as exc:
                 manifest, error = None, str(exc)
-            found.append(SnapshotInfo(name, path, info.st_size, manifest, error, info.st_mtime, untrusted))
+            owner = info.st_uid if stat.S_ISREG(info.st_mode) else None
+            found.append(
+                SnapshotInfo(name, path, info.st_size, manifest, error, info.st_mtime, untrusted, owner)
+            )
         return sorted(found, key=lambda s: s.created, reverse=True)
 
     def compatible(self, current: BuildFingerprint) -> list[SnapshotInfo]:

@@ -337,7 +337,8 @@ def prune_command(
     age = parse_duration(older_than) if older_than else None
     store = SnapshotStore(snapshots_dir())
     with store.locked():
-        doomed = choose_prunable(store.snapshots(), keep, age, time.time())
+        ours = [snap for snap in store.snapshots() if snap.ours]  # another user's archive is never deleted
+        doomed = choose_prunable(ours, keep, age, time.time())
         if not dry_run:
             for snap in doomed:
                 snap.path.unlink(missing_ok=True)

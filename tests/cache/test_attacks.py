@@ -561,3 +561,20 @@ def test_backups_carry_an_ownership_record_and_prune_reads_only_those(tmp_path: 
     assert owner["restore_id"] == "rid" and owner["uid"] == os.getuid() and owner["target"] == str(target)
     assert prune_backups(target, keep=0) == [backup]
     shutil.rmtree(target)
+
+
+@needs_root
+def test_prune_never_deletes_another_users_archive(
+    cache_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_doctor.cli import run
+
+    make_tree(cache_env["inductor"], files=2)
+    for name in ("a", "b", "c"):
+        assert run(["cache", "snapshot", "--name", name]) == 0
+    theirs = cache_env["snapshots"] / "a.tar.zst"
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    assert run(["cache", "prune", "--keep", "0"]) == 0
+    assert theirs.exists() and sorted(p.name for p in cache_env["snapshots"].glob("*.tar.zst")) == [
+        "a.tar.zst"
+    ]
