@@ -110,6 +110,8 @@ def restore_loop(
             if at_kill[label] is None:
                 state = "absent"
             counts[f"at kill: {state or 'MIX'}"] += 1
+        if len(roots) > 1 and len({at_kill[label] == new[label] for label in roots}) > 1:
+            counts["at kill: roots disagree (rolled forward by recovery)"] += 1
         with folder_locks(targets.values()):
             for target in targets.values():
                 recover_interrupted(target)

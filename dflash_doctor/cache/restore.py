@@ -135,18 +135,40 @@ def remove_torn_records(folder: Path) -> None:
 
 
 def _retire(old: Path, target: Path, restore_id: str, not_a_cache: bool) -> Path:
-    """Mark the previous cache as our backup, then rename it, never over anything, to a free name."""
-    remove_torn_records(old)
-    write_bytes_atomic(
-        old / BACKUP_OWNER_NAME, backup_owner_bytes(restore_id, str(target), time.time(), not_a_cache)
-    )
+    """Rename the previous cache, never over anything, to a free `<name>.bak-<id>...`, then put our
+    ownership record in it. Nothing is written into a folder while it is live: a kill between the two
+    leaves a backup of ours (our uid, this restore's id in its name) that recovery gives its record."""
     backup = backup_path(target, restore_id)
     while True:
         try:
             rename_noreplace(old, backup)
-            return backup
+            break
         except FileExistsError:  # planted, or left by a restore of the same id: take another name
             backup = backup_path(target, f"{restore_id}-{secrets.token_hex(4)}")
+    _own_backup(backup, target, restore_id, not_a_cache)
+    return backup
+
+
+def _own_backup(backup: Path, target: Path, restore_id: str, not_a_cache: bool) -> None:
+    remove_torn_records(backup)
+    record = backup_owner_bytes(restore_id, str(target), time.time(), not_a_cache)
+    write_bytes_atomic(backup / BACKUP_OWNER_NAME, record)
+
+
+def _unowned_backups(target: Path, restore_id: str) -> list[Path]:
+    """This restore's backups that a kill left without their record: folders of ours named for it."""
+    prefix = f"{target.name}{BACKUP_TAG}{restore_id}"
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    return [
+        target.parent / name
+        for name in names
+        if name.startswith(prefix)
+        and owned_folder(target.parent / name)
+        and read_owned(target.parent / name / BACKUP_OWNER_NAME) is None
+    ]
 
 
 def _swap(staging: Path, target: Path, restore_id: str, not_a_cache: bool) -> Path | None:
@@ -232,11 +254,13 @@ def _finish(journal: dict[str, Any]) -> list[str]:
             if info is not None and stat.S_ISDIR(info.st_mode):  # the old cache, after the exchange
                 backup = _retire(staging, target, restore_id, not_a_cache)
                 actions.append(f"kept the previous cache as {backup}")
-            continue
-        if _is_our_staging(staging, restore_id):  # verified, not swapped yet: roll forward
+        elif _is_our_staging(staging, restore_id):  # verified, not swapped yet: roll forward
             backup = _swap(staging, target, restore_id, not_a_cache)
             kept = f" (previous kept as {backup})" if backup else ""
             actions.append(f"finished swapping in {target}{kept}")
+        for backup in _unowned_backups(target, restore_id):
+            _own_backup(backup, target, restore_id, not_a_cache)
+            actions.append(f"kept the previous cache as {backup}")
     return actions
 
 
