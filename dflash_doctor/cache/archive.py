@@ -14,7 +14,8 @@ import stat
 import struct
 import tarfile
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,7 +208,11 @@ def write_archive(
     partial = Path(partial_name)
     by_path = manifest.by_path()
     try:
-        with os.fdopen(fd, "wb") as raw, FramedWriter(raw, level=level, threads=threads) as out:
+        with (
+            os.fdopen(fd, "wb") as raw,
+            FramedWriter(raw, level=level, threads=threads) as out,
+            _Rehasher() as rehasher,
+        ):
             manifest_bytes = manifest.to_bytes()
             out.write(tar_header(MANIFEST_MEMBER, len(manifest_bytes), 0o644, manifest.created))
             out.write(manifest_bytes)
@@ -220,20 +225,20 @@ def write_archive(
                         raise _changed(source)
                     out.write(tar_header(entry.path, entry.size, entry.mode, entry.mtime))
                     left = entry.size
-                    digest = hashlib.sha256()  # what is archived must be what the manifest promises
+                    chunks = []
                     while left:
                         chunk = handle.read(min(left, READ_CHUNK))
                         if not chunk:
                             raise _changed(source)
-                        digest.update(chunk)
+                        chunks.append(chunk)
                         out.write(chunk)
                         left -= len(chunk)
-                    if digest.hexdigest() != entry.sha256:
-                        raise _changed(source)  # rewritten in place (same inode, size, mtime)
+                    rehasher.submit(source, entry.sha256, chunks)
                 out.write(_ZEROS[: -entry.size % tarfile.BLOCKSIZE])
             out.write(_ZEROS[: 2 * tarfile.BLOCKSIZE])  # the end-of-archive marker
             out.write(_ZEROS[: -out.written % tarfile.RECORDSIZE])  # whole records, as tar writes
             out.close()  # the last frame and the seek table
+            rehasher.finish()
             raw.flush()
             os.fsync(raw.fileno())
         try:
@@ -244,6 +249,48 @@ def write_archive(
         partial.unlink(missing_ok=True)
         raise
     return dest.stat().st_size
+
+
+class _Rehasher:
+    """Checks, on a thread of its own, that the bytes archived are those the manifest's sha256 promises:
+    a file rewritten in place between the hashing and the archiving (same inode, size and mtime) would
+    otherwise make a snapshot that can never be restored. At most MAX_PENDING bytes wait for it."""
+
+    MAX_PENDING = 64 << 20
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-snapshot-rehash")
+        self._pending: deque[tuple[Future[bool], SourceFile, int]] = deque()
+        self._bytes = 0
+
+    @staticmethod
+    def _matches(chunks: list[bytes], expected: str) -> bool:
+        digest = hashlib.sha256()
+        for chunk in chunks:
+            digest.update(chunk)
+        return digest.hexdigest() == expected
+
+    def _settle_oldest(self) -> None:
+        future, source, size = self._pending.popleft()
+        self._bytes -= size
+        if not future.result():
+            raise _changed(source)
+
+    def submit(self, source: SourceFile, expected: str, chunks: list[bytes]) -> None:
+        self._pending.append((self._pool.submit(self._matches, chunks, expected), source, source.size))
+        self._bytes += source.size
+        while self._bytes > self.MAX_PENDING and self._pending:
+            self._settle_oldest()
+
+    def finish(self) -> None:
+        while self._pending:
+            self._settle_oldest()
+
+    def __enter__(self) -> _Rehasher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _changed(source: SourceFile) -> ArchiveError:
