@@ -578,3 +578,22 @@ def test_prune_never_deletes_another_users_archive(
     assert theirs.exists() and sorted(p.name for p in cache_env["snapshots"].glob("*.tar.zst")) == [
         "a.tar.zst"
     ]
+
+
+def test_d17_escape_sequences_never_reach_the_terminal(
+    cache_env: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_doctor.cli import run
+
+    hostile = dataclasses.replace(CPU_BUILD, torch_version="2.13\x1b]0;owned\x07\x1b[2J")
+    members = {"inductor/ab/c.py": b"x"}
+    cache_env["snapshots"].mkdir(parents=True, mode=0o700)
+    archive = write_raw_archive(
+        cache_env["snapshots"] / "evil.tar.zst", manifest_for(members, hostile), list(members.items())
+    )
+    capsys.readouterr()
+    assert run(["cache", "list"]) == 0
+    assert run(["cache", "restore", str(archive)]) == 2
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out + printed.err and "\x07" not in printed.out + printed.err
+    assert "evil" in printed.out and "control characters" in printed.out.replace("\n", "")

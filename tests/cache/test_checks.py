@@ -17,7 +17,7 @@ from dflash_doctor.cache.snapshot import take_snapshot, write_marker
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.registry import run_checks
-from tests.cache.helpers import CPU_BUILD, make_tree
+from tests.cache.helpers import make_tree
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
 
@@ -98,14 +98,19 @@ def test_foreign_owned_cache_fails(
     assert cache_findings(torch_site)["cache.foreign_owner"].severity is Severity.FAIL
 
 
+def snapshot_in_store(site: FakeSite, cache_env: dict[str, Path], tmp_path: Path, name: str) -> Path:
+    """A snapshot for this site's build in the (private) store, made from a tree elsewhere."""
+    source = tmp_path / "elsewhere"
+    make_tree(source, files=3)
+    cache_env["snapshots"].mkdir(parents=True, mode=0o700, exist_ok=True)
+    dest = cache_env["snapshots"] / f"{name}.tar.zst"
+    return take_snapshot({"inductor": source}, fingerprint_of(env_for(site)), name, dest).path
+
+
 def test_cold_cache_with_compatible_snapshot_warns_restore(
     torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
 ) -> None:
-    current = fingerprint_of(env_for(torch_site))
-    source = tmp_path / "elsewhere"
-    make_tree(source, files=3)
-    cache_env["snapshots"].mkdir(parents=True)
-    take_snapshot({"inductor": source}, current, "good", cache_env["snapshots"] / "good.tar.zst")
+    snapshot_in_store(torch_site, cache_env, tmp_path, "good")
     found = cache_findings(torch_site)  # the cache folder does not exist: cold
     assert found["cache.cold"].severity is Severity.WARN
     assert found["cache.cold"].remedy == "dflash-doctor cache restore good"
@@ -155,10 +160,7 @@ def test_a_store_others_can_write_fails(
     torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
 ) -> None:
     """D8: the snapshot store is checked like the cache."""
-    source = tmp_path / "elsewhere"
-    make_tree(source, files=3)
-    cache_env["snapshots"].mkdir(parents=True, mode=0o700)
-    take_snapshot({"inductor": source}, CPU_BUILD, "s", cache_env["snapshots"] / "s.tar.zst")
+    snapshot_in_store(torch_site, cache_env, tmp_path, "s")
     found = cache_findings(torch_site)
     assert found["cache.store"].severity is Severity.OK and "cache.store_permissions" not in found
     cache_env["snapshots"].chmod(0o777)
@@ -171,14 +173,8 @@ def test_a_store_others_can_write_fails(
 def test_another_users_archive_in_the_store_fails(
     torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
 ) -> None:
-    current = fingerprint_of(env_for(torch_site))
-    source = tmp_path / "elsewhere"
-    make_tree(source, files=3)
-    cache_env["snapshots"].mkdir(parents=True, mode=0o700)
-    planted = take_snapshot(
-        {"inductor": source}, current, "theirs", cache_env["snapshots"] / "theirs.tar.zst"
-    )
-    os.chown(planted.path, 4242, 4242)
+    planted = snapshot_in_store(torch_site, cache_env, tmp_path, "theirs")
+    os.chown(planted, 4242, 4242)
     found = cache_findings(torch_site)
     assert found["cache.store_untrusted"].severity is Severity.FAIL
     assert "cache.cold" not in found or "theirs" not in (found["cache.cold"].remedy or "")
