@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
+from dflash_doctor.cache.folder_lock import folder_locks
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, MANAGED_SOURCE, command_locations, snapshots_dir
 from dflash_doctor.cache.restore import restore_snapshot
@@ -379,7 +380,8 @@ def warm_command(
     locations = command_locations(os.environ)
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
-    result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
+    with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles
+        result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
     misses, hits = compile_count(result)
     snapshot: dict[str, Any] | None = None
     if not no_snapshot:
