@@ -133,3 +133,37 @@ def test_runs_show_and_compare_draw_the_runs(tmp_path: Path, capsys: pytest.Capt
     refused = store.create("refused")
     assert run(["runs", "show", refused.id, "--plot", str(tmp_path / "r.png")]) == 2
     assert "no output folder" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_tiny_cpu_run_writes_tensorboard_events_and_plots(tmp_path: Path) -> None:
+    """A real run (tiny-cpu, shortened, 1 target + 1 drafter over gloo) with output.tensorboard = true."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.trainer.trainer_runs import torchrun
+
+    run = torchrun(
+        "configs/tiny-cpu.toml", tmp_path / "out", nproc=2, overrides={"output.tensorboard": "true"}
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    events = EventAccumulator(str(tmp_path / "out" / "tensorboard"))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"loss", "tok_s", "accuracy/1", "lr", "grad_norm", "data_wait_s"} <= scalars
+    assert [e.step for e in events.Scalars("loss")] == [r["step"] for r in run.metrics]
+    assert [round(e.value, 4) for e in events.Scalars("loss")] == [round(r["loss"], 4) for r in run.metrics]
+    png = plot_curves([read_curves(tmp_path / "out" / "metrics.jsonl", "tiny")], tmp_path / "tiny.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_asking_for_a_missing_extra_refuses_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from trainer.config import load_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"output\.tensorboard: needs the `tensorboard` package"):
+        load_config("tiny-cpu", ["output.tensorboard=true"])
+    load_config("tiny-cpu")  # not asked for: no check

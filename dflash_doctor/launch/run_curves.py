@@ -19,7 +19,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 # (panel title, the metrics-line fields it draws, first found wins per run)
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", ("loss",)),
-    ("acceptance length", ("heldout_accept_len_target", "heldout_accept_len", "accept_len")),
+    ("acceptance length", ("heldout_accept_len", "accept_len")),  # held-out vs the target when evaluated
     ("tok/s", ("tok_s",)),
 )
 
