@@ -20,6 +20,7 @@ import tomllib
 from dflash_doctor.errors import ConfigError
 from trainer.data_files import check_data_file
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
+from trainer.topology import COLOCATED, MODES, SPLIT, forces_split, resolve_topology, split_of
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -63,8 +64,12 @@ class DataSection:
 
 @dataclass(frozen=True)
 class TopologySection:
-    targets: int = 1
-    drafters: int = 1
+    # split: N target ranks stream to M drafter ranks; colocated: every rank captures and trains;
+    # auto: the launcher picks the faster that fits (trainer/topology.py, dflash_doctor/launch/topology.py)
+    mode: str = "auto"
+    targets: int | None = None  # split only; setting targets or drafters forces a split (unset: 1)
+    drafters: int | None = None
+    ranks: int | None = None  # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
     in_flight: int = 4  # batches a target rank may have sent and not yet seen received
 
 
@@ -122,7 +127,8 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        return self.topology.targets + self.topology.drafters
+        """The processes `python -m trainer` starts when not under torchrun (trainer/topology.py)."""
+        return resolve_topology(self.topology).world_size
 
     @property
     def output_dir(self) -> Path:
@@ -377,7 +383,16 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "temperature": number(above=0.0),
         },
     ),
-    "topology": (TopologySection, {"targets": integer(1), "drafters": integer(1), "in_flight": integer(1)}),
+    "topology": (
+        TopologySection,
+        {
+            "mode": choice(*MODES),
+            "targets": integer(1),
+            "drafters": integer(1),
+            "ranks": integer(1),
+            "in_flight": integer(1),
+        },
+    ),
     "optim": (
         OptimSection,
         {
@@ -453,9 +468,26 @@ def _check_relations(cfg: TrainConfig) -> None:
         )
     if d.kind in ("synthetic", "random") and d.prompt_len >= d.seq_len:
         raise ConfigError(f"data.prompt_len: must be < data.seq_len ({d.seq_len}), got {d.prompt_len}")
+    _check_topology(cfg.topology)
     ids = cfg.drafter.target_layer_ids
     if ids is not None and ids != sorted(ids):
         raise ConfigError(f"drafter.target_layer_ids: must be increasing, got {_shown(ids)}")
+
+
+def _check_topology(t: TopologySection) -> None:
+    if t.mode == COLOCATED and forces_split(t):
+        key = "targets" if t.targets is not None else "drafters"
+        raise ConfigError(
+            f'topology.{key}: sets a split, but topology.mode = "colocated" (every rank holds both roles); '
+            f'remove topology.{key}, or set topology.mode = "split"'
+        )
+    if t.ranks is not None and (t.mode == SPLIT or forces_split(t)):
+        split = split_of(t)
+        if t.ranks != split.world_size:
+            raise ConfigError(
+                f"topology.ranks: {t.ranks}, but the split {split.targets} + {split.drafters} is "
+                f"{split.world_size} ranks; remove topology.ranks or make them agree"
+            )
 
 
 # ---------------------------------------------------------------- target-dependent defaults

@@ -1,11 +1,15 @@
 """The training run, one process per device under torchrun. Read top to bottom.
 
-1. `main`: join the process group (torchrun's env), split roles once: ranks [0, N) targets, [N, N+M)
-   drafters; agree on the resume step (the first drafter reads the newest checkpoint and tells everyone).
-2. `run_target`: capture the configured layers for every global batch i with i % N == rank, from the
-   resume point on, and stream them to drafter i % M with a bounded number in flight.
-3. `run_drafter`: build the drafter, compile and warm it in this main thread, wrap it in DDP over the
-   drafter-only group, restore a checkpoint if there is one, then per step: receive, sample anchors,
+1. `main`: join the process group (torchrun's env), resolve the topology once (trainer/topology.py):
+   split (ranks [0, N) targets, [N, N+M) drafters) or colocated (every rank both); agree on the resume
+   step (the first drafter reads the newest checkpoint and tells everyone).
+2. Split, `run_target`: capture the configured layers for every global batch i with i % N == rank, from
+   the resume point on, and stream them to drafter i % M with a bounded number in flight.
+3. Split, `run_drafter`: receive batch s*M + d at step s and hand it to the `DrafterLoop`.
+4. Colocated, `run_colocated`: build the frozen target and a drafter on this rank, capture batch s*K + r
+   at step s and hand it to the same `DrafterLoop` (no transport, no second process per device).
+5. `DrafterLoop` (both topologies): build the drafter, compile and warm it in this main thread, wrap it in
+   DDP over the drafter ranks, restore a checkpoint if there is one, then per step: sample anchors,
    forward/backward (bf16 autocast on CUDA), clip, step, schedule, metrics, checkpoint. Export at the end.
 
 No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
@@ -21,6 +25,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -38,6 +43,7 @@ from trainer.config import TrainConfig
 from trainer.data import (
     BatchOrder,
     RunPlan,
+    SequenceSource,
     batches_of_target,
     build_source,
     make_batch,
@@ -49,8 +55,15 @@ from trainer.loss import LossOutput, expected_acceptance_length
 from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.startup import StartupClock
-from trainer.target import load_capture_target, load_frozen_embeddings, target_dtype, target_hf_config
-from trainer.transport import BatchReceiver, BatchSender, Topology, TransportError
+from trainer.target import (
+    CaptureTarget,
+    load_capture_target,
+    load_frozen_embeddings,
+    target_dtype,
+    target_hf_config,
+)
+from trainer.topology import Topology, resolve_topology
+from trainer.transport import BatchReceiver, BatchSender, TransportError
 from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
 
 
@@ -81,17 +94,12 @@ def main(cfg: TrainConfig) -> int:
     clock = StartupClock()
     me = Rank.from_environ()
     signal.signal(signal.SIGTERM, _raise_terminated)
-    if me.world_size != cfg.world_size:
-        raise ConfigError(
-            f"topology: targets + drafters = {cfg.world_size}, but torchrun started {me.world_size} processes "
-            f"(use --nproc-per-node {cfg.world_size})"
-        )
+    topology = resolve_topology(cfg.topology, me.world_size)  # ConfigError if torchrun started too many
     device = resolve_device(cfg.run.device, me.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    topology = Topology(cfg.topology.targets, cfg.topology.drafters)
-    plan = plan_run(cfg, num_sequences(cfg))
+    plan = plan_run(cfg, num_sequences(cfg), topology.drafters)
 
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.run.timeout_s)
@@ -100,15 +108,36 @@ def main(cfg: TrainConfig) -> int:
         drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
         clock.mark("process group")
+        run = RunContext(cfg, plan, topology, me.rank, device, drafter_group, resume_step, clock)
+        if topology.colocated:
+            return run_colocated(run)
         if topology.is_target(me.rank):
             run_target(cfg, plan, topology, me.rank, device, resume_step, clock)
             return 0
-        return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step, clock)
+        return run_drafter(run)
     except (TransportError, Terminated) as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
         dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every drafter-side function of one rank needs, resolved once in `main`."""
+
+    cfg: TrainConfig
+    plan: RunPlan
+    topology: Topology
+    rank: int
+    device: torch.device
+    group: dist.ProcessGroup  # the drafter ranks (all ranks when colocated): DDP and metric reductions
+    resume_step: int
+    clock: StartupClock
+
+    @property
+    def drafter_index(self) -> int:
+        return self.topology.drafter_index(self.rank)
 
 
 def agree_on_resume_step(cfg: TrainConfig, topology: Topology, rank: int, device: torch.device) -> int:
@@ -134,7 +163,42 @@ def release_cached_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-# ---------------------------------------------------------------- target ranks
+# ---------------------------------------------------------------- the target side (split targets, colocated)
+
+
+def build_target(
+    cfg: TrainConfig, device: torch.device, clock: StartupClock, colocated: bool = False
+) -> tuple[CaptureTarget, SequenceSource, BatchOrder]:
+    """The frozen truncated target (compiled and warmed on CUDA), the data and its order."""
+    assert cfg.drafter.target_layer_ids is not None
+    dtype = target_dtype(cfg.target.dtype, device)
+    target = load_capture_target(
+        cfg.target.path,
+        cfg.drafter.target_layer_ids,
+        cfg.run.seed,
+        device,
+        dtype,
+        compile_layers=cfg.target.compile_layers and device.type == "cuda",
+        inference_tensors=not colocated,  # a colocated drafter trains on the captured tensors
+    )
+    release_cached_memory(device)
+    clock.mark("build target" if colocated else "build")
+    if target.compiled:
+        warm_up_target(target, cfg, device)  # compile now, one rank at a time
+        clock.mark("compile target" if colocated else "compile")
+    vocab = int(target_hf_config(cfg.target.path).vocab_size)
+    source = build_source(cfg, device, vocab)
+    order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)
+    clock.mark("data")
+    return target, source, order
+
+
+def capture_batch(
+    target: CaptureTarget, source: SequenceSource, order: BatchOrder, index: int, device: torch.device
+) -> CapturedBatch:
+    """Global batch `index`: its sequences from the data, through the target."""
+    input_ids, loss_mask = make_batch(source, order.sequence_ids(index))
+    return target.capture(input_ids.to(device), loss_mask.to(device), index)
 
 
 def run_target(
@@ -146,133 +210,181 @@ def run_target(
     resume_step: int,
     clock: StartupClock,
 ) -> None:
-    assert cfg.drafter.target_layer_ids is not None
-    dtype = target_dtype(cfg.target.dtype, device)
-    target = load_capture_target(
-        cfg.target.path,
-        cfg.drafter.target_layer_ids,
-        cfg.run.seed,
-        device,
-        dtype,
-        compile_layers=cfg.target.compile_layers and device.type == "cuda",
-    )
-    release_cached_memory(device)
-    clock.mark("build")
-    if target.compiled:
-        warm_up_target(target, cfg, device)  # compile now, one target rank at a time
-        clock.mark("compile")
-    vocab = int(target_hf_config(cfg.target.path).vocab_size)
-    source = build_source(cfg, device, vocab)
-    order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)
+    target, source, order = build_target(cfg, device, clock)
     sender = BatchSender(topology, cfg.topology.in_flight, device)
     fault = fault_from_env()
     first_batch = resume_step * topology.drafters  # the data position: global batch index
-    clock.mark("data")
     clock.report(rank, "target")
     for index in batches_of_target(rank, topology.targets, first_batch, plan.total_batches):
         maybe_exit_target(fault, rank, index)
-        input_ids, loss_mask = make_batch(source, order.sequence_ids(index))
-        batch = target.capture(input_ids.to(device), loss_mask.to(device), index)
-        sender.send(batch)
+        sender.send(capture_batch(target, source, order, index, device))
     sender.close()
 
 
-# ---------------------------------------------------------------- drafter ranks
+# ---------------------------------------------------------------- split drafter ranks
 
 
-def run_drafter(
-    cfg: TrainConfig,
-    plan: RunPlan,
-    topology: Topology,
-    rank: int,
-    device: torch.device,
-    group: dist.ProcessGroup,
-    resume_step: int,
-    clock: StartupClock,
-) -> int:
-    began = time.monotonic()
-    index = topology.drafter_index(rank)
-    is_first = index == 0
-    embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed, device)
-    model = build_drafter(cfg, hf_config, embed, lm_head, device)
-    del embed, lm_head  # the model holds its own (cast) copies
-    release_cached_memory(device)
-    clock.mark("build")
-    warmup = warm_up_model(model, cfg, device)  # compile here, in the main thread, before the loop
-    clock.mark("compile")
-    ddp = DistributedDataParallel(
-        model, process_group=group, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    optimizer = build_optimizer(model, cfg.optim, device)
-    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
-    anchor_gen = torch.Generator(device=device).manual_seed(cfg.run.seed * 1_000_003 + 7 + index)
-    if resume_step:
-        restore(cfg, model, optimizer, scheduler, anchor_gen, index, topology, resume_step, device)
+def run_drafter(run: RunContext) -> int:
+    loop = DrafterLoop(run)
+    receiver = BatchReceiver(run.topology, run.drafter_index, run.device)
+    run.clock.report(run.rank, "drafter")
+    return loop.run(receiver.receive, finish_input=receiver.expect_end)
 
-    log = MetricsLog(cfg.output_dir / "metrics.jsonl", resume_step) if is_first else None
-    progress = Progress(plan.total_steps, resume_step, cfg.run.log_every) if is_first else None
-    if is_first:
-        print(
-            f"dflash trainer: {topology.targets} target + {topology.drafters} drafter ranks, {plan.total_steps} steps"
-            f"{f', resuming at step {resume_step}' if resume_step else ''}; warm-up {warmup['seconds']}s "
-            f"({warmup['attention']} on {warmup['device']})",
-            flush=True,
-        )
-    receiver = BatchReceiver(topology, index, device)
+
+# ---------------------------------------------------------------- colocated ranks
+
+
+def run_colocated(run: RunContext) -> int:
+    """Capture this rank's own batches (s*K + r at step s) and train on them: no transport."""
+    target, source, order = build_target(run.cfg, run.device, run.clock, colocated=True)
+    loop = DrafterLoop(run)
     fault = fault_from_env()
-    clock.mark("optimizer + DDP")
-    clock.report(rank, "drafter")
-    warmup = {**warmup, "startup": clock.as_dict()}  # kept in summary.json with the warm-up
-    status, error = "failed", None
-    try:
-        for step in range(resume_step, plan.total_steps):
-            maybe_hang_drafter(fault, index, step)
-            t0 = time.perf_counter()
-            batch = receiver.receive(step)
-            waited = time.perf_counter() - t0
-            out, grad_norm, lr = train_step(ddp, model, batch, cfg, anchor_gen, optimizer, scheduler, device)
-            stats = reduce_over_drafters(out, group)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - t0
-            done = step + 1
-            if log is not None and progress is not None:
-                m = step_metrics(done, stats, lr, grad_norm, batch, topology, elapsed, waited)
-                log.write(m)
-                progress.update(m)
-            every = cfg.checkpoint.every
-            if (every and done % every == 0) or done == plan.total_steps:
-                save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
-        receiver.expect_end()
-        if is_first:
-            from trainer.export import export_drafter
+    run.clock.report(run.rank, "colocated")
 
-            exported = export_drafter(model, cfg.output_dir / "export")
-            print(f"dflash trainer: exported the drafter to {exported}", flush=True)
-        status = "ok"
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        if progress is not None:
-            progress.close()
-        if log is not None:
-            log.close()
-            write_summary(
-                cfg.output_dir,
-                summarize(
-                    read_metrics(cfg.output_dir / "metrics.jsonl"),
-                    status,
-                    time.monotonic() - began,
-                    error=error,
-                    export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
-                    resumed_from=resume_step,
-                    total_steps=plan.total_steps,
-                    warmup=warmup,
-                    topology={"targets": topology.targets, "drafters": topology.drafters},
-                ),
+    def next_batch(step: int) -> CapturedBatch:
+        index = run.topology.batch_for(step, run.drafter_index)
+        maybe_exit_target(fault, run.rank, index)
+        return capture_batch(target, source, order, index, run.device)
+
+    return loop.run(next_batch)
+
+
+# ---------------------------------------------------------------- the drafter side, shared by both
+
+
+class DrafterLoop:
+    """One drafter replica's training: what a split drafter and a colocated rank do alike.
+
+    Built once (drafter, warm-up, DDP over the drafter ranks, optimiser, schedule, RNG, resume), then
+    `run(next_batch)` trains one step per batch; where a batch comes from (received, or captured here)
+    is the only thing the topologies differ in. Per-step work lives in `train_on`.
+    """
+
+    def __init__(self, run: RunContext) -> None:
+        cfg, device = run.cfg, run.device
+        self.run_ctx = run
+        self.began = time.monotonic()
+        self.index = run.drafter_index
+        self.is_first = self.index == 0
+        embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed, device)
+        self.model = build_drafter(cfg, hf_config, embed, lm_head, device)
+        del embed, lm_head  # the model holds its own (cast) copies
+        release_cached_memory(device)
+        run.clock.mark("build")
+        warmup = warm_up_model(self.model, cfg, device)  # compile here, in the main thread, before the loop
+        run.clock.mark("compile")
+        self.ddp = DistributedDataParallel(
+            self.model, process_group=run.group, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        self.optimizer = build_optimizer(self.model, cfg.optim, device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, run.plan.total_steps)
+        self.anchor_gen = torch.Generator(device=device).manual_seed(
+            cfg.run.seed * 1_000_003 + 7 + self.index
+        )
+        if run.resume_step:
+            restore(
+                cfg,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.anchor_gen,
+                self.index,
+                run.topology,
+                run.resume_step,
+                device,
             )
-    return 0
+        first = self.is_first
+        self.log = MetricsLog(cfg.output_dir / "metrics.jsonl", run.resume_step) if first else None
+        self.progress = Progress(run.plan.total_steps, run.resume_step, cfg.run.log_every) if first else None
+        if first:
+            resuming = f", resuming at step {run.resume_step}" if run.resume_step else ""
+            print(
+                f"dflash trainer: {run.topology.describe()}, {run.plan.total_steps} steps{resuming}; "
+                f"warm-up {warmup['seconds']}s ({warmup['attention']} on {warmup['device']})",
+                flush=True,
+            )
+        self.fault = fault_from_env()
+        run.clock.mark("optimizer + DDP")
+        self.warmup = {**warmup, "startup": run.clock.as_dict()}  # kept in summary.json with the warm-up
+
+    def run(
+        self, next_batch: Callable[[int], CapturedBatch], finish_input: Callable[[], None] | None = None
+    ) -> int:
+        """Every remaining step on `next_batch(step)`; then `finish_input`, export, summary."""
+        run = self.run_ctx
+        status, error = "failed", None
+        try:
+            for step in range(run.resume_step, run.plan.total_steps):
+                maybe_hang_drafter(self.fault, self.index, step)
+                t0 = time.perf_counter()
+                batch = next_batch(step)
+                self.train_on(step, batch, t0, waited=time.perf_counter() - t0)
+            if finish_input is not None:
+                finish_input()
+            if self.is_first:
+                from trainer.export import export_drafter
+
+                exported = export_drafter(self.model, run.cfg.output_dir / "export")
+                print(f"dflash trainer: exported the drafter to {exported}", flush=True)
+            status = "ok"
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.close(status, error)
+        return 0
+
+    def train_on(self, step: int, batch: CapturedBatch, began: float, waited: float) -> None:
+        """One optimiser step on `batch`; metrics (first drafter) and checkpoints as the config says."""
+        run, cfg = self.run_ctx, self.run_ctx.cfg
+        out, grad_norm, lr = train_step(
+            self.ddp, self.model, batch, cfg, self.anchor_gen, self.optimizer, self.scheduler, run.device
+        )
+        stats = reduce_over_drafters(out, run.group)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        elapsed = time.perf_counter() - began
+        done = step + 1
+        if self.log is not None and self.progress is not None:
+            m = step_metrics(done, stats, lr, grad_norm, batch, run.topology, elapsed, waited)
+            self.log.write(m)
+            self.progress.update(m)
+        every = cfg.checkpoint.every
+        if (every and done % every == 0) or done == run.plan.total_steps:
+            save(
+                cfg,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.anchor_gen,
+                run.group,
+                self.index,
+                done,
+                run.topology,
+            )
+
+    def close(self, status: str, error: str | None) -> None:
+        """The first drafter closes its log and writes summary.json (also when the run failed)."""
+        run, cfg = self.run_ctx, self.run_ctx.cfg
+        if self.progress is not None:
+            self.progress.close()
+        if self.log is None:
+            return
+        self.log.close()
+        write_summary(
+            cfg.output_dir,
+            summarize(
+                read_metrics(cfg.output_dir / "metrics.jsonl"),
+                status,
+                time.monotonic() - self.began,
+                error=error,
+                export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
+                resumed_from=run.resume_step,
+                total_steps=run.plan.total_steps,
+                warmup=self.warmup,
+                topology=run.topology.to_json(),
+            ),
+        )
 
 
 def train_step(
@@ -381,6 +493,7 @@ def save(
     group: dist.ProcessGroup,
     index: int,
     step: int,
+    topology: Topology,
 ) -> None:
     """Gather every drafter's RNG state; the first drafter writes the checkpoint atomically."""
     device = next(model.parameters()).device
@@ -394,10 +507,11 @@ def save(
         "scheduler": scheduler.state_dict(),
         "rng": rng_states,  # one entry per drafter rank, in drafter order
         "step": step,
-        "next_batch": step * cfg.topology.drafters,
+        "next_batch": step * topology.drafters,
         "config": cfg.to_dict(),
     }
-    meta = {"next_batch": step * cfg.topology.drafters, "drafters": cfg.topology.drafters}
+    # A colocated run on K ranks and a split with K drafters read the same batches: either resumes the other.
+    meta = {"next_batch": step * topology.drafters, "drafters": topology.drafters, "mode": topology.mode}
     ckpt.save_checkpoint(cfg.output_dir, step, state, meta, cfg.checkpoint.keep)
 
 
@@ -418,7 +532,7 @@ def restore(
     if len(state["rng"]) != topology.drafters:
         raise ConfigError(
             f"topology.drafters: the checkpoint in {folder} was written by {len(state['rng'])} drafters, "
-            f"this run has {topology.drafters}; resume with the same topology or a new output.dir"
+            f"this run has {topology.drafters}; resume with as many drafters (colocated: ranks) or a new output.dir"
         )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
