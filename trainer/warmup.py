@@ -199,13 +199,46 @@ def warm_up_target(target: CaptureTarget, cfg: TrainConfig, device: torch.device
 
 
 def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict[str, Any]:
-    """Build the drafter at the config's shapes and warm it; no process group, no target weights."""
+    """Build the drafter at the config's shapes and warm it; no process group, no target weights.
+
+    A colocated config with compiled target layers on CUDA warms the target's capture on the same device
+    first (its compiled layers share this device's cache with the drafter's), so no rank compiles at start.
+    """
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     dev = resolve_device(device or cfg.run.device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # compiled graphs are keyed by device index: warm the one training uses
+    target = warm_up_colocated_target(cfg, dev)
     hf_config = target_hf_config(cfg.target.path)
     shape = (int(hf_config.vocab_size), int(hf_config.hidden_size))
     frozen = torch.zeros(shape, device=dev)
     model = build_drafter(cfg, hf_config, frozen, frozen, dev)
-    return warm_up_model(model, cfg, dev)
+    report = warm_up_model(model, cfg, dev)  # its compile counters include the target's
+    return {**report, "target": target} if target is not None else report
+
+
+def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
+    """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
+    (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
+    from trainer.target import load_capture_target, target_dtype
+    from trainer.topology import resolve_topology
+
+    if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):
+        return None
+    assert cfg.drafter.target_layer_ids is not None, "load_config fills these"
+    began = time.perf_counter()
+    target = load_capture_target(
+        cfg.target.path,
+        cfg.drafter.target_layer_ids,
+        cfg.run.seed,
+        device,
+        target_dtype(cfg.target.dtype, device),
+        compile_layers=True,
+        inference_tensors=False,
+    )
+    built = time.perf_counter() - began
+    report = {**warm_up_target(target, cfg, device), "build_s": round(built, 3)}
+    target.close()
+    del target
+    torch.cuda.empty_cache()
+    return report

@@ -50,8 +50,11 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     console.print(f"command: {escape(' '.join(plan.command))}")
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(value)}")
+    if plan.choice is not None:  # the topology and why: both designs' projections side by side
+        for line in plan.choice.lines():
+            console.print(escape(line))
     recommendation = gate.context.options.extra.get("split_recommendation")
-    if recommendation:
+    if recommendation and plan.mode == "split":
         console.print(f"recommended split: {escape(str(recommendation))}")
 
 
@@ -113,9 +116,11 @@ def train_command(
         console.print(
             f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]"
         )
-    drafter_devices = tuple(
+    drafter_devices = tuple(  # colocated ranks train a drafter too (and the warm-up covers their target)
         dict.fromkeys(
-            r.device for r in plan.roles if r.role == "drafter" and r.node == 0 and r.device != "cpu"
+            r.device
+            for r in plan.roles
+            if r.role in ("drafter", "colocated") and r.node == 0 and r.device != "cpu"
         )
     )
     prep = prepare_compile_cache(
@@ -124,7 +129,7 @@ def train_command(
         training.path,
         plan.device_type,
         drafter_devices,
-        tuple(training.overrides),
+        tuple(plan.overrides),  # the user's --set and the topology the gate chose
     )
     record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
     console.print(f"compile cache: {escape(prep.detail)}")
