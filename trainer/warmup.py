@@ -3,8 +3,10 @@
 `warm_up(config)` is what `dflash-doctor cache warm` calls: it builds the drafter at the run's shapes with
 the attention the run will use on this device, runs one forward+backward on a dummy batch and reports what
 it compiled and how long it took. It needs no process group and no target weights (the frozen embedding
-and head are zeros of the right shape: values do not change what gets compiled). `train.py` calls
-`warm_up_model` on the real drafter for the same reason.
+and head are zeros of the right shape: values do not change what gets compiled). For a colocated config
+on CUDA it also captures once with the target there (seeded weights), so both roles' compiled layers are
+in that device's cache. `train.py` calls `warm_up_model` (and `warm_up_target`) on the real models for the
+same reason.
 """
 
 from __future__ import annotations

@@ -65,6 +65,10 @@ class TopologyChoice:
     colocated: ColocatedOption | None = None  # projected on `gpus`, when rates exist at these shapes
     split: SplitOption | None = None  # the best N+M of `gpus`, when rates exist and gpus >= 2
     rates_source: str = ""
+    unit: str = "GPU"  # what `gpus` counts: "GPU", or "process" on CPU
+
+    def _count(self) -> str:
+        return f"{self.gpus} {self.unit}{'s' if self.gpus != 1 else ''}"
 
     @property
     def overrides(self) -> list[str]:
@@ -98,7 +102,7 @@ class TopologyChoice:
         free = f" of {self.fit.free_bytes / GIB:.1f} GiB free" if self.fit.free_bytes is not None else ""
 
         def memory(need: int, fits: bool) -> str:
-            return f"{need / GIB:.1f} GiB per GPU{free}{'' if fits else ', does not fit'}"
+            return f"{need / GIB:.1f} GiB per {self.unit}{free}{'' if fits else ', does not fit'}"
 
         if self.colocated is not None:
             how = "measured rate" if self.colocated.measured else "projected from the role rates"
@@ -108,11 +112,11 @@ class TopologyChoice:
         if self.split is not None:
             split = f"{self.split}"
         else:
-            split = "needs 2 GPUs" if self.gpus < 2 else "no rates at these shapes"
+            split = f"needs 2 {self.unit}s" if self.gpus < 2 else "no rates at these shapes"
         out = [
             f"topology: {self.topology.describe()}: {self.reason}",
-            f"  colocated on {self.gpus}: {colocated}; {memory(self.fit.colocated_bytes, self.fit.colocated_fits)}",
-            f"  best split of {self.gpus}: {split}; {memory(self.fit.split_bytes, self.fit.split_fits)}",
+            f"  colocated on {self._count()}: {colocated}; {memory(self.fit.colocated_bytes, self.fit.colocated_fits)}",
+            f"  best split of {self._count()}: {split}; {memory(self.fit.split_bytes, self.fit.split_fits)}",
         ]
         if self.rates_source:
             out.append(f"  rates: {self.rates_source}")
@@ -171,7 +175,8 @@ def choose_topology(
         source += "; colocated projected as 1 / (1/target + 1/drafter)"
 
     def choice(topology: Topology, reason: str) -> TopologyChoice:
-        return TopologyChoice(topology, section.mode, reason, gpus, fit, colocated, split, source)
+        unit = "GPU" if device_type == "cuda" else "process"
+        return TopologyChoice(topology, section.mode, reason, gpus, fit, colocated, split, source, unit)
 
     if forces_split(section):
         return choice(split_of(section), "topology.targets/drafters set: the configured split")

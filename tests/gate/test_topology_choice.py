@@ -64,7 +64,9 @@ def test_auto_picks_colocated_when_it_projects_faster() -> None:
     assert choice.colocated.tok_s > choice.split.tok_s
     assert "auto: colocated 112.3 >= best split 109.7 Ktok/s on 8 GPUs" in choice.reason
     lines = "\n".join(choice.lines())
-    assert "colocated on 8: 112.3 Ktok/s (measured rate)" in lines and "best split of 8: 3+5" in lines
+    assert (
+        "colocated on 8 GPUs: 112.3 Ktok/s (measured rate)" in lines and "best split of 8 GPUs: 3+5" in lines
+    )
 
 
 def test_auto_picks_the_split_when_it_projects_faster() -> None:
@@ -132,7 +134,8 @@ def test_dry_run_shows_the_choice_and_both_projections(launches, monkeypatch, ca
     assert launches == []
     run(["train", "--config", "seed-b32", "--no-deep", "--dry-run"])
     text = capsys.readouterr().out
-    assert f"colocated on {gpus}:" in text and f"best split of {gpus}:" in text
+    count = f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    assert f"colocated on {count}:" in text and f"best split of {count}:" in text
 
 
 def test_a_misspelt_mode_is_exit_2_and_starts_nothing(launches, capsys) -> None:  # noqa: F811
