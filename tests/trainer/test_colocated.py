@@ -56,3 +56,37 @@ def test_colocated_refuses_a_process_count_other_than_its_ranks(tmp_path: Path) 
     assert run.returncode != 0
     assert "topology.ranks: 2 colocated ranks, but torchrun started 1 processes" in run.stderr
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.gpu
+def test_colocated_on_one_gpu_with_compiled_target_and_drafter_layers(tmp_path: Path) -> None:
+    """CUDA: the capture runs compiled under no_grad and the drafter (compiled flex) trains on its output."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    over = {**COLOCATED, "run.device": '"cuda"', "optim.steps": "6", "checkpoint.every": "3"}
+    run = torchrun("configs/tiny-cpu.toml", tmp_path / "out", nproc=1, overrides=over)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = run.summary
+    assert summary["status"] == "ok" and summary["topology"]["mode"] == "colocated"
+    assert summary["warmup"]["attention"] == "flex" and "compile target" in summary["warmup"]["startup"]
+    losses = [m["loss"] for m in run.metrics]
+    assert len(losses) == 6 and all(loss == loss for loss in losses)  # no NaN
+
+
+@pytest.mark.gpu
+def test_warm_up_covers_the_colocated_target_on_its_device() -> None:
+    """The launcher's warm-up child (trainer.warmup.warm_up) compiles both roles' layers on one device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from trainer.config import load_config
+    from trainer.warmup import warm_up
+
+    over = ['topology.mode="colocated"', 'run.device="cuda"', "data.seq_len=64", "optim.anchors=8"]
+    report = warm_up(load_config("tiny-cpu", over), "cuda:0")
+    assert report["target"]["device"] == "cuda:0" and report["attention"] == "flex"
+    split = warm_up(load_config("tiny-cpu", over[1:]), "cuda:0")
+    assert "target" not in split  # a split's target ranks compile their own
