@@ -42,8 +42,9 @@ run_e2e() {  # NAME CONFIG STEPS NEED_S [--set ...]: one `train` through bench/e
 }
 
 if [ -n "$SUITE_TINY" ]; then  # CPU: colocated (one process) against the 1+1 split, tiny shapes
-    run_e2e colocated-1-tiny tiny-cpu 20 30 --set 'topology.mode="colocated"'
-    run_e2e split-1p1-tiny tiny-cpu 20 30
+    SMALL=(--set data.num_samples=64 --set data.seq_len=64 --set optim.batch_size=4)
+    run_e2e colocated-1-tiny tiny-cpu 20 30 "${SMALL[@]}" --set 'topology.mode="colocated"'
+    run_e2e split-1p1-tiny tiny-cpu 20 30 "${SMALL[@]}"
 elif [ "$GPUS" -ge 2 ]; then
     run_e2e colocated-2-b16 qwen3-8b-b16 60 240 --set topology.ranks=2
     run_e2e split-1p1-b16 qwen3-8b-b16 60 90 --set topology.targets=1 --set topology.drafters=1

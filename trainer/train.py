@@ -112,7 +112,7 @@ def main(cfg: TrainConfig) -> int:
         if topology.colocated:
             return run_colocated(run)
         if topology.is_target(me.rank):
-            run_target(cfg, plan, topology, me.rank, device, resume_step, clock)
+            run_target(run)
             return 0
         return run_drafter(run)
     except (TransportError, Terminated) as exc:
@@ -132,6 +132,7 @@ class RunContext:
     rank: int
     device: torch.device
     group: dist.ProcessGroup  # the drafter ranks (all ranks when colocated): DDP and metric reductions
+    # (a split's target ranks take part in creating it only)
     resume_step: int
     clock: StartupClock
 
@@ -201,22 +202,16 @@ def capture_batch(
     return target.capture(input_ids.to(device), loss_mask.to(device), index)
 
 
-def run_target(
-    cfg: TrainConfig,
-    plan: RunPlan,
-    topology: Topology,
-    rank: int,
-    device: torch.device,
-    resume_step: int,
-    clock: StartupClock,
-) -> None:
-    target, source, order = build_target(cfg, device, clock)
-    sender = BatchSender(topology, cfg.topology.in_flight, device)
+def run_target(run: RunContext) -> None:
+    """Split: capture every global batch i with i % N == rank and stream it to drafter i % M."""
+    topology, device = run.topology, run.device
+    target, source, order = build_target(run.cfg, device, run.clock)
+    sender = BatchSender(topology, run.cfg.topology.in_flight, device)
     fault = fault_from_env()
-    first_batch = resume_step * topology.drafters  # the data position: global batch index
-    clock.report(rank, "target")
-    for index in batches_of_target(rank, topology.targets, first_batch, plan.total_batches):
-        maybe_exit_target(fault, rank, index)
+    first_batch = run.resume_step * topology.drafters  # the data position: global batch index
+    run.clock.report(run.rank, "target")
+    for index in batches_of_target(run.rank, topology.targets, first_batch, run.plan.total_batches):
+        maybe_exit_target(fault, run.rank, index)
         sender.send(capture_batch(target, source, order, index, device))
     sender.close()
 
