@@ -242,5 +242,8 @@ def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str
     report = {**warm_up_target(target, cfg, device), "build_s": round(built, 3)}
     target.close()
     del target
+    import gc
+
+    gc.collect()  # compiled layers' forwards refer back to their modules: a cycle, freed by the collector
     torch.cuda.empty_cache()
     return report
