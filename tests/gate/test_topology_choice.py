@@ -72,7 +72,7 @@ def test_auto_picks_colocated_when_it_projects_faster() -> None:
 def test_auto_picks_the_split_when_it_projects_faster() -> None:
     slow_drafter = RoleRates("r", 3072, 512, 16, target_samples_s=40.0, drafter_samples_s=4.0)
     plan = plan_for("qwen3-8b-b16", 8, rates={"r": slow_drafter})
-    # colocated: 8 / (1/40 + 1/4) = 29.1 samples/s; 1+7: min(40, 28) = 28; 2+6: min(80, 24)... best 1+7
+    # colocated: 8 / (1/40 + 1/4) = 29.1 samples/s; the best split, 1+7: min(40, 28) = 28: colocated wins
     assert plan.mode == "colocated"
     fast_target = RoleRates("r", 3072, 512, 16, target_samples_s=8.0, drafter_samples_s=8.0)
     plan = plan_for("qwen3-8b-b16", 8, rates={"r": fast_target})  # colocated 32, split 4+4 = 32: a tie
