@@ -15,14 +15,14 @@
 No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
 `fail_on_recompile_limit_hit` is on, so a shape change fails loudly instead of silently going dense.
 A rank that dies makes its peers' point-to-point calls fail (or time out after `run.timeout_s`) and torchrun
-stops the job with a non-zero status.
+stops the job with a non-zero status. A rank whose torchrun is gone (killed with SIGKILL) stops itself
+(`parent_watch`), so no rank outlives its job.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dflash_doctor.errors import ConfigError
+from dflash_doctor.stopping import Stopped, install_stop_handlers
 from trainer import checkpoint as ckpt
 from trainer.anchors import sample_anchors
 from trainer.batch import CapturedBatch
@@ -54,6 +55,7 @@ from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.loss import LossOutput, expected_acceptance_length
 from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from trainer.parent_watch import watch_parent
 from trainer.startup import StartupClock
 from trainer.target import (
     CaptureTarget,
@@ -82,18 +84,13 @@ class Rank:
         )
 
 
-class Terminated(Exception):
-    """SIGTERM: torchrun stops every worker once one has failed. Raised so `finally` blocks still run."""
-
-
-def _raise_terminated(signum: int, _frame: Any) -> None:
-    raise Terminated(f"stopped by signal {signum} (torchrun stops all workers when one fails)")
-
-
 def main(cfg: TrainConfig) -> int:
     clock = StartupClock()
     me = Rank.from_environ()
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    # SIGTERM/SIGINT/SIGHUP (torchrun stops every worker once one has failed; `train` forwards a stop)
+    # raise Stopped, so `finally` blocks still run; a rank whose torchrun is gone stops itself.
+    install_stop_handlers()
+    watch_parent(grace_s=min(cfg.run.timeout_s, 30))
     topology = resolve_topology(cfg.topology, me.world_size)  # ConfigError if torchrun started too many
     device = resolve_device(cfg.run.device, me.local_rank)
     if device.type == "cuda":
@@ -115,9 +112,12 @@ def main(cfg: TrainConfig) -> int:
             run_target(run)
             return 0
         return run_drafter(run)
-    except (TransportError, Terminated) as exc:
+    except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
+    except Stopped as exc:
+        print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     finally:
         dist.destroy_process_group()
 
@@ -324,6 +324,8 @@ class DrafterLoop:
             status = "ok"
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, Stopped):
+                status = "interrupted"
             raise
         finally:
             self.close(status, error)
