@@ -36,9 +36,12 @@ def free_port() -> int:
 def two_nodes(tmp_path: Path, overrides: list[str], timeout: float = 600) -> list[tuple[int, str]]:
     """Start both launchers at once; (exit code, output) per node. Every process is reaped."""
     port = free_port()
-    sets = [*SHORT, *overrides, f"output.dir={json.dumps(str(tmp_path / 'out'))}"]
     procs = []
     for node in (0, 1):
+        # Each "node" has its own disk: its own home and output folder (the launcher locks output.dir per
+        # run, so two launchers on one folder would refuse each other); node 0's holds the run's files.
+        out = tmp_path / ("out" if node == 0 else f"out-node{node}")
+        sets = [*SHORT, *overrides, f"output.dir={json.dumps(str(out))}"]
         env = {**environment(), "DFLASH_DOCTOR_HOME": str(tmp_path / f"home{node}")}
         command = [
             sys.executable, "-m", "dflash_doctor", "train", "--config", "tiny-cpu", "--no-deep",
@@ -96,7 +99,7 @@ def test_split_over_two_nodes(tmp_path: Path) -> None:
     for node, (code, out) in enumerate(results):
         assert code == 0, f"node {node}:\n{out[-4000:]}"
     assert "rank 0 (target)" in results[0][1] and "rank 1 (drafter)" in results[1][1]
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "out-node1" / "summary.json").read_text())  # the drafter's node
     assert summary["topology"] == {"mode": "split", "targets": 1, "drafters": 1}
 
 
