@@ -1,6 +1,7 @@
-"""The colocated baseline: target capture and a drafter step in ONE process on ONE device, one after the other.
+"""Colocated: target capture and a drafter step in ONE process on ONE device, one after the other.
 
-This is how earlier trainers run: each GPU holds the target and the drafter and alternates between them,
+This is what a colocated trainer rank does (`topology.mode = "colocated"`; bench/topology.sh measures the
+real `dflash-doctor train` runs), and how earlier trainers run: each GPU holds the target and the drafter and alternates between them,
 so each sample costs t_target + t_drafter. Our split runs the roles on different GPUs at the same time, so a
 1+1 pair on 2 GPUs is bounded by max(t_target, t_drafter) per sample. Both come from the same run here:
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,9 @@ def measure_recipe(
     loss_mask = torch.ones_like(ids, dtype=torch.bool)
 
     def handed_over() -> CapturedBatch:
-        """Capture, then copy the states out of inference mode (a drafter rank receives them into its own
-        buffer; autograd refuses inference tensors). The copy is ~1 ms on an H200 at 40000 tokens."""
-        batch = target.capture(ids, loss_mask, 0)
-        return replace(batch, hidden=batch.hidden.clone())
+        """Capture as a colocated trainer rank does: under no_grad (the target is built with
+        inference_tensors=False), so the drafter trains on the states without a copy."""
+        return target.capture(ids, loss_mask, 0)
 
     def iteration() -> None:
         role.step(handed_over())
@@ -126,7 +125,9 @@ def main() -> int:
         first.target.path, first.run.seed, device, target_dtype(first.target.dtype, device)
     )
     compile_target = first.target.compile_layers and device.type == "cuda"  # as the trainer does
-    target = CaptureTarget(model, list(first.drafter.target_layer_ids or []), compile_target)
+    # as a colocated trainer rank builds it (trainer.train.build_target): no inference tensors
+    layers = list(first.drafter.target_layer_ids or [])
+    target = CaptureTarget(model, layers, compile_target, inference_tensors=False)
     result: dict[str, Any] = {
         "device": device_name(device),
         "torch": torch.__version__,

@@ -12,8 +12,10 @@ Runs `python -m dflash_doctor train --config <derived config>` as a child and re
   peak memory / role  the trainer does not report it; sampled here from NVML (device memory in use, all
                       processes, including the allocator's cache) every 0.5 s, GPU i = local rank i
 
-`--set` overrides are applied to a copy of the config written beside the run (the launcher hands the
-workers `--config` only, so overrides given to `train --set` would not reach them). With
+`--set` overrides are applied to a copy of the config written beside the run (so the JSON names the exact
+config that ran). The topology is the launcher's (`topology.mode`, "auto" in the GPU presets): the row's
+`topology` says which ran, e.g. colocated on every GPU, or `--set topology.targets=1 --set
+topology.drafters=1` for the 1+1 split. With
 `--colocated-json`, the 1+1 tok/s is compared with 2 x the colocated rate of the same recipe.
 
     python3 bench/e2e.py --config qwen3-8b-b16 --steps 60 --colocated-json bench/results/colocated.json
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, print_rows, write_result
 from trainer.config import apply_overrides, config_to_toml, load_config, read_raw, resolve_config_path
+from trainer.topology import resolve_topology
 
 COLUMNS = ("recipe", "exit", "steps", "steady_tok_s", "steady_samples_s", "data_wait_fraction",
            "time_to_first_step_s", "x2_colocated_tok_s", "vs_x2_colocated", "wall_s")  # fmt: skip
@@ -141,7 +144,11 @@ def stop_group(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait()
 
 
-def role_memory(peaks: dict[int, float], targets: int) -> dict[str, float]:
+def role_memory(peaks: dict[int, float], topology: dict[str, Any]) -> dict[str, float]:
+    """NVML peaks named by the role of the rank on that GPU (GPU i = rank i on one node)."""
+    if topology.get("mode") == "colocated":
+        return {f"colocated_gpu{i}": gib for i, gib in sorted(peaks.items())}
+    targets = int(topology.get("targets", 1))
     return {f"{'target' if i < targets else 'drafter'}_gpu{i}": gib for i, gib in sorted(peaks.items())}
 
 
@@ -212,6 +219,8 @@ def main() -> int:
     records = read_metrics(output_dir / "metrics.jsonl")
     summary_path = output_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    # what ran: the summary's topology (the launcher resolves topology.mode = "auto" for the GPUs present)
+    topology = summary.get("topology") or resolve_topology(cfg.topology).to_json()
     skip = args.skip if args.skip is not None else max(3, len(records) // 10)
     stats = steady_state(records, skip)
     x2 = colocated_rate(args.colocated_json, recipe, cfg)
@@ -224,7 +233,8 @@ def main() -> int:
         **stats,
         "time_to_first_step_s": round(watcher.first_step_s, 1) if watcher.first_step_s else None,
         "warmup": summary.get("warmup"),
-        "peak_memory_gib_nvml": role_memory(watcher.peak_used_gib, cfg.topology.targets),
+        "topology": topology,
+        "peak_memory_gib_nvml": role_memory(watcher.peak_used_gib, topology),
         "x2_colocated_tok_s": x2,
         "vs_x2_colocated": round(stats["steady_tok_s"] / x2, 3) if x2 and stats else None,
         "wall_s": round(wall, 1),
@@ -235,9 +245,12 @@ def main() -> int:
     out = args.out or RESULTS / f"e2e-{recipe}.json"
     write_result(out, row)
 
-    print_rows(
-        f"end to end: dflash-doctor train ({cfg.topology.targets}+{cfg.topology.drafters})", COLUMNS, [row]
+    shape = (
+        f"colocated x{topology['drafters']}"
+        if topology.get("mode") == "colocated"
+        else f"{topology.get('targets')}+{topology.get('drafters')}"
     )
+    print_rows(f"end to end: dflash-doctor train ({shape})", COLUMNS, [row])
     print("start-up:", *row["startup"], sep="\n  ")
     print(f"peak memory (NVML, GiB): {row['peak_memory_gib_nvml'] or 'not available'}")
     if code != 0:

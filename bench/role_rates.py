@@ -4,9 +4,14 @@ Target rate: the `capture +compiled` row (else `capture`) of bench/target_captur
 the chosen row (`--variant`, default "trainer": what the trainer runs today) of bench/drafter_variants.json; a
 recipe whose preset runs something else names its row with `--recipe-variant RECIPE=VARIANT` (repeatable).
 Prints the recommended split on `--gpus` GPUs per recipe, with the drafter's best variant alongside.
+`--colocated bench/results/topology.json` (bench/topology.sh) also writes each recipe's measured colocated
+rate: the steady samples/s of its one-GPU colocated `dflash-doctor train` run (else the recipe keeps its
+`colocated_samples_s`, or null: projected from the two role rates).
 
     python3 bench/role_rates.py --results bench/results --gpus 8
     python3 bench/role_rates.py --results bench/results/h200 --gpus 8 --recipe-variant 'seed-b32=flex fwd TMA'
+    python3 bench/role_rates.py --results bench/results/h200 --recipe-variant 'seed-b32=flex fwd TMA' \
+        --colocated bench/results/h200/topology.json
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, write_result
-from dflash_doctor.launch.split import DEFAULT_RATES_PATH, RoleRates, recommend_split
+from dflash_doctor.launch.split import DEFAULT_RATES_PATH, RoleRates, project_colocated, recommend_split
 
 
 def recipe_variants(variants: dict[str, Any], pairs: list[str]) -> dict[str, str]:
@@ -92,6 +97,22 @@ def measured_rates(
     return table, fastest
 
 
+def colocated_rates(topology: dict[str, Any], when: str) -> dict[str, dict[str, Any]]:
+    """{recipe: its colocated_samples_s and source} from bench/topology_table.py's rows: one-GPU colocated
+    runs that finished, at their steady state."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in topology.get("rows", []):
+        if row.get("topology") == "colocated x1" and row.get("exit") == 0 and row.get("steady_samples_s"):
+            out[row["recipe"]] = {
+                "colocated_samples_s": row["steady_samples_s"],
+                "colocated_source": (
+                    f"measured {when}: dflash-doctor train colocated on one GPU, steady state "
+                    f"(bench/topology.sh run {row['run']!r})"
+                ),
+            }
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -106,6 +127,9 @@ def main() -> int:
         help="the drafter row for one recipe (repeatable; the others take --variant's)",
     )
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--colocated", type=Path, default=None, help="bench/topology.sh's topology.json: colocated rates"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_RATES_PATH)
     args = parser.parse_args()
 
@@ -122,17 +146,31 @@ def main() -> int:
         print("no recipe has both a capture row and a drafter row: role_rates.json left as it is")
         return 1
     previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    merged = {**previous.get("recipes", {}), **table}
+    old = previous.get("recipes", {})
+    merged = {**old, **{name: {**old.get(name, {}), **entry} for name, entry in table.items()}}
+    if args.colocated is not None:
+        measured = colocated_rates(
+            json.loads(args.colocated.read_text()), f"{date.today()} on {variants.get('device')}"
+        )
+        for name, entry in measured.items():
+            if name in merged:
+                merged[name] = {**merged[name], **entry}
+                table.setdefault(name, merged[name])
     write_result(args.out, {"note": previous.get("note", ""), "recipes": merged})
 
     view = Table(title=f"projected best split on {args.gpus} GPUs (min(N x target, M x drafter))")
-    columns = ("recipe", "drafter row", "target/GPU", "drafter/GPU", "best", "Ktok/s", "with fastest drafter")
+    columns = ("recipe", "drafter row", "target/GPU", "drafter/GPU", "best", "Ktok/s", "with fastest drafter",
+               "colocated Ktok/s")  # fmt: skip
     for column in columns:
         view.add_column(column, justify="right")
-    for name, entry in table.items():
+    for name in table:
+        entry = merged[name]
         rates = RoleRates.from_json(name, entry)
         best = recommend_split(rates, args.gpus).best
-        faster = RoleRates.from_json(name, {**entry, "drafter_samples_s": fastest[name]})
+        faster = RoleRates.from_json(
+            name, {**entry, "drafter_samples_s": fastest.get(name, rates.drafter_samples_s)}
+        )
+        colocated = project_colocated(rates, args.gpus)
         alt = recommend_split(faster, args.gpus).best
         view.add_row(
             name,
@@ -142,6 +180,7 @@ def main() -> int:
             f"{best.targets}+{best.drafters}",
             f"{best.tok_s / 1000:.1f}",
             f"{alt.targets}+{alt.drafters} {alt.tok_s / 1000:.1f} Ktok/s",
+            f"{colocated.tok_s / 1000:.1f} ({'measured' if colocated.measured else 'projected'})",
         )
     Console(width=150).print(view)
     print(f"wrote {args.out}")

@@ -1,5 +1,7 @@
 """A launch that cannot work never starts: topology against the devices, memory plan against free memory.
 
+The topology finding also says why this one (`topology.mode`, or what `auto` compared).
+
 These run only for `dflash-doctor train` (they need a training config): the gate puts the validated
 config and its LaunchPlan in the context (`options.config`, `options.extra["launch_plan"]`).
 """
@@ -42,15 +44,28 @@ def host_available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def _topology_remedy(plan: LaunchPlan, gpus: int) -> str:
+    """How to make the topology fit `gpus` devices per node, for the mode the config asked for."""
+    choice = plan.choice
+    if choice is not None and choice.topology.colocated:
+        return f"lower topology.ranks to {gpus * plan.nnodes} (or remove it: every GPU is used)"
+    return (
+        f"shrink topology.targets + topology.drafters to {gpus * plan.nnodes}, or remove both so "
+        'topology.mode = "auto" picks for the GPUs present (or spread over nodes with --nnodes)'
+    )
+
+
 @check("launch.topology", "launch topology", requires=["config"])
 def topology(ctx: CheckContext) -> Iterator[Finding]:
     plan = _plan(ctx)
-    shape = f"{plan.targets} target + {plan.drafters} drafter"
+    shape = plan.shape
+    why = {"why": plan.choice.reason, "projections": plan.choice.lines()[1:]} if plan.choice else {}
     if plan.world_size % plan.nnodes:
+        unit = "topology.ranks" if plan.mode == "colocated" else "topology.targets + topology.drafters"
         yield fail(
             "launch.topology.nodes",
-            f"{shape} ranks do not split evenly over {plan.nnodes} nodes",
-            remedy="choose --nnodes that divides topology.targets + topology.drafters",
+            f"{shape} do not split evenly over {plan.nnodes} nodes",
+            remedy=f"choose --nnodes that divides {unit} ({plan.world_size})",
             world_size=plan.world_size,
             nnodes=plan.nnodes,
         )
@@ -66,7 +81,9 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
                 cores=cores,
             )
             return
-        yield ok("launch.topology", f"{shape} on CPU (gloo), {plan.nproc_per_node} processes", cores=cores)
+        yield ok(
+            "launch.topology", f"{shape} on CPU (gloo), {plan.nproc_per_node} processes", cores=cores, **why
+        )
         return
     gpus = gpu_inventory(ctx)
     if not isinstance(gpus, GpuInventory):
@@ -82,14 +99,17 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
         yield fail(
             "launch.topology.too_few_gpus",
             f"{shape} needs {plan.nproc_per_node} GPUs on this node, {have} found",
-            remedy=f"shrink topology.targets + topology.drafters to {have} (or spread over nodes with --nnodes)",
+            remedy=_topology_remedy(plan, have),
             needed=plan.nproc_per_node,
             found=have,
             gpus=[f"{d.index}: {d.name}" for d in gpus.devices],
         )
         return
     roles = [f"rank {r.rank} {r.role} -> {r.device}" for r in plan.roles if r.node == 0]
-    yield ok("launch.topology", f"{shape} on {plan.nproc_per_node} of {have} GPUs", roles=roles)
+    reason = f": {plan.choice.reason}" if plan.choice else ""
+    yield ok(
+        "launch.topology", f"{shape} on {plan.nproc_per_node} of {have} GPUs{reason}", roles=roles, **why
+    )
 
 
 @check("launch.memory", "launch memory plan", requires=["config"])
@@ -122,7 +142,11 @@ def memory(ctx: CheckContext) -> Iterator[Finding]:
     if worst is None:
         return
     spare, where, need, free = worst
-    yield from _verdict(f"{where} memory", need, free, estimates, parts, per_device)
+    remedy = None
+    if plan.choice is not None and plan.choice.topology.colocated:
+        split = plan.choice.split_that_fits()
+        remedy = f"colocated holds the target and a drafter on every GPU; {split}" if split else None
+    yield from _verdict(f"{where} memory", need, free, estimates, parts, per_device, remedy)
 
 
 def _verdict(
@@ -132,6 +156,7 @@ def _verdict(
     estimates: dict[str, int],
     parts: dict[str, dict[str, str]],
     per_device: list[str] | None = None,
+    remedy: str | None = None,
 ) -> Iterator[Finding]:
     evidence: dict[str, object] = {
         "needed": _gib(need),
@@ -145,7 +170,8 @@ def _verdict(
         yield fail(
             "launch.memory.over_budget",
             f"estimated peak {_gib(need)} does not fit the {_gib(have)} free on {what}",
-            remedy="lower optim.anchors, optim.batch_size, data.seq_len or drafter.loss_chunk; or free the memory",
+            remedy=remedy
+            or "lower optim.anchors, optim.batch_size, data.seq_len or drafter.loss_chunk; or free the memory",
             **evidence,
         )
     elif have and (have - need) / have < LOW_HEADROOM:

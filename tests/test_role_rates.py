@@ -110,3 +110,31 @@ def test_main_exits_2_on_unknown_names(
     assert exc.value.code == 2
     assert names in capsys.readouterr().err
     assert not out.exists()  # nothing written
+
+
+def test_main_writes_measured_colocated_rates_and_keeps_them_on_a_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "role_rates.json"
+    results = str(results_dir(tmp_path))
+    topology = tmp_path / "topology.json"
+    topology.write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"run": "colocated-1-b16", "recipe": "b16", "topology": "colocated x1", "exit": 0,
+                     "steady_samples_s": 4.5},
+                    {"run": "colocated-2-b16", "recipe": "b16", "topology": "colocated x2", "exit": 0,
+                     "steady_samples_s": 8.7},
+                    {"run": "colocated-1-b32", "recipe": "b32", "topology": "colocated x1", "exit": 1,
+                     "steady_samples_s": None},
+                ]
+            }
+        )
+    )  # fmt: skip
+    assert run_main(monkeypatch, "--results", results, "--out", str(out), "--colocated", str(topology)) == 0
+    table = load_role_rates(out)
+    assert table["b16"].colocated_samples_s == 4.5 and "colocated-1-b16" in table["b16"].colocated_source
+    assert table["b32"].colocated_samples_s is None  # its run failed: projected from the role rates
+    assert run_main(monkeypatch, "--results", results, "--out", str(out)) == 0  # role rates again
+    assert load_role_rates(out)["b16"].colocated_samples_s == 4.5

@@ -80,7 +80,7 @@ def test_shipped_table_covers_the_shipped_gpu_recipes() -> None:
 
 
 def test_recommendation_for_a_config_names_its_own_split() -> None:
-    cfg = load_config("seed-b32")  # 1 target + 1 drafter, 40000 tokens, 1024 x 32
+    cfg = load_config("seed-b32", ['topology.mode="split"'])  # 1 target + 1 drafter, 40000 tokens, 1024 x 32
     table = {"seed": RoleRates("seed-b32", 40000, 1024, 32, 0.5, 0.9, source="measured: test")}
     rec = recommendation_for_config(cfg, 8, table)
     assert rec is not None
@@ -89,6 +89,7 @@ def test_recommendation_for_a_config_names_its_own_split() -> None:
     text = str(rec)
     assert "5+3" in text and "this config's 1+1" in text and "measured" in text
     assert rec.to_json()["best"]["targets"] == 5
+    assert recommendation_for_config(load_config("seed-b32"), 8, table).current is None  # auto: no own split
 
 
 def test_no_recommendation_without_rates_at_these_shapes_or_gpus() -> None:

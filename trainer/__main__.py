@@ -2,8 +2,8 @@
 
 Validates the config first (a bad field: one message naming it, exit code 2, no process group started).
 Under torchrun (RANK/WORLD_SIZE set) it runs this process's role. Started directly, it re-executes itself
-under `torch.distributed.run --standalone --nproc-per-node <targets + drafters> --max-restarts 0`, since
-a run always has at least one target and one drafter process.
+under `torch.distributed.run --standalone --nproc-per-node <ranks> --max-restarts 0` (a split: targets +
+drafters; colocated: `topology.ranks`, else 1), since every rank joins a process group.
 """
 
 from __future__ import annotations

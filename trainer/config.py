@@ -22,6 +22,7 @@ from trainer.data_files import check_data_file
 from trainer.mask_token import resolve_mask_token
 from trainer.metric_sinks import require_extra
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
+from trainer.topology import COLOCATED, MODES, SPLIT, forces_split, resolve_topology, split_of
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -81,8 +82,12 @@ class EvalSection:
 
 @dataclass(frozen=True)
 class TopologySection:
-    targets: int = 1
-    drafters: int = 1
+    # split: N target ranks stream to M drafter ranks; colocated: every rank captures and trains;
+    # auto: the launcher picks the faster that fits (trainer/topology.py, dflash_doctor/launch/topology.py)
+    mode: str = "auto"
+    targets: int | None = None  # split only; setting targets or drafters forces a split (unset: 1)
+    drafters: int | None = None
+    ranks: int | None = None  # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
     in_flight: int = 4  # batches a target rank may have sent and not yet seen received
 
 
@@ -149,7 +154,8 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        return self.topology.targets + self.topology.drafters
+        """The processes `python -m trainer` starts when not under torchrun (trainer/topology.py)."""
+        return resolve_topology(self.topology).world_size
 
     @property
     def output_dir(self) -> Path:
@@ -430,8 +436,10 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
     "topology": (
         TopologySection,
         {
+            "mode": choice(*MODES),
             "targets": integer(1, MAX_RANKS_PER_ROLE),
             "drafters": integer(1, MAX_RANKS_PER_ROLE),
+            "ranks": integer(1, MAX_RANKS_PER_ROLE),
             "in_flight": integer(1),
         },
     ),
@@ -524,9 +532,26 @@ def _check_relations(cfg: TrainConfig) -> None:
         raise ConfigError(f'data.eval_path: needs data.kind "jsonl", "text" or "chat", got "{d.kind}"')
     if d.chat_template_kwargs and d.kind != "chat":
         raise ConfigError(f'data.chat_template_kwargs: only for data.kind = "chat", got "{d.kind}"')
+    _check_topology(cfg.topology)
     ids = cfg.drafter.target_layer_ids
     if ids is not None and ids != sorted(ids):
         raise ConfigError(f"drafter.target_layer_ids: must be increasing, got {_shown(ids)}")
+
+
+def _check_topology(t: TopologySection) -> None:
+    if t.mode == COLOCATED and forces_split(t):
+        key = "targets" if t.targets is not None else "drafters"
+        raise ConfigError(
+            f'topology.{key}: sets a split, but topology.mode = "colocated" (every rank holds both roles); '
+            f'remove topology.{key}, or set topology.mode = "split"'
+        )
+    if t.ranks is not None and (t.mode == SPLIT or forces_split(t)):
+        split = split_of(t)
+        if t.ranks != split.world_size:
+            raise ConfigError(
+                f"topology.ranks: {t.ranks}, but the split {split.targets} + {split.drafters} is "
+                f"{split.world_size} ranks; remove topology.ranks or make them agree"
+            )
 
 
 # ---------------------------------------------------------------- target-dependent defaults

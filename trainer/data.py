@@ -294,10 +294,10 @@ class RunPlan:
         return self.total_micro_steps * self.drafters
 
 
-def plan_run(cfg: TrainConfig, sequences: int) -> RunPlan:
+def plan_run(cfg: TrainConfig, sequences: int, drafters: int) -> RunPlan:
     """steps, or epochs over the (training) data rounded down to whole steps (each step takes `grad_accum`
-    batches per drafter)."""
-    o, m = cfg.optim, cfg.topology.drafters
+    batches per drafter: `drafters` is the split's M, or the colocated rank count)."""
+    o, m = cfg.optim, drafters
     per_epoch = sequences // o.batch_size
     if per_epoch == 0:
         raise ConfigError(

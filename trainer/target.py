@@ -38,6 +38,10 @@ class CaptureTarget:
     `compile_layers` compiles each kept decoder layer's forward (the hooks stay outside, in eager):
     Inductor fuses the fp32 RMSNorms, RoPE and SwiGLU around the matmuls (1.35x at S=3072, 1.17x at
     S=40000 on an H200; see BENCHMARKS.md). One graph serves every layer.
+
+    `inference_tensors` False (colocated ranks) captures under `no_grad` instead of `inference_mode`:
+    the drafter on the same rank trains on the captured states, and autograd may not save inference
+    tensors for backward (a split's drafter receives fresh tensors, so targets keep inference mode).
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class CaptureTarget:
         layer_ids: list[int],
         compile_layers: bool = False,
         keep_head: bool = False,
+        inference_tensors: bool = True,
     ) -> None:
         body = model.model  # the decoder stack without the LM head
         keep = max(layer_ids) + 1
@@ -61,6 +66,7 @@ class CaptureTarget:
         self._outputs: dict[int, torch.Tensor] = {}
         self._hooks = [body.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
         self.compiled = compile_layers
+        self.inference_tensors = inference_tensors
         if compile_layers:
             for layer in body.layers:
                 layer.forward = torch.compile(layer.forward, dynamic=False)
@@ -81,13 +87,13 @@ class CaptureTarget:
     def device(self) -> torch.device:
         return next(self.body.parameters()).device
 
-    @torch.inference_mode()
     def capture(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, index: int) -> CapturedBatch:
         """(B, S) ids -> CapturedBatch with hidden (B, S, n_captured * H). Right padding needs no attention
         mask: the model is causal, so pad tokens after a sequence never change the states before them."""
         self._outputs.clear()
-        self.body(input_ids=input_ids, use_cache=False)
-        hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
+        with torch.inference_mode() if self.inference_tensors else torch.no_grad():
+            self.body(input_ids=input_ids, use_cache=False)
+            hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
         self._outputs.clear()
         return CapturedBatch(input_ids, loss_mask, hidden, index)
 
@@ -121,12 +127,13 @@ def load_capture_target(
     dtype: torch.dtype,
     compile_layers: bool = False,
     keep_head: bool = False,
+    inference_tensors: bool = True,
 ) -> CaptureTarget:
     """Build the embedded target, or load a local folder with only the layers capture needs (all of them
     and the LM head with `keep_head`, for held-out scoring)."""
     if is_embedded(path):
         model = build_embedded_target(path, seed, device, dtype)
-        return CaptureTarget(model, layer_ids, compile_layers, keep_head)
+        return CaptureTarget(model, layer_ids, compile_layers, keep_head, inference_tensors)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -136,7 +143,7 @@ def load_capture_target(
         if getattr(config, "layer_types", None):
             config.layer_types = config.layer_types[:keep]
     model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, dtype=dtype)
-    return CaptureTarget(model.to(device), layer_ids, compile_layers, keep_head)
+    return CaptureTarget(model.to(device), layer_ids, compile_layers, keep_head, inference_tensors)
 
 
 # ---------------------------------------------------------------- what drafter ranks need from the target

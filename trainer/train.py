@@ -1,11 +1,15 @@
 """The training run, one process per device under torchrun. Read top to bottom.
 
-1. `main`: join the process group (torchrun's env), split roles once: ranks [0, N) targets, [N, N+M)
-   drafters; agree on the resume step (the first drafter reads the newest checkpoint and tells everyone).
-2. `run_target`: capture the configured layers for every global batch i with i % N == rank, from the
-   resume point on, and stream them to drafter i % M with a bounded number in flight.
-3. `run_drafter`: build the drafter, compile and warm it in this main thread, wrap it in DDP over the
-   drafter-only group, restore a checkpoint if there is one, then per step: receive, sample anchors,
+1. `main`: join the process group (torchrun's env), resolve the topology once (trainer/topology.py):
+   split (ranks [0, N) targets, [N, N+M) drafters) or colocated (every rank both); agree on the resume
+   step (the first drafter reads the newest checkpoint and tells everyone).
+2. Split, `run_target`: capture the configured layers for every global batch i with i % N == rank, from
+   the resume point on, and stream them to drafter i % M with a bounded number in flight.
+3. Split, `run_drafter`: receive batch s*M + d at step s and hand it to the `DrafterLoop`.
+4. Colocated, `run_colocated`: build the frozen target and a drafter on this rank, capture batch s*K + r
+   at step s and hand it to the same `DrafterLoop` (no transport, no second process per device).
+5. `DrafterLoop` (both topologies): build the drafter, compile and warm it in this main thread, wrap it in
+   DDP over the drafter ranks, restore a checkpoint if there is one, then per step: sample anchors,
    forward/backward (bf16 autocast on CUDA), clip, step, schedule, metrics, checkpoint. Export at the end.
 
 No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
@@ -22,7 +26,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -42,6 +46,7 @@ from trainer.data import (
     BatchOrder,
     DataSplit,
     RunPlan,
+    SequenceSource,
     build_source,
     evaluates_after,
     make_batch,
@@ -66,8 +71,15 @@ from trainer.metrics import (
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.parent_watch import watch_parent
 from trainer.startup import StartupClock
-from trainer.target import load_capture_target, load_frozen_embeddings, target_dtype, target_hf_config
-from trainer.transport import BatchReceiver, BatchSender, Topology, TransportError
+from trainer.target import (
+    CaptureTarget,
+    load_capture_target,
+    load_frozen_embeddings,
+    target_dtype,
+    target_hf_config,
+)
+from trainer.topology import Topology, resolve_topology
+from trainer.transport import BatchReceiver, BatchSender, TransportError
 from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
 
 
@@ -93,18 +105,13 @@ def main(cfg: TrainConfig) -> int:
     # raise Stopped, so `finally` blocks still run; a rank whose torchrun is gone stops itself.
     install_stop_handlers()
     watch_parent(grace_s=min(cfg.run.timeout_s, 30))
-    if me.world_size != cfg.world_size:
-        raise ConfigError(
-            f"topology: targets + drafters = {cfg.world_size}, but torchrun started {me.world_size} processes "
-            f"(use --nproc-per-node {cfg.world_size})"
-        )
+    topology = resolve_topology(cfg.topology, me.world_size)  # ConfigError if torchrun started too many
     device = resolve_device(cfg.run.device, me.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    topology = Topology(cfg.topology.targets, cfg.topology.drafters)
     split = split_data(cfg)
-    plan = plan_run(cfg, len(split.train_ids))
+    plan = plan_run(cfg, len(split.train_ids), topology.drafters)
 
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.run.timeout_s)
@@ -113,10 +120,13 @@ def main(cfg: TrainConfig) -> int:
         drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
         clock.mark("process group")
+        run = RunContext(cfg, plan, split, topology, me.rank, device, drafter_group, resume_step, clock)
+        if topology.colocated:
+            return run_colocated(run)
         if topology.is_target(me.rank):
-            run_target(cfg, plan, split, topology, me.rank, device, resume_step, clock)
+            run_target(run)
             return 0
-        return run_drafter(cfg, plan, split, topology, me.rank, device, drafter_group, resume_step, clock)
+        return run_drafter(run)
     except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -125,6 +135,26 @@ def main(cfg: TrainConfig) -> int:
         return exc.exit_code
     finally:
         dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every drafter-side function of one rank needs, resolved once in `main`."""
+
+    cfg: TrainConfig
+    plan: RunPlan
+    split: DataSplit  # training and held-out sequences
+    topology: Topology
+    rank: int
+    device: torch.device
+    group: dist.ProcessGroup  # the drafter ranks (all ranks when colocated): DDP and metric reductions
+    # (a split's target ranks take part in creating it only)
+    resume_step: int
+    clock: StartupClock
+
+    @property
+    def drafter_index(self) -> int:
+        return self.topology.drafter_index(self.rank)
 
 
 def agree_on_resume_step(cfg: TrainConfig, topology: Topology, rank: int, device: torch.device) -> int:
@@ -150,19 +180,31 @@ def release_cached_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-# ---------------------------------------------------------------- target ranks
+# ---------------------------------------------------------------- the target side (split targets, colocated)
 
 
-def run_target(
-    cfg: TrainConfig,
-    plan: RunPlan,
-    split: DataSplit,
-    topology: Topology,
-    rank: int,
-    device: torch.device,
-    resume_step: int,
-    clock: StartupClock,
-) -> None:
+@dataclass
+class TargetSide:
+    """The frozen truncated target of one rank (compiled and warmed on CUDA), its data and their order."""
+
+    target: CaptureTarget
+    source: SequenceSource
+    eval_source: SequenceSource  # data.eval_path's records, or the training source (eval_fraction)
+    order: BatchOrder
+
+    def capture(self, index: int, device: torch.device) -> CapturedBatch:
+        """Global training batch `index`: its sequences from the data, through the target."""
+        input_ids, loss_mask = make_batch(self.source, self.order.sequence_ids(index))
+        return self.target.capture(input_ids.to(device), loss_mask.to(device), index)
+
+    def capture_heldout(self, split: DataSplit, eval_index: int, device: torch.device) -> CapturedBatch:
+        """Held-out batch `eval_index`, with the target's own greedy next tokens."""
+        input_ids, loss_mask = make_batch(self.eval_source, split.eval_sequence_ids(eval_index))
+        return self.target.capture_with_greedy(input_ids.to(device), loss_mask.to(device), eval_index)
+
+
+def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
+    cfg, device, split = run.cfg, run.device, run.split
     assert cfg.drafter.target_layer_ids is not None
     dtype = target_dtype(cfg.target.dtype, device)
     target = load_capture_target(
@@ -173,155 +215,241 @@ def run_target(
         dtype,
         compile_layers=cfg.target.compile_layers and device.type == "cuda",
         keep_head=split.eval_batches > 0,  # held-out batches need the target's own greedy tokens
+        inference_tensors=not colocated,  # a colocated drafter trains on the captured tensors
     )
     release_cached_memory(device)
-    clock.mark("build")
+    run.clock.mark("build target" if colocated else "build")
     if target.compiled:
-        warm_up_target(target, cfg, device)  # compile now, one target rank at a time
-        clock.mark("compile")
+        warm_up_target(target, cfg, device)  # compile now, one rank at a time
+        run.clock.mark("compile target" if colocated else "compile")
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
     eval_source = source
     if cfg.data.eval_path is not None and split.eval_batches:
         eval_source = build_source(cfg, device, vocab, cfg.data.eval_path, "data.eval_path")
     order = BatchOrder(split.train_ids, cfg.optim.batch_size, cfg.run.seed)
+    run.clock.mark("data")
+    return TargetSide(target, source, eval_source, order)
+
+
+def run_target(run: RunContext) -> None:
+    """Split: capture every global batch i with i % N == rank and stream it to drafter i % M; after each
+    evaluated step, this rank's share of the held-out batches (target_work says the order)."""
+    topology, device, cfg = run.topology, run.device, run.cfg
+    side = build_target(run)
     sender = BatchSender(topology, cfg.topology.in_flight, device)
     fault = fault_from_env()
-    clock.mark("data")
-    clock.report(rank, "target")
-    work = target_work(rank, topology.targets, plan, resume_step, cfg.eval.every, split.eval_batches)
+    run.clock.report(run.rank, "target")
+    work = target_work(
+        run.rank, topology.targets, run.plan, run.resume_step, cfg.eval.every, run.split.eval_batches
+    )
     for kind, index in work:
         if kind == "eval":
-            input_ids, loss_mask = make_batch(eval_source, split.eval_sequence_ids(index))
-            sender.send(target.capture_with_greedy(input_ids.to(device), loss_mask.to(device), index))
+            sender.send(side.capture_heldout(run.split, index, device))
             continue
-        maybe_exit_target(fault, rank, index)
-        input_ids, loss_mask = make_batch(source, order.sequence_ids(index))
-        batch = target.capture(input_ids.to(device), loss_mask.to(device), index)
-        sender.send(batch)
+        maybe_exit_target(fault, run.rank, index)
+        sender.send(side.capture(index, device))
     sender.close()
 
 
-# ---------------------------------------------------------------- drafter ranks
+# ---------------------------------------------------------------- split drafter ranks
 
 
-def run_drafter(
-    cfg: TrainConfig,
-    plan: RunPlan,
-    split: DataSplit,
-    topology: Topology,
-    rank: int,
-    device: torch.device,
-    group: dist.ProcessGroup,
-    resume_step: int,
-    clock: StartupClock,
-) -> int:
-    began = time.monotonic()
-    index = topology.drafter_index(rank)
-    is_first = index == 0
-    embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed, device)
-    model = build_drafter(cfg, hf_config, embed, lm_head, device)
-    del embed, lm_head  # the model holds its own (cast) copies
-    release_cached_memory(device)
-    clock.mark("build")
-    warmup = warm_up_model(model, cfg, device)  # compile here, in the main thread, before the loop
-    clock.mark("compile")
-    ddp = DistributedDataParallel(
-        model, process_group=group, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    optimizer = build_optimizer(model, cfg.optim, device)
-    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
-    anchor_gen = torch.Generator(device=device).manual_seed(cfg.run.seed * 1_000_003 + 7 + index)
-    if resume_step:
-        restore(cfg, model, optimizer, scheduler, anchor_gen, index, topology, resume_step, device)
+def run_drafter(run: RunContext) -> int:
+    loop = DrafterLoop(run)
+    receiver = BatchReceiver(run.topology, run.drafter_index, run.device)
+    run.clock.report(run.rank, "drafter")
+    return loop.run(receiver.receive, receiver.receive_eval, finish_input=receiver.expect_end)
 
-    log = (
-        MetricsLog(cfg.output_dir / "metrics.jsonl", resume_step, metric_sinks(cfg, resume_step))
-        if is_first
-        else None
-    )
-    progress = Progress(plan.total_steps, resume_step, cfg.run.log_every) if is_first else None
-    if is_first:
-        print(
-            f"dflash trainer: {topology.targets} target + {topology.drafters} drafter ranks, {plan.total_steps} steps"
-            f"{f', resuming at step {resume_step}' if resume_step else ''}; warm-up {warmup['seconds']}s "
-            f"({warmup['attention']} on {warmup['device']})",
-            flush=True,
-        )
-    receiver = BatchReceiver(topology, index, device)
+
+# ---------------------------------------------------------------- colocated ranks
+
+
+def run_colocated(run: RunContext) -> int:
+    """Capture this rank's own batches (micro-step m: global batch m*K + r) and train on them: no transport."""
+    side = build_target(run, colocated=True)
+    loop = DrafterLoop(run)
     fault = fault_from_env()
-    clock.mark("optimizer + DDP")
-    clock.report(rank, "drafter")
-    warmup = {**warmup, "startup": clock.as_dict()}  # kept in summary.json with the warm-up
-    status, error = "failed", None
-    try:
-        for step in range(resume_step, plan.total_steps):
-            maybe_hang_drafter(fault, index, step)
-            t0 = time.perf_counter()
-            feed = MicroBatches(receiver, step, plan.accum)
-            outs, grad_norm, lr = train_step(ddp, model, feed, cfg, anchor_gen, optimizer, scheduler, device)
-            stats = reduce_over_drafters(outs, feed, group)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - t0
-            done = step + 1
-            heldout, heldout_s = None, 0.0
-            if split.eval_batches and evaluates_after(done, plan.total_steps, cfg.eval.every):
-                t1 = time.perf_counter()
-                heldout = heldout_over_drafters(model, receiver, split, cfg, index, device, group)
-                heldout_s = time.perf_counter() - t1
-            if log is not None and progress is not None:
-                m = step_metrics(done, stats, lr, grad_norm, elapsed, feed.waited, heldout, heldout_s)
-                log.write(m)
-                progress.update(m)
-            every = cfg.checkpoint.every
-            if (every and done % every == 0) or done == plan.total_steps:
-                save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
-        receiver.expect_end()
-        if is_first:
-            announce_export(cfg, model)
-        status = "ok"
-    except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, Stopped):
-            status = "interrupted"
-        raise
-    finally:
-        if progress is not None:
-            progress.close()
-        if log is not None:
-            log.close()
-            write_summary(
-                cfg.output_dir,
-                summarize(
-                    read_metrics(cfg.output_dir / "metrics.jsonl"),
-                    status,
-                    time.monotonic() - began,
-                    error=error,
-                    export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
-                    resumed_from=resume_step,
-                    total_steps=plan.total_steps,
-                    sequences_per_step=cfg.optim.batch_size * plan.accum * topology.drafters,
-                    heldout_sequences=split.eval_batches * cfg.optim.batch_size,
-                    warmup=warmup,
-                    topology={"targets": topology.targets, "drafters": topology.drafters},
-                ),
+    run.clock.report(run.rank, "colocated")
+
+    def next_batch(micro_step: int) -> CapturedBatch:
+        index = run.topology.batch_for(micro_step, run.drafter_index)
+        maybe_exit_target(fault, run.rank, index)
+        return side.capture(index, run.device)
+
+    def heldout_batch(eval_index: int) -> CapturedBatch:
+        return side.capture_heldout(run.split, eval_index, run.device)
+
+    return loop.run(next_batch, heldout_batch)
+
+
+# ---------------------------------------------------------------- the drafter side, shared by both
+
+
+class DrafterLoop:
+    """One drafter replica's training: what a split drafter and a colocated rank do alike.
+
+    Built once (drafter, warm-up, DDP over the drafter ranks, optimiser, schedule, RNG, resume), then
+    `run(next_batch, heldout_batch)` trains one optimiser step per `optim.grad_accum` micro-batches and scores
+    this replica's share of the held-out batches when an evaluation is due; where a batch comes from
+    (received, or captured here) is the only thing the topologies differ in. Per-step work: `train_on`.
+    """
+
+    def __init__(self, run: RunContext) -> None:
+        cfg, device = run.cfg, run.device
+        self.run_ctx = run
+        self.began = time.monotonic()
+        self.index = run.drafter_index
+        self.is_first = self.index == 0
+        embed, lm_head, hf_config = load_frozen_embeddings(cfg.target.path, cfg.run.seed, device)
+        self.model = build_drafter(cfg, hf_config, embed, lm_head, device)
+        del embed, lm_head  # the model holds its own (cast) copies
+        release_cached_memory(device)
+        run.clock.mark("build")
+        warmup = warm_up_model(self.model, cfg, device)  # compile here, in the main thread, before the loop
+        run.clock.mark("compile")
+        self.ddp = DistributedDataParallel(
+            self.model, process_group=run.group, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        self.optimizer = build_optimizer(self.model, cfg.optim, device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, run.plan.total_steps)
+        self.anchor_gen = torch.Generator(device=device).manual_seed(
+            cfg.run.seed * 1_000_003 + 7 + self.index
+        )
+        if run.resume_step:
+            restore(
+                cfg,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.anchor_gen,
+                self.index,
+                run.topology,
+                run.resume_step,
+                device,
             )
-    return 0
+        first = self.is_first
+        self.log = (
+            MetricsLog(cfg.output_dir / "metrics.jsonl", run.resume_step, metric_sinks(cfg, run.resume_step))
+            if first
+            else None
+        )
+        self.progress = Progress(run.plan.total_steps, run.resume_step, cfg.run.log_every) if first else None
+        if first:
+            resuming = f", resuming at step {run.resume_step}" if run.resume_step else ""
+            print(
+                f"dflash trainer: {run.topology.describe()}, {run.plan.total_steps} steps{resuming}; "
+                f"warm-up {warmup['seconds']}s ({warmup['attention']} on {warmup['device']})",
+                flush=True,
+            )
+        self.fault = fault_from_env()
+        run.clock.mark("optimizer + DDP")
+        self.warmup = {**warmup, "startup": run.clock.as_dict()}  # kept in summary.json with the warm-up
+
+    def run(
+        self,
+        next_batch: Callable[[int], CapturedBatch],
+        heldout_batch: Callable[[int], CapturedBatch],
+        finish_input: Callable[[], None] | None = None,
+    ) -> int:
+        """Every remaining step on `next_batch(micro_step)` (held-out scoring on `heldout_batch(j)` when due);
+        then `finish_input`, export, summary."""
+        run = self.run_ctx
+        status, error = "failed", None
+        try:
+            for step in range(run.resume_step, run.plan.total_steps):
+                maybe_hang_drafter(self.fault, self.index, step)
+                self.train_on(step, MicroBatches(next_batch, step, run.plan.accum), heldout_batch)
+            if finish_input is not None:
+                finish_input()
+            if self.is_first:
+                announce_export(run.cfg, self.model)
+            status = "ok"
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, Stopped):
+                status = "interrupted"
+            raise
+        finally:
+            self.close(status, error)
+        return 0
+
+    def train_on(self, step: int, feed: MicroBatches, heldout_batch: Callable[[int], CapturedBatch]) -> None:
+        """One optimiser step on the step's micro-batches; held-out scoring when due; metrics (first
+        drafter) and checkpoints as the config says."""
+        run, cfg = self.run_ctx, self.run_ctx.cfg
+        t0 = time.perf_counter()
+        outs, grad_norm, lr = train_step(
+            self.ddp, self.model, feed, cfg, self.anchor_gen, self.optimizer, self.scheduler, run.device
+        )
+        stats = reduce_over_drafters(outs, feed, run.group)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        elapsed = time.perf_counter() - t0
+        done = step + 1
+        heldout, heldout_s = None, 0.0
+        if run.split.eval_batches and evaluates_after(done, run.plan.total_steps, cfg.eval.every):
+            t1 = time.perf_counter()
+            heldout = heldout_over_drafters(
+                self.model, heldout_batch, run.split, cfg, self.index, run.device, run.group
+            )
+            heldout_s = time.perf_counter() - t1
+        if self.log is not None and self.progress is not None:
+            m = step_metrics(done, stats, lr, grad_norm, elapsed, feed.waited, heldout, heldout_s)
+            self.log.write(m)
+            self.progress.update(m)
+        every = cfg.checkpoint.every
+        if (every and done % every == 0) or done == run.plan.total_steps:
+            save(
+                cfg,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.anchor_gen,
+                run.group,
+                self.index,
+                done,
+                run.topology,
+            )
+
+    def close(self, status: str, error: str | None) -> None:
+        """The first drafter closes its log and writes summary.json (also when the run failed)."""
+        run, cfg = self.run_ctx, self.run_ctx.cfg
+        if self.progress is not None:
+            self.progress.close()
+        if self.log is None:
+            return
+        self.log.close()
+        write_summary(
+            cfg.output_dir,
+            summarize(
+                read_metrics(cfg.output_dir / "metrics.jsonl"),
+                status,
+                time.monotonic() - self.began,
+                error=error,
+                export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
+                resumed_from=run.resume_step,
+                total_steps=run.plan.total_steps,
+                sequences_per_step=cfg.optim.batch_size * run.plan.accum * run.topology.drafters,
+                heldout_sequences=run.split.eval_batches * cfg.optim.batch_size,
+                warmup=self.warmup,
+                topology=run.topology.to_json(),
+            ),
+        )
 
 
 class MicroBatches:
-    """The batches of one optimizer step, received as they are needed, with the time spent waiting and the
-    real (non-padding) and supervised tokens they held."""
+    """The batches of one optimizer step (micro-steps step*accum .. step*accum + accum-1), fetched as they
+    are needed, with the time spent waiting and the real (non-padding) and supervised tokens they held."""
 
-    def __init__(self, receiver: BatchReceiver, step: int, accum: int) -> None:
-        self.receiver, self.step, self.accum = receiver, step, accum
+    def __init__(self, next_batch: Callable[[int], CapturedBatch], step: int, accum: int) -> None:
+        self.next_batch, self.step, self.accum = next_batch, step, accum
         self.waited, self.real_tokens, self.supervised_tokens, self.sequences = 0.0, 0, 0, 0
 
     def __iter__(self) -> Iterator[CapturedBatch]:
         for micro in range(self.accum):
             t0 = time.perf_counter()
-            batch = self.receiver.receive(self.step * self.accum + micro)
+            batch = self.next_batch(self.step * self.accum + micro)
             self.waited += time.perf_counter() - t0
             self.real_tokens += real_token_count(batch.input_ids, batch.loss_mask)
             self.supervised_tokens += int(batch.loss_mask.sum())
@@ -421,7 +549,7 @@ def reduce_over_drafters(outs: list[LossOutput], feed: MicroBatches, group: dist
 
 def heldout_over_drafters(
     model: nn.Module,
-    receiver: BatchReceiver,
+    heldout_batch: Callable[[int], CapturedBatch],
     split: DataSplit,
     cfg: TrainConfig,
     index: int,
@@ -431,9 +559,7 @@ def heldout_over_drafters(
     """This drafter scores its share of the held-out batches (j % drafters == index); summed over ranks."""
     mine = range(index, split.eval_batches, dist.get_world_size(group))
     with autocast_for(cfg, device):
-        sums = evaluate_heldout(
-            model, (receiver.receive_eval(j) for j in mine), cfg.optim.anchors, cfg.run.seed
-        )
+        sums = evaluate_heldout(model, (heldout_batch(j) for j in mine), cfg.optim.anchors, cfg.run.seed)
     packed = sums.as_tensor(device)
     dist.all_reduce(packed, group=group)
     return HeldoutSums.from_tensor(packed)
@@ -490,6 +616,7 @@ def save(
     group: dist.ProcessGroup,
     index: int,
     step: int,
+    topology: Topology,
 ) -> None:
     """Gather every drafter's RNG state; the first drafter writes the checkpoint atomically."""
     device = next(model.parameters()).device
@@ -503,10 +630,11 @@ def save(
         "scheduler": scheduler.state_dict(),
         "rng": rng_states,  # one entry per drafter rank, in drafter order
         "step": step,
-        "next_batch": step * cfg.optim.grad_accum * cfg.topology.drafters,
+        "next_batch": step * cfg.optim.grad_accum * topology.drafters,
         "config": cfg.to_dict(),
     }
-    meta = {"next_batch": state["next_batch"], "drafters": cfg.topology.drafters}
+    # A colocated run on K ranks and a split with K drafters read the same batches: either resumes the other.
+    meta = {"next_batch": state["next_batch"], "drafters": topology.drafters, "mode": topology.mode}
     ckpt.save_checkpoint(cfg.output_dir, step, state, meta, cfg.checkpoint.keep)
 
 
@@ -527,7 +655,7 @@ def restore(
     if len(state["rng"]) != topology.drafters:
         raise ConfigError(
             f"topology.drafters: the checkpoint in {folder} was written by {len(state['rng'])} drafters, "
-            f"this run has {topology.drafters}; resume with the same topology or a new output.dir"
+            f"this run has {topology.drafters}; resume with as many drafters (colocated: ranks) or a new output.dir"
         )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

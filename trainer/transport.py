@@ -1,6 +1,7 @@
 """Target ranks -> drafter ranks: captured batches over torch.distributed point-to-point (gloo or NCCL).
 
-Ranks: [0, N) are targets, [N, N+M) drafters. Global batch i is produced by target i % N and consumed by
+Split topology only (a colocated rank trains on what it captured itself). Ranks: [0, N) are targets,
+[N, N+M) drafters (trainer/topology.py). Global batch i is produced by target i % N and consumed by
 drafter i % M, so drafter d at step s trains on batch s*M + d: nothing is negotiated at run time, and a
 resumed run knows where every rank stands from the step alone.
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.batch import CapturedBatch
+from trainer.topology import Topology  # who sends to whom; colocated runs need no transport
 
 HEADER_LEN = 8
 KIND_BATCH = 1
@@ -34,42 +36,6 @@ _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
 class TransportError(RuntimeError):
     """A peer vanished, went silent past the timeout, or sent something other than what was due."""
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Who is who: targets are ranks [0, N), drafters ranks [N, N+M)."""
-
-    targets: int
-    drafters: int
-
-    @property
-    def world_size(self) -> int:
-        return self.targets + self.drafters
-
-    def is_target(self, rank: int) -> bool:
-        return rank < self.targets
-
-    def drafter_index(self, rank: int) -> int:
-        return rank - self.targets
-
-    def drafter_rank(self, drafter_index: int) -> int:
-        return self.targets + drafter_index
-
-    @property
-    def drafter_ranks(self) -> list[int]:
-        return [self.drafter_rank(d) for d in range(self.drafters)]
-
-    def producer_of(self, batch_index: int) -> int:
-        """The target rank that makes global batch i."""
-        return batch_index % self.targets
-
-    def consumer_of(self, batch_index: int) -> int:
-        """The drafter index that trains on global batch i."""
-        return batch_index % self.drafters
-
-    def batch_for(self, step: int, drafter_index: int) -> int:
-        return step * self.drafters + drafter_index
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 `warm_up(config)` is what `dflash-doctor cache warm` calls: it builds the drafter at the run's shapes with
 the attention the run will use on this device, runs one forward+backward on a dummy batch and reports what
 it compiled and how long it took. It needs no process group and no target weights (the frozen embedding
-and head are zeros of the right shape: values do not change what gets compiled). `train.py` calls
-`warm_up_model` on the real drafter for the same reason.
+and head are zeros of the right shape: values do not change what gets compiled). For a colocated config
+on CUDA it also captures once with the target there (seeded weights), so both roles' compiled layers are
+in that device's cache. `train.py` calls `warm_up_model` (and `warm_up_target`) on the real models for the
+same reason.
 """
 
 from __future__ import annotations
@@ -199,13 +201,49 @@ def warm_up_target(target: CaptureTarget, cfg: TrainConfig, device: torch.device
 
 
 def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict[str, Any]:
-    """Build the drafter at the config's shapes and warm it; no process group, no target weights."""
+    """Build the drafter at the config's shapes and warm it; no process group, no target weights.
+
+    A colocated config with compiled target layers on CUDA warms the target's capture on the same device
+    first (its compiled layers share this device's cache with the drafter's), so no rank compiles at start.
+    """
     cfg = config if isinstance(config, TrainConfig) else load_config(config)
     dev = resolve_device(device or cfg.run.device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # compiled graphs are keyed by device index: warm the one training uses
+    target = warm_up_colocated_target(cfg, dev)
     hf_config = target_hf_config(cfg.target.path)
     shape = (int(hf_config.vocab_size), int(hf_config.hidden_size))
     frozen = torch.zeros(shape, device=dev)
     model = build_drafter(cfg, hf_config, frozen, frozen, dev)
-    return warm_up_model(model, cfg, dev)
+    report = warm_up_model(model, cfg, dev)  # its compile counters include the target's
+    return {**report, "target": target} if target is not None else report
+
+
+def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
+    """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
+    (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
+    from trainer.target import load_capture_target, target_dtype
+    from trainer.topology import resolve_topology
+
+    if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):
+        return None
+    assert cfg.drafter.target_layer_ids is not None, "load_config fills these"
+    began = time.perf_counter()
+    target = load_capture_target(
+        cfg.target.path,
+        cfg.drafter.target_layer_ids,
+        cfg.run.seed,
+        device,
+        target_dtype(cfg.target.dtype, device),
+        compile_layers=True,
+        inference_tensors=False,
+    )
+    built = time.perf_counter() - began
+    report = {**warm_up_target(target, cfg, device), "build_s": round(built, 3)}
+    target.close()
+    del target
+    import gc
+
+    gc.collect()  # compiled layers' forwards refer back to their modules: a cycle, freed by the collector
+    torch.cuda.empty_cache()
+    return report

@@ -69,8 +69,11 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
     mask = _mask_token(training)
     shown = f" {mask['text']!r}" if mask["text"] is not None else " (a row no token uses)"
     console.print(f"mask token: {mask['id']}{escape(shown)}, chosen by {escape(str(mask['rule']))}")
+    if plan.choice is not None:  # the topology and why: both designs' projections side by side
+        for line in plan.choice.lines():
+            console.print(escape(line))
     recommendation = gate.context.options.extra.get("split_recommendation")
-    if recommendation:
+    if recommendation and plan.mode == "split":
         console.print(f"recommended split: {escape(str(recommendation))}")
 
 
@@ -230,9 +233,11 @@ def launch(
 
     try:
         with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
-            drafter_devices = tuple(
+            drafter_devices = tuple(  # colocated ranks train a drafter too (the warm-up covers their target)
                 dict.fromkeys(
-                    r.device for r in plan.roles if r.role == "drafter" and r.node == 0 and r.device != "cpu"
+                    r.device
+                    for r in plan.roles
+                    if r.role in ("drafter", "colocated") and r.node == 0 and r.device != "cpu"
                 )
             )
             waiting = (
@@ -247,7 +252,7 @@ def launch(
                     training.path,
                     plan.device_type,
                     drafter_devices,
-                    tuple(training.overrides),
+                    tuple(plan.overrides),  # the user's --set and the topology the gate chose
                 )
             record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
             say(f"compile cache: {escape(prep.detail)}")

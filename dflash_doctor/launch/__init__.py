@@ -1,11 +1,13 @@
 """Everything that runs before and around torchrun: `dflash-doctor train` below the command line.
 
 Owns: the gate (`gate`: validate the config, plan, run the checks), the launch plan (`plan`: ranks to
-roles to devices, the torchrun command and environment), memory estimates (`memory_plan`), the best
-N+M split from measured role rates (`split`), the launcher (`launcher`: warm the compile cache, read the
+roles to devices, the torchrun command and environment), the topology choice (`topology`: split,
+colocated, or auto's pick), memory estimates (`memory_plan`), the best N+M split and the colocated
+projection from measured role rates (`split`), the launcher (`launcher`: warm the compile cache, read the
 run's last metrics), torchrun and its process tree (`supervise`: stop signals forwarded, nothing left
 behind), one run per output folder (`output_lock`) and run records (`runs`).
 
 May import: `lock`, `audit`, `libs`, `cache`, `deep`, `env`, the core, and the trainer's config
-readers (`trainer.config`, `trainer.target_config`: no torch). Never the trainer's model code.
+readers (`trainer.config`, `trainer.target_config`, `trainer.topology`: no torch). Never the trainer's
+model code.
 """

@@ -117,6 +117,7 @@ def run_gate(
     ctx = CheckContext(env, options)
     gpus = gpu_inventory(ctx)
     gpu_count = len(gpus.devices) if isinstance(gpus, GpuInventory) else 0
+    least_free = min((d.free_bytes for d in gpus.devices), default=None) if gpu_count else None
     plan = build_launch_plan(
         training.config,
         training.path,
@@ -126,6 +127,7 @@ def run_gate(
         torchrun,
         environ={k: environ[k] for k in ("TORCHINDUCTOR_CACHE_DIR",)},
         overrides=training.overrides,
+        gpu_free_bytes=least_free,  # topology.mode = "auto" keeps only what fits
     )
     options.extra["launch_plan"] = plan
     if plan.device_type == "cuda":

@@ -1,5 +1,7 @@
 """Estimate each role's peak GPU memory from a training config, before anything is launched.
 
+Both topologies: a split's target and drafter ranks, or a colocated rank holding both (`plan(p, colocated)`).
+
 A pure function of shapes: target weights and inference activations on target ranks; drafter
 parameters, gradients, AdamW state, saved activations, attention workspace and the LM-head chunk on
 drafter ranks; plus the CUDA context every process pays. The per-token activation terms follow what
@@ -144,7 +146,31 @@ def drafter_estimate(p: PlanInputs) -> RoleEstimate:
     )
 
 
-def plan(p: PlanInputs) -> dict[str, RoleEstimate]:
+def colocated_estimate(p: PlanInputs) -> RoleEstimate:
+    """One device holding both roles: the target's weights, one captured batch (no send or receive
+    queues), the drafter's state and activations, one CUDA context. The capture's layer transient and the
+    drafter's training transients never coexist (capture ends before the forward), so only the capture's
+    excess over them counts."""
+    target = target_estimate(p).parts
+    drafter = drafter_estimate(p).parts
+    training_transient = drafter["activations"] + drafter["attention_workspace"] + drafter["lm_head_chunk"]
+    kept = {k: v for k, v in drafter.items() if k not in ("incoming_batches", "cuda_context")}
+    return RoleEstimate(
+        "colocated",
+        {
+            "target_weights": target["weights"],
+            "capture_transient": max(0, target["layer_transient"] - training_transient),
+            "captured_states": target["captured_states"],
+            **kept,
+            "cuda_context": p.cuda_context_bytes,
+        },
+    )
+
+
+def plan(p: PlanInputs, colocated: bool = False) -> dict[str, RoleEstimate]:
+    """Each role's peak: `target` and `drafter` for a split, `colocated` for ranks that hold both."""
+    if colocated:
+        return {"colocated": colocated_estimate(p)}
     return {"target": target_estimate(p), "drafter": drafter_estimate(p)}
 
 

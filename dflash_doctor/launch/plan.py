@@ -1,6 +1,7 @@
-"""The plan for one launch: which rank plays which role on which device, the torchrun command, the
-environment it gets, and the memory each role will need. Built before anything starts, shown by
-`train --dry-run`, checked by `checks/launch.py`, recorded with the run.
+"""The plan for one launch: the topology (`topology.py`: split, colocated, or auto's pick), which rank
+plays which role on which device, the torchrun command, the environment it gets, and the memory each role
+will need. Built before anything starts, shown by `train --dry-run`, checked by `checks/launch.py`,
+recorded with the run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dflash_doctor.launch.memory_plan import (
     RoleEstimate,
     plan,
 )
+from dflash_doctor.launch.split import RoleRates
+from dflash_doctor.launch.topology import TopologyChoice, choose_topology
 
 # What importing torch + transformers costs a CPU process (RSS, measured here: ~330 MiB), rounded up.
 CPU_PROCESS_OVERHEAD_BYTES = 512 * 1024**2
@@ -56,7 +59,7 @@ class TorchrunOptions:
 @dataclass(frozen=True)
 class RoleAssignment:
     rank: int
-    role: str  # "target" | "drafter"
+    role: str  # "target" | "drafter" | "colocated"
     node: int
     device: str  # "cuda:3" or "cpu"
 
@@ -74,15 +77,32 @@ class LaunchPlan:
     environ: dict[str, str] = field(default_factory=dict)  # what the launch sets or overrides
     memory: dict[str, RoleEstimate] = field(default_factory=dict)
     memory_inputs: PlanInputs | None = None
+    choice: TopologyChoice | None = None
+    overrides: list[str] = field(default_factory=list)  # every `--set` the workers get, the topology's too
+
+    @property
+    def mode(self) -> str:
+        return self.choice.topology.mode if self.choice else "split"
 
     @property
     def world_size(self) -> int:
-        return self.targets + self.drafters
+        return self.choice.topology.world_size if self.choice else self.targets + self.drafters
+
+    @property
+    def shape(self) -> str:
+        """`1 target + 1 drafter ranks`, `8 colocated ranks (target + drafter each)`."""
+        return (
+            self.choice.topology.describe()
+            if self.choice
+            else f"{self.targets} target + {self.drafters} drafter"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "config_path": self.config_path,
             "device_type": self.device_type,
+            "mode": self.mode,
+            "topology": self.choice.to_json() if self.choice else None,
             "targets": self.targets,
             "drafters": self.drafters,
             "nnodes": self.nnodes,
@@ -141,9 +161,12 @@ def choose_device_type(requested: str, gpu_count: int) -> str:
     return requested
 
 
-def assign_roles(targets: int, drafters: int, nnodes: int, device_type: str) -> list[RoleAssignment]:
-    """Ranks [0, N) are targets, [N, N+M) drafters (as trainer/train.py splits them); LOCAL_RANK = GPU."""
-    world = targets + drafters
+def assign_roles(
+    targets: int, drafters: int, nnodes: int, device_type: str, colocated: bool = False
+) -> list[RoleAssignment]:
+    """Split: ranks [0, N) are targets, [N, N+M) drafters (as trainer/train.py splits them); colocated: every
+    rank both. LOCAL_RANK = GPU."""
+    world = drafters if colocated else targets + drafters
     per_node = world // nnodes
     roles = []
     for rank in range(world):
@@ -151,7 +174,7 @@ def assign_roles(targets: int, drafters: int, nnodes: int, device_type: str) -> 
         roles.append(
             RoleAssignment(
                 rank=rank,
-                role="target" if rank < targets else "drafter",
+                role="colocated" if colocated else ("target" if rank < targets else "drafter"),
                 node=rank // per_node,
                 device=f"cuda:{local}" if device_type == "cuda" else "cpu",
             )
@@ -191,24 +214,37 @@ def build_launch_plan(
     environ: dict[str, str] | None = None,
     cuda_context_bytes: int | None = None,
     overrides: list[str] | None = None,
+    gpu_free_bytes: int | None = None,
+    rates: dict[str, RoleRates] | None = None,
 ) -> LaunchPlan:
+    """`gpu_count`: GPUs on this node; `gpu_free_bytes`: the least free memory among them (None: unknown);
+    `rates`: the per-role rates table (default: the shipped one)."""
     options = options or TorchrunOptions()
     device_type = choose_device_type(cfg.run.device, gpu_count)
-    world = cfg.topology.targets + cfg.topology.drafters
-    nproc = world // options.nnodes if world % options.nnodes == 0 else world
     inputs = plan_inputs(cfg, target_config, device_type, cuda_context_bytes)
+    choice = choose_topology(cfg, inputs, device_type, gpu_count, options.nnodes, gpu_free_bytes, rates)
+    topology = choice.topology
+    world = topology.world_size
+    nproc = world // options.nnodes if world % options.nnodes == 0 else world
+    sets = [*(overrides or []), *choice.overrides]
     return LaunchPlan(
         config_path=os.fspath(config_path),
         device_type=device_type,
-        targets=cfg.topology.targets,
-        drafters=cfg.topology.drafters,
+        targets=topology.targets,
+        drafters=topology.drafters,
         nnodes=options.nnodes,
         nproc_per_node=nproc,
         roles=assign_roles(
-            cfg.topology.targets, cfg.topology.drafters, options.nnodes if nproc != world else 1, device_type
+            topology.targets,
+            topology.drafters,
+            options.nnodes if nproc != world else 1,
+            device_type,
+            topology.colocated,
         ),
-        command=torchrun_command(python, config_path, options, nproc, overrides),
+        command=torchrun_command(python, config_path, options, nproc, sets),
         environ=dict(environ or {}),
-        memory=plan(inputs),
+        memory=plan(inputs, topology.colocated),
         memory_inputs=inputs,
+        choice=choice,
+        overrides=sets,
     )

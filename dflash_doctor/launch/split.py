@@ -9,8 +9,14 @@ This ignores transport and gradient-sync costs (bench/e2e.py measures what a rea
 Rates per recipe live in `dflash_doctor/data/role_rates.json` (filled from an H200 run by
 `bench/role_rates.py`; each entry says where its numbers came from).
 
-Public API: `recommend_split(rates, gpus)`, `recommendation_for_config(cfg, gpus)` (what `train --dry-run`
-prints), `load_role_rates(path)`, `project_split(rates, targets, drafters)`.
+A colocated GPU does both roles one after the other, so per GPU
+
+    samples/s (colocated) = 1 / (1/target_rate + 1/drafter_rate)    (K GPUs: K x that; DDP sync ignored)
+
+unless the recipe has a measured `colocated_samples_s` (bench/colocated.py), which wins.
+
+Public API: `recommend_split(rates, gpus)`, `recommendation_for_config(cfg, gpus)`, `load_role_rates(path)`,
+`project_split(rates, targets, drafters)`, `project_colocated(rates, ranks)`, `rates_for_config(cfg, table)`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_doctor.errors import DoctorError
+from trainer.topology import forces_split, split_of
 
 # Shipped with the package, in dflash_doctor/data/.
 DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"
@@ -37,6 +44,8 @@ class RoleRates:
     target_samples_s: float  # one target GPU capturing
     drafter_samples_s: float  # one drafter GPU training
     source: str = ""
+    colocated_samples_s: float | None = None  # one GPU doing both, measured; None: projected from the two
+    colocated_source: str = ""
 
     def __post_init__(self) -> None:
         if self.target_samples_s <= 0 or self.drafter_samples_s <= 0 or self.seq_len < 1:
@@ -53,6 +62,12 @@ class RoleRates:
                 target_samples_s=float(data["target_samples_s"]),
                 drafter_samples_s=float(data["drafter_samples_s"]),
                 source=str(data.get("source", "")),
+                colocated_samples_s=(
+                    float(data["colocated_samples_s"])
+                    if data.get("colocated_samples_s") is not None
+                    else None
+                ),
+                colocated_source=str(data.get("colocated_source", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DoctorError(
@@ -131,6 +146,40 @@ def project_split(rates: RoleRates, targets: int, drafters: int) -> SplitOption:
     return SplitOption(targets, drafters, samples, samples * rates.seq_len, bottleneck, idle)
 
 
+@dataclass(frozen=True)
+class ColocatedOption:
+    """K GPUs each holding the target and a drafter replica, and what they would do."""
+
+    ranks: int
+    samples_s: float
+    tok_s: float
+    measured: bool  # a colocated measurement of this recipe, not the projection from the two role rates
+
+    def __str__(self) -> str:
+        how = "measured rate" if self.measured else "projected from the role rates"
+        return f"colocated x{self.ranks} ({self.tok_s / 1000:,.1f} Ktok/s, {how})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": self.ranks,
+            "samples_s": round(self.samples_s, 4),
+            "tok_s": round(self.tok_s, 1),
+            "measured": self.measured,
+        }
+
+
+def project_colocated(rates: RoleRates, ranks: int) -> ColocatedOption:
+    """Throughput of `ranks` colocated GPUs: each does a whole sample in t_target + t_drafter."""
+    if ranks < 1:
+        raise ValueError(f"colocated needs at least one GPU, got {ranks}")
+    measured = rates.colocated_samples_s is not None
+    per_gpu = rates.colocated_samples_s or 1.0 / (
+        1.0 / rates.target_samples_s + 1.0 / rates.drafter_samples_s
+    )
+    samples = ranks * per_gpu
+    return ColocatedOption(ranks, samples, samples * rates.seq_len, measured)
+
+
 def recommend_split(rates: RoleRates, gpus: int) -> SplitRecommendation:
     """Every N+M = gpus split, best first (most samples/s; on a tie, the less idle, then more drafters)."""
     if gpus < 2:
@@ -177,8 +226,10 @@ def recommendation_for_config(
     if rates is None:
         return None
     recommendation = recommend_split(rates, gpus)
-    targets, drafters = int(cfg.topology.targets), int(cfg.topology.drafters)
-    current = project_split(rates, targets, drafters) if targets + drafters <= gpus else None
+    current = None
+    if forces_split(cfg.topology) or cfg.topology.mode == "split":  # the config's own split, if it has one
+        own = split_of(cfg.topology)
+        current = project_split(rates, own.targets, own.drafters) if own.world_size <= gpus else None
     return SplitRecommendation(
         recommendation.recipe, gpus, recommendation.best, recommendation.options, rates, current
     )

@@ -158,7 +158,11 @@ def test_bad_config_is_exit_2_and_starts_nothing(launches, tmp_path, capsys) -> 
 def test_overrides_reach_the_workers(launches: list[list[str]]) -> None:
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--set", "optim.steps=7"]) == 0
     command = launches[0]
-    assert command[-2:] == ["--set", "optim.steps=7"]
+    # the user's overrides, then the topology the gate resolved (tiny-cpu: the 1+1 split it names)
+    assert command[-8:-6] == ["--set", "optim.steps=7"]
+    assert command[-6:] == [
+        "--set", 'topology.mode="split"', "--set", "topology.targets=1", "--set", "topology.drafters=1",
+    ]  # fmt: skip
 
 
 def test_dry_run_on_eight_gpus_prints_the_recommended_split(launches, monkeypatch, capsys) -> None:

@@ -44,7 +44,7 @@ def test_a_good_config_parses_and_gets_target_defaults() -> None:
     assert cfg.drafter.block_size == 8
     assert cfg.drafter.mask_token_id == tiny_qwen3_config().vocab_size - 1  # tiny: vocab - 1
     assert cfg.drafter.target_layer_ids == [2]  # 4-layer tiny target, 1 draft layer: the middle one
-    assert cfg.world_size == 2
+    assert cfg.topology.mode == "auto" and cfg.world_size == 1  # auto, no split asked: one colocated rank
 
 
 def load_config_text(text: str, tmp: Path | None = None) -> object:
@@ -72,6 +72,8 @@ def load_config_text(text: str, tmp: Path | None = None) -> object:
         ("data", "seq_len", "2.5", "data.seq_len: must be an integer >= 3, got 2.5"),
         ("data", "temperature", "0", "data.temperature: must be a number > 0.0"),
         ("topology", "targets", "0", "topology.targets: must be an integer >= 1"),
+        ("topology", "mode", '"colocate"', 'topology.mode: must be one of "auto", "split", "colocated", got'),
+        ("topology", "ranks", "0", "topology.ranks: must be an integer >= 1"),
         ("topology", "in_flight", '"many"', "topology.in_flight: must be an integer >= 1"),
         ("optim", "lr", "-1.0", "optim.lr: must be a number > 0.0, got -1.0"),
         ("optim", "warmup_ratio", "1.5", "optim.warmup_ratio: must be a number >= 0.0 <= 1.0, got 1.5"),
@@ -105,6 +107,11 @@ def test_unknown_section_is_an_error() -> None:
         (["data.seq_len=8"], "data.seq_len: must be > drafter.block_size (8), got 8"),
         (["drafter.target_layer_ids=[3, 1]"], "drafter.target_layer_ids: must be increasing"),
         (['target.path="random:qwen3-8b"'], 'data.kind: "synthetic" needs target.path = "tiny"'),
+        (
+            ['topology.mode="colocated"', "topology.drafters=2"],
+            "topology.drafters: sets a split, but topology.mode",
+        ),
+        (["topology.targets=2", "topology.ranks=4"], "topology.ranks: 4, but the split 2 + 1 is 3 ranks"),
     ],
 )
 def test_fields_that_must_agree(overrides: list[str], message: str) -> None:
@@ -377,3 +384,32 @@ def test_config_to_toml_reads_back_the_same_config_for_every_shipped_preset() ->
     for path in sorted(SHIPPED_CONFIGS.glob("*.toml")):
         raw = apply_overrides(read_raw(path), ["drafter.flex_kernel_options={fwd_USE_TMA=true, BLOCK_N=64}"])
         assert tomllib.loads(config_to_toml(raw)) == raw, path.name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "resolved"),
+    [
+        ([], 1, {"mode": "colocated", "targets": 1, "drafters": 1}),
+        (['topology.mode="colocated"'], 3, {"mode": "colocated", "targets": 3, "drafters": 3}),
+        (['topology.mode="split"'], 2, {"mode": "split", "targets": 1, "drafters": 1}),
+        (["topology.targets=2"], 3, {"mode": "split", "targets": 2, "drafters": 1}),  # auto + targets: split
+    ],
+)
+def test_topology_resolves_from_mode_and_process_count(
+    overrides: list[str], world_size: int, resolved: dict
+) -> None:
+    from trainer.topology import resolve_topology
+
+    cfg = parse_config(apply_overrides(_raw(), overrides))
+    assert resolve_topology(cfg.topology, world_size).to_json() == resolved
+
+
+def test_topology_refuses_a_process_count_it_cannot_use() -> None:
+    from trainer.topology import resolve_topology
+
+    split = parse_config(apply_overrides(_raw(), ['topology.mode="split"'])).topology
+    with pytest.raises(ConfigError, match=r"use --nproc-per-node 2"):
+        resolve_topology(split, 3)
+    colocated = parse_config(apply_overrides(_raw(), ["topology.ranks=2"])).topology
+    with pytest.raises(ConfigError, match=r"topology.ranks: 2 colocated ranks, but torchrun started 4"):
+        resolve_topology(colocated, 4)

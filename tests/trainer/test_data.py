@@ -56,16 +56,16 @@ def test_targets_cover_every_batch_once_from_the_resume_point() -> None:
 
 
 def _cfg(**optim: object) -> object:
-    return parse_config({"optim": {"batch_size": 4, **optim}, "topology": {"drafters": 3}})
+    return parse_config({"optim": {"batch_size": 4, **optim}})
 
 
 def test_plan_from_steps_or_epochs() -> None:
-    assert plan_run(_cfg(steps=5), 100).total_batches == 15
-    plan = plan_run(_cfg(epochs=2.0), 100)  # 25 batches an epoch, 50 batches, 16 steps of 3 drafters
+    assert plan_run(_cfg(steps=5), 100, drafters=3).total_batches == 15
+    plan = plan_run(_cfg(epochs=2.0), 100, drafters=3)  # 25 batches an epoch, 50 batches, 16 steps of 3
     assert (plan.batches_per_epoch, plan.total_steps, plan.total_batches) == (25, 16, 48)
     with pytest.raises(ConfigError, match=r"optim\.batch_size"):
-        plan_run(_cfg(steps=1), 3)
-    accumulated = plan_run(_cfg(epochs=2.0, grad_accum=2), 100)  # 50 batches, 6 per step: 8 steps
+        plan_run(_cfg(steps=1), 3, drafters=1)
+    accumulated = plan_run(_cfg(epochs=2.0, grad_accum=2), 100, drafters=3)  # 50 batches, 6 per step: 8 steps
     assert (accumulated.total_steps, accumulated.total_micro_steps, accumulated.total_batches) == (8, 16, 48)
 
 

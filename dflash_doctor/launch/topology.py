@@ -1,0 +1,204 @@
+"""Which topology a launch runs: the split, colocated, or (`topology.mode = "auto"`) the faster that fits.
+
+For the GPUs the launch will use (every GPU of every node, or `topology.ranks`), `auto` compares
+colocated on all of them with the best N+M split, projected from the per-role rates measured at the
+config's shapes (`split.py`, `dflash_doctor/data/role_rates.json`), and keeps only what fits the smallest
+free GPU memory (`memory_plan.py`). `topology.targets`/`topology.drafters` still force their split.
+The decision goes to the workers as `--set` overrides, so they never guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_doctor.launch.memory_plan import (
+    GIB,
+    PlanInputs,
+    colocated_estimate,
+    drafter_estimate,
+    target_estimate,
+)
+from dflash_doctor.launch.split import (
+    ColocatedOption,
+    RoleRates,
+    SplitOption,
+    load_role_rates,
+    project_colocated,
+    rates_for_config,
+    recommend_split,
+)
+from trainer.topology import AUTO, COLOCATED, SPLIT, Topology, forces_split, split_of
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Per-GPU peaks of both designs against the smallest free memory of the GPUs used (None: unknown)."""
+
+    colocated_bytes: int
+    split_bytes: int  # the larger of a target rank's and a drafter rank's
+    free_bytes: int | None
+
+    @property
+    def colocated_fits(self) -> bool:
+        return self.free_bytes is None or self.colocated_bytes <= self.free_bytes
+
+    @property
+    def split_fits(self) -> bool:
+        return self.free_bytes is None or self.split_bytes <= self.free_bytes
+
+
+def memory_fit(inputs: PlanInputs, free_bytes: int | None) -> MemoryFit:
+    split = max(target_estimate(inputs).total, drafter_estimate(inputs).total)
+    return MemoryFit(colocated_estimate(inputs).total, split, free_bytes)
+
+
+@dataclass(frozen=True)
+class TopologyChoice:
+    """The topology this launch runs, why, and both designs' projections side by side."""
+
+    topology: Topology
+    requested: str  # the config's topology.mode
+    reason: str
+    gpus: int  # the ranks the choice was made for (GPUs, or CPU processes)
+    fit: MemoryFit
+    colocated: ColocatedOption | None = None  # projected on `gpus`, when rates exist at these shapes
+    split: SplitOption | None = None  # the best N+M of `gpus`, when rates exist and gpus >= 2
+    rates_source: str = ""
+    unit: str = "GPU"  # what `gpus` counts: "GPU", or "process" on CPU
+
+    def _count(self) -> str:
+        return f"{self.gpus} {self.unit}{'s' if self.gpus != 1 else ''}"
+
+    @property
+    def overrides(self) -> list[str]:
+        """`--set` items that make the workers run exactly this topology."""
+        t = self.topology
+        if t.colocated:
+            return [f'topology.mode="{COLOCATED}"', f"topology.ranks={t.world_size}"]
+        return [
+            f'topology.mode="{SPLIT}"',
+            f"topology.targets={t.targets}",
+            f"topology.drafters={t.drafters}",
+        ]
+
+    def split_that_fits(self) -> str | None:
+        """For a refused colocated launch: the split that would fit, as config lines; None if none would."""
+        if not self.fit.split_fits:
+            return None
+        if self.gpus < 2:
+            return (
+                f"a split (1 target + 1 drafter, {self.fit.split_bytes / GIB:.1f} GiB per GPU) fits on 2 such GPUs: "
+                'topology.mode = "split"'
+            )
+        targets, drafters = (self.split.targets, self.split.drafters) if self.split else (1, self.gpus - 1)
+        return (
+            f'the split fits ({self.fit.split_bytes / GIB:.1f} GiB per GPU): topology.mode = "split", '
+            f"topology.targets = {targets}, topology.drafters = {drafters}"
+        )
+
+    def lines(self) -> list[str]:
+        """What `train --dry-run` prints: the choice and why, then both designs side by side."""
+        free = f" of {self.fit.free_bytes / GIB:.1f} GiB free" if self.fit.free_bytes is not None else ""
+
+        def memory(need: int, fits: bool) -> str:
+            return f"{need / GIB:.1f} GiB per {self.unit}{free}{'' if fits else ', does not fit'}"
+
+        if self.colocated is not None:
+            how = "measured rate" if self.colocated.measured else "projected from the role rates"
+            colocated = f"{self.colocated.tok_s / 1000:,.1f} Ktok/s ({how})"
+        else:
+            colocated = "no rates at these shapes"
+        if self.split is not None:
+            split = f"{self.split}"
+        else:
+            split = f"needs 2 {self.unit}s" if self.gpus < 2 else "no rates at these shapes"
+        out = [
+            f"topology: {self.topology.describe()}: {self.reason}",
+            f"  colocated on {self._count()}: {colocated}; {memory(self.fit.colocated_bytes, self.fit.colocated_fits)}",
+            f"  best split of {self._count()}: {split}; {memory(self.fit.split_bytes, self.fit.split_fits)}",
+        ]
+        if self.rates_source:
+            out.append(f"  rates: {self.rates_source}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.topology.to_json(),
+            "requested": self.requested,
+            "reason": self.reason,
+            "gpus": self.gpus,
+            "colocated_bytes": self.fit.colocated_bytes,
+            "split_bytes": self.fit.split_bytes,
+            "free_bytes": self.fit.free_bytes,
+            "colocated": self.colocated.to_json() if self.colocated else None,
+            "split": (
+                {
+                    "targets": self.split.targets,
+                    "drafters": self.split.drafters,
+                    "tok_s": round(self.split.tok_s, 1),
+                }
+                if self.split
+                else None
+            ),
+            "rates_source": self.rates_source,
+        }
+
+
+def choose_topology(
+    cfg: Any,
+    inputs: PlanInputs,
+    device_type: str,
+    gpus_per_node: int,
+    nnodes: int = 1,
+    free_bytes: int | None = None,
+    table: dict[str, RoleRates] | None = None,
+) -> TopologyChoice:
+    """The topology for a completed trainer config on `gpus_per_node` x `nnodes` devices.
+
+    On CPU a node counts as one device (a colocated rank per node unless `topology.ranks` says more).
+    `free_bytes`: the smallest free memory among the GPUs the launch uses (None: unknown, everything fits).
+    """
+    section = cfg.topology
+    per_node = gpus_per_node if device_type == "cuda" else 1
+    gpus = section.ranks or max(1, per_node) * nnodes
+    fit = memory_fit(inputs, free_bytes if device_type == "cuda" else None)
+    rates = (
+        rates_for_config(cfg, load_role_rates() if table is None else table)
+        if device_type == "cuda"
+        else None
+    )
+    colocated = project_colocated(rates, gpus) if rates else None
+    split = recommend_split(rates, gpus).best if rates and gpus >= 2 else None
+    source = rates.source.split(":")[0] if rates else ""
+    if rates and colocated and not colocated.measured:
+        source += "; colocated projected as 1 / (1/target + 1/drafter)"
+
+    def choice(topology: Topology, reason: str) -> TopologyChoice:
+        unit = "GPU" if device_type == "cuda" else "process"
+        return TopologyChoice(topology, section.mode, reason, gpus, fit, colocated, split, source, unit)
+
+    if forces_split(section):
+        return choice(split_of(section), "topology.targets/drafters set: the configured split")
+    if section.mode == SPLIT:
+        return choice(split_of(section), 'topology.mode = "split"')
+    if section.mode == COLOCATED:
+        return choice(Topology.colocated_on(gpus), 'topology.mode = "colocated"')
+    assert section.mode == AUTO
+    if device_type != "cuda":
+        return choice(Topology.colocated_on(gpus), "auto on CPU: colocated, no role rates to compare")
+    if gpus < 2:
+        return choice(Topology.colocated_on(gpus), "auto on 1 GPU: colocated (a split needs 2)")
+    if not fit.colocated_fits and fit.split_fits:
+        best = Topology(split.targets, split.drafters) if split else Topology(1, gpus - 1)
+        return choice(best, "auto: colocated does not fit the free memory, the split does")
+    if split is None or colocated is None:
+        return choice(
+            Topology.colocated_on(gpus),
+            "auto: no role rates at these shapes to compare; colocated (no transport, any GPU count)",
+        )
+    if split.tok_s > colocated.tok_s and fit.split_fits:
+        faster = f"best split {split.tok_s / 1000:,.1f} > colocated {colocated.tok_s / 1000:,.1f} Ktok/s"
+        return choice(Topology(split.targets, split.drafters), f"auto: {faster} on {gpus} GPUs")
+    faster = f"colocated {colocated.tok_s / 1000:,.1f} >= best split {split.tok_s / 1000:,.1f} Ktok/s"
+    return choice(Topology.colocated_on(gpus), f"auto: {faster} on {gpus} GPUs")

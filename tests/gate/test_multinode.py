@@ -1,0 +1,113 @@
+"""`train --nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT` on CPU: two launchers on one host play two
+nodes (gloo), each gating its own node with its own home, for both topologies."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.trainer_runs import REPO, environment
+
+# tiny-cpu, very short, with nothing to compile in the launcher's CPU warm-up
+SHORT = [
+    "optim.steps=4",
+    "data.seq_len=64",
+    "data.num_samples=64",
+    "optim.batch_size=4",
+    "optim.anchors=16",
+    "run.log_every=1",
+    "run.timeout_s=120",
+    "drafter.compile_loss=false",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def two_nodes(tmp_path: Path, overrides: list[str], timeout: float = 600) -> list[tuple[int, str]]:
+    """Start both launchers at once; (exit code, output) per node. Every process is reaped."""
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        # Each "node" has its own disk: its own home and output folder (the launcher locks output.dir per
+        # run, so two launchers on one folder would refuse each other); node 0's holds the run's files.
+        out = tmp_path / ("out" if node == 0 else f"out-node{node}")
+        sets = [*SHORT, *overrides, f"output.dir={json.dumps(str(out))}"]
+        env = {**environment(), "DFLASH_DOCTOR_HOME": str(tmp_path / f"home{node}")}
+        command = [
+            sys.executable, "-m", "dflash_doctor", "train", "--config", "tiny-cpu", "--no-deep",
+            "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}",
+            *[arg for item in sets for arg in ("--set", item)],
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    return results
+
+
+def metrics(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_colocated_over_two_nodes(tmp_path: Path) -> None:
+    results = two_nodes(tmp_path, ['topology.mode="colocated"'])
+    for node, (code, out) in enumerate(results):
+        assert code == 0, f"node {node}:\n{out[-4000:]}"
+        text = " ".join(out.split())
+        assert "launch topology" in text and "2 colocated ranks" in text  # each launcher gated its node
+        assert "--nnodes=2" in text and f"--node-rank={node}" in text
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["topology"] == {
+        "mode": "colocated",
+        "targets": 2,
+        "drafters": 2,
+    }
+    losses = [m["loss"] for m in metrics(tmp_path)]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_split_over_two_nodes(tmp_path: Path) -> None:
+    results = two_nodes(tmp_path, ['topology.mode="split"'])  # target on node 0, drafter on node 1
+    for node, (code, out) in enumerate(results):
+        assert code == 0, f"node {node}:\n{out[-4000:]}"
+    assert "rank 0 (target)" in results[0][1] and "rank 1 (drafter)" in results[1][1]
+    summary = json.loads((tmp_path / "out-node1" / "summary.json").read_text())  # the drafter's node
+    assert summary["topology"] == {"mode": "split", "targets": 1, "drafters": 1}
+
+
+@pytest.mark.slow
+def test_two_colocated_processes_on_each_of_two_nodes(tmp_path: Path) -> None:
+    results = two_nodes(tmp_path, ['topology.mode="colocated"', "topology.ranks=4"])
+    for node, (code, out) in enumerate(results):
+        assert code == 0, f"node {node}:\n{out[-4000:]}"
+        assert "--nproc-per-node=2" in " ".join(out.split())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["topology"] == {"mode": "colocated", "targets": 4, "drafters": 4}
