@@ -148,7 +148,9 @@ def test_triton_other_version_fails(site: FakeSite) -> None:
     cu13_site(site, triton="3.6.0")
     found = by_id(run(site, "packages.triton"))["packages.triton.version"]
     assert found.severity is Severity.FAIL
-    assert found.remedy is not None and found.remedy.endswith("pip install --force-reinstall --no-deps triton==3.8.0")
+    assert found.remedy is not None and found.remedy.endswith(
+        "pip install --force-reinstall --no-deps triton==3.8.0"
+    )
     # the same problem is not reported twice
     assert "packages.requirements.torch" not in by_id(run(site, "packages.requirements"))
 
