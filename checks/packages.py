@@ -161,6 +161,19 @@ def requirements_check(ctx: CheckContext) -> Iterator[Finding]:
                 **facts,
                 torch_chain=_chain(ctx, requester),
             )
+        elif _foreign_to_torch(ctx, requester):
+            # Completing a package of another CUDA family than torch's would pull more of that family
+            # in; packages.cuda_family and ownership.twins say whether to remove it instead.
+            family = cuda_families(ctx)[requester]
+            yield warn(
+                "packages.requirements.other",
+                summary,
+                **facts,
+                requester_family=f"{requester} is {family}, torch is CUDA {env.torch.cuda_major}"
+                if env.torch
+                else str(family),
+                see="packages.cuda_family",
+            )
         else:
             yield warn("packages.requirements.other", summary, remedy=install_command(env, spec), **facts)
 
@@ -220,6 +233,18 @@ def triton_check(ctx: CheckContext) -> Iterator[Finding]:
         f"{installed.name} {installed.version} matches torch's pin {requirement.specifier}",
         requirement=str(requirement),
         dist_info=installed.dist_info,
+    )
+
+
+def _foreign_to_torch(ctx: CheckContext, key: str) -> bool:
+    """A CUDA package of another major than torch's CUDA build."""
+    build = ctx.env.torch
+    family = cuda_families(ctx).get(key)
+    return (
+        build is not None
+        and build.cuda_major is not None
+        and family is not None
+        and family.major != build.cuda_major
     )
 
 

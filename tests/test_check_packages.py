@@ -201,3 +201,22 @@ def test_foreign_family_package_torch_does_not_load_only_warns(site: FakeSite, c
     got = by_id(run(site, "packages.cuda_family"))
     assert got["packages.cuda_family.mismatch"].severity is Severity.WARN
     assert "packages.cuda_family.loaded" not in got
+
+
+def test_unmet_requirement_of_a_foreign_family_package_gets_no_install(site: FakeSite) -> None:
+    """Issue 19 story: a CUDA 13 cuDNN beside a cu128 torch needs nvidia-cublas; installing that pulls
+    more CUDA 13 in. Warn, but the fix is removing the stray (packages.cuda_family), not completing it."""
+    site.add_torch(version="2.9.1+cu128", cuda="12.8", requires=["nvidia-cudnn-cu12==9.10.2.21"])
+    site.add_dist("nvidia-cudnn-cu12", "9.10.2.21", {"nvidia/cudnn/lib/libcudnn.so.9": b"cu12"})
+    site.add_dist(
+        "nvidia-cudnn-cu13",
+        "9.19.0.56",
+        {"nvidia/cudnn/lib/libcudnn.so.9": b"cu13"},
+        requires=["nvidia-cublas"],
+    )
+    site.add_dist("some-tool", "1.0", requires=["absent-helper"])
+    found = [f for f in run(site, "packages.requirements") if f.id == "packages.requirements.other"]
+    by_target = {f.evidence["requirement"]: f for f in found}
+    assert by_target["nvidia-cublas"].remedy is None
+    assert by_target["nvidia-cublas"].evidence["see"] == "packages.cuda_family"
+    assert by_target["absent-helper"].remedy == "/fake/bin/python -m pip install absent-helper"
