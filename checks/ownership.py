@@ -121,11 +121,18 @@ def load_bearing(ctx: CheckContext, key: str, paths: list[str]) -> bool:
 
 
 def _record_finding(
-    ctx: CheckContext, check_id: str, key: str, paths: list[str], summary: str, **facts: object
+    ctx: CheckContext,
+    check_id: str,
+    key: str,
+    paths: list[str],
+    summary: str,
+    breaks_its_import: bool = False,
+    **facts: object,
 ) -> Finding:
     """One distribution whose files differ from or are missing against its RECORD, judged by consequence:
-    fail where torch loads it; information (ok, shown under `-v`) elsewhere; never a pip remedy for
-    a package a system package manager owns."""
+    fail where torch loads it; a warning where the package's own import breaks (`breaks_its_import`: its
+    code or a library of it is gone); information (ok, shown under `-v`) elsewhere; never a pip remedy
+    for a package a system package manager owns."""
     dist = ctx.env.distributions[key]
     managed = dist.managed_by
     facts["dist_info"] = dist.dist_info
@@ -135,6 +142,8 @@ def _record_finding(
     remedy = reinstall_command(ctx.env, wanted_pin(ctx, key))
     if load_bearing(ctx, key, paths):
         return fail(check_id, summary, remedy=remedy, **facts)
+    if breaks_its_import:
+        return warn(check_id, f"{summary}: importing {dist.name} fails", remedy=remedy, **facts)
     facts["reinstall"] = remedy
     return ok(check_id, f"{summary} (information: torch does not load {dist.name})", **facts)
 
@@ -176,6 +185,7 @@ def missing_files_check(ctx: CheckContext) -> Iterator[Finding]:
             gone,
             f"{dist.name} {dist.version}{needed}: {len(gone)} file(s) its RECORD lists are gone "
             "(a plain reinstall says 'already installed')",
+            breaks_its_import=_importable_code_gone(dist.site_dir, gone),
             files=[_short(ctx, p) for p in gone[:SHOWN]],
             count=len(gone),
         )
@@ -193,6 +203,12 @@ def missing_files_check(ctx: CheckContext) -> Iterator[Finding]:
             ),
             **facts,
         )
+
+
+def _importable_code_gone(site_dir: str, gone: list[str]) -> bool:
+    """A module or library inside the site folder is gone (a script in `bin/` is not imported)."""
+    inside = site_dir.rstrip(os.sep) + os.sep
+    return any(p.startswith(inside) and (p.endswith(".py") or is_shared_library(p)) for p in gone)
 
 
 def _wanted_owner(ctx: CheckContext, owners: tuple[str, ...], files: list[SharedFile]) -> str:

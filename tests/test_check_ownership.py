@@ -268,6 +268,25 @@ def test_distribution_managed_package_gets_no_pip_remedy(site: FakeSite, tmp_pat
     assert crypto is not None and crypto.managed_by == "dist-packages"
 
 
+def test_code_gone_from_a_package_torch_does_not_load_warns(site: FakeSite) -> None:
+    """Its own import fails: worth acting on, though torch is fine."""
+    cu13_site(site)
+    site.add_dist(
+        "flash-attn-like",
+        "2.8.0",
+        {"flash_attn_like/__init__.py": b"import x\n", "flash_attn_like/_C.so": b"elf"},
+    )
+    (site.root / "flash_attn_like/_C.so").unlink()
+    found = [f for f in run(site, "ownership.missing_files") if "flash-attn-like" in f.summary]
+    assert (
+        found and found[0].severity is Severity.WARN and "importing flash-attn-like fails" in found[0].summary
+    )
+    assert (
+        found[0].remedy
+        == "/fake/bin/python -m pip install --force-reinstall --no-deps flash-attn-like==2.8.0"
+    )
+
+
 def test_torch_file_clobbered_still_fails(site: FakeSite) -> None:
     cu13_site(site)
     (site.root / "filelock/__init__.py").write_bytes(b"longer than it was")
