@@ -124,7 +124,9 @@ def state(error: str | None) -> str:
 def audit_environment(name: str, scratch: Path) -> EnvironmentRow:
     source = build_real_envs.ROOT / name
     code, findings = check(source, scratch / "home-source")
-    row = EnvironmentRow(name, state(import_torch(source)), code, problems(findings))
+    row = EnvironmentRow(
+        name, state(import_torch(source)).replace(str(source), "<env>"), code, problems(findings)
+    )
     for index, finding in enumerate(actionable(findings)):
         env = copy(source, scratch, f"{name}-{index}")
         home = scratch / f"home-{name}-{index}"
@@ -197,9 +199,12 @@ def main() -> None:
     out = ROOT / "bench" / "results" / "real_env_remedies.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(
-        json.dumps({"benchmark": "real_env_remedies", "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
-    )
+    kept = []  # rows of environments not run this time stay (one run per environment is enough)
+    if out.is_file():
+        ran = {r.name for r in rows}
+        kept = [r for r in json.loads(out.read_text()).get("rows", []) if r.get("name") not in ran]
+    merged = kept + [asdict(r) for r in rows]
+    tmp.write_text(json.dumps({"benchmark": "real_env_remedies", "rows": merged}, indent=2) + "\n")
     os.replace(tmp, out)
     print(f"wrote {out.relative_to(ROOT)}")
 
