@@ -575,10 +575,13 @@ def read_raw(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from exc
 
 
-def load_config(name_or_path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
-    """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing."""
+def load_config(
+    name_or_path: str | Path, overrides: list[str] | None = None, check_data: bool = True
+) -> TrainConfig:
+    """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing.
+    `check_data=False` for commands that make the data file rather than read it (`data regenerate`)."""
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
-    if cfg.data.path is not None:
+    if check_data and cfg.data.path is not None:
         check_data_file(cfg.data.kind, cfg.data.path)
     return complete_with_target(cfg, target_shapes(cfg.target.path))

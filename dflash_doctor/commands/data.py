@@ -1,0 +1,146 @@
+"""`dflash-doctor data ...`: the training data, made and checked with the target it will be trained for.
+
+`data regenerate` answers every prompt (or every assistant turn of a chat) again with the target, greedy by
+default, into the `data.kind = "chat"` format `train` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from dflash_doctor.errors import ConfigError, DoctorError
+
+data_app = typer.Typer(
+    name="data", help="Make and inspect training data with the target.", no_args_is_help=True
+)
+
+ENGINES = ("auto", "torch", "vllm")
+
+
+def _local_devices(devices: str | None) -> list[str]:
+    if devices:
+        return [d.strip() for d in devices.split(",") if d.strip()]
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+
+
+def _engine_factory(engine: str, settings: object, devices: list[str], batch_size: int, tp: int):
+    from trainer.generation import DevicePool, TorchEngine, VllmEngine, vllm_available
+
+    if engine == "vllm" or (engine == "auto" and vllm_available()):
+        if not vllm_available():
+            raise DoctorError(
+                "--engine vllm: vLLM is not installed here", hint="pip install vllm, or --engine torch"
+            )
+        return lambda: VllmEngine(settings, tensor_parallel_size=tp)  # type: ignore[arg-type]
+    if len(devices) == 1:
+        return lambda: TorchEngine(settings, devices[0], batch_size)  # type: ignore[arg-type]
+    return lambda: DevicePool(settings, devices, batch_size)  # type: ignore[arg-type]
+
+
+def regenerate_command(
+    config: str = typer.Option(
+        ..., "--config", help="The run config: its target and chat template settings."
+    ),
+    prompts: Path = typer.Option(..., "--prompts", help='JSONL: {"messages": [...]} or {"prompt": "..."}.'),
+    out: Path = typer.Option(..., "--out", help="JSONL written in the chat format; re-run to resume."),
+    max_new_tokens: int = typer.Option(1024, "--max-new-tokens", min=1, help="Longest answer, in tokens."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N input records."),
+    engine: str = typer.Option("auto", "--engine", help="auto (vLLM when installed), torch, or vllm."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 is greedy (the default)."),
+    top_p: float = typer.Option(
+        1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling (with --temperature)."
+    ),
+    on_error: str = typer.Option("stop", "--on-error", help="A bad input line: stop (exit 2) or skip it."),
+    force: bool = typer.Option(False, "--force", help="--out was made with other settings: start over."),
+    devices: str | None = typer.Option(
+        None, "--devices", help="torch engine: e.g. cuda:0,cuda:1 (default: all)."
+    ),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", min=1, help="torch engine: chats per forward (default 128 on GPUs, 8 on CPU)."
+    ),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm engine: GPUs per model."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config field: section.key=value."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from trainer.config import load_config
+    from trainer.generation import GenerationSettings
+    from trainer.regenerate import regenerate, scan_input
+
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine: must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if on_error not in ("stop", "skip"):
+        raise ConfigError(f"--on-error: must be stop or skip, got {on_error!r}")
+    cfg = load_config(config, set_, check_data=False)
+    template_kwargs = dict(getattr(cfg.data, "chat_template_kwargs", None) or {})
+    settings = GenerationSettings(
+        target=cfg.target.path,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        chat_template_kwargs=template_kwargs,
+        seed=cfg.run.seed,
+    )
+    scan = scan_input(prompts, on_error)
+    err = Console(stderr=True, highlight=False)
+    for bad in scan.bad[:5]:
+        err.print(f"[yellow]skipped[/] {prompts} {bad}")
+    if len(scan.bad) > 5:
+        err.print(f"[yellow]skipped[/] {len(scan.bad) - 5} more bad lines")
+    local = _local_devices(devices)
+    if batch_size is None:  # the best measured on an H200 (bench/regenerate_throughput.py)
+        batch_size = 8 if local == ["cpu"] else 128
+    factory = _engine_factory(engine, settings, local, batch_size, tensor_parallel)
+    progress = Progress(
+        TextColumn("regenerating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=err,
+        disable=json_out or not err.is_terminal,
+    )
+    task = progress.add_task("", total=None, rate="")
+
+    def show(summary: object, todo: int) -> None:
+        tok_s = summary.generated_tokens / summary.seconds if summary.seconds else 0.0  # type: ignore[attr-defined]
+        progress.update(task, total=todo, completed=summary.written, rate=f"{tok_s:,.0f} tok/s")  # type: ignore[attr-defined]
+
+    try:
+        with progress:
+            summary = regenerate(scan, out, settings, factory, limit=limit, force=force, on_progress=show)
+    except KeyboardInterrupt:
+        err.print(f"stopped: every line in {out} is whole; run the same command again to resume")
+        raise typer.Exit(130) from None
+    report = summary.to_json() | {"out": str(out)}
+    if json_out:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print(
+            f"wrote {summary.written} conversations to {out} ({summary.skipped_done} already there, "
+            f"{summary.skipped_bad} bad lines skipped); {summary.answers} answers, "
+            f"{summary.stopped_at_length} cut at --max-new-tokens; "
+            f"{report['generated_tokens_per_s']:,.0f} generated tok/s",
+            file=sys.stdout,
+        )
+        if summary.written or summary.skipped_done:
+            print(f'train on it with: data.kind = "chat", data.path = "{os.path.abspath(out)}"')
+    raise typer.Exit(0)
+
+
+data_app.command("regenerate")(regenerate_command)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

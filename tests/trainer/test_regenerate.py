@@ -1,0 +1,451 @@
+"""`data regenerate`: inputs, turn-by-turn answers, resume, torn and damaged output, engines (CPU, tiny target)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.cli import run as cli_run
+from trainer.conversations import PromptRecord, RecordError, Regeneration, parse_record
+from trainer.generation import Chat, Completion, GenerationSettings
+from trainer.regenerate import RegenerateError, regenerate, resume_state, scan_input
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = GenerationSettings(target="/models/t", max_new_tokens=8)
+
+
+class EchoEngine:
+    """Answers `a<k>:<turns>` (k counts calls' answers): the prompt length shows what the answer saw."""
+
+    name = "fake"
+
+    def __init__(self, fail_after_calls: int | None = None) -> None:
+        self.calls: list[list[Chat]] = []
+        self.fail_after_calls = fail_after_calls
+        self.closed = False
+
+    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+        if self.fail_after_calls is not None and len(self.calls) >= self.fail_after_calls:
+            raise KeyboardInterrupt
+        self.calls.append([list(c) for c in chats])
+        return [Completion(f"answer to {c[-1]['content']}", 3, "stop") for c in chats]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def write_prompts(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# ---------------------------------------------------------------- input records
+
+
+def test_prompt_and_chat_records_parse() -> None:
+    assert parse_record(3, '{"prompt": "hi"}') == PromptRecord(
+        "line-3", 3, ({"role": "user", "content": "hi"},)
+    )
+    chat = parse_record(
+        1,
+        json.dumps(
+            {"id": 7, "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}
+        ),
+    )
+    assert chat.id == "7" and [m["role"] for m in chat.messages] == ["system", "user"]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"text": "x"}', 'needs "messages"'),
+        ('{"messages": [{"role": "assistant", "content": "a"}]}', "must follow a user"),
+        (
+            '{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "s"}]}',
+            "only come first",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}',
+            "out of order",
+        ),
+        ('{"messages": [{"role": "bot", "content": "a"}]}', "role must be one of"),
+        ('{"messages": [{"role": "user", "content": 3}]}', "content must be a string"),
+        ('{"prompt": ""}', "non-empty"),
+    ],
+)
+def test_bad_records_name_their_line(text: str, says: str) -> None:
+    with pytest.raises(RecordError, match=says) as info:
+        parse_record(12, text)
+    assert info.value.line == 12 and "line 12" in str(info.value)
+
+
+def test_every_assistant_turn_is_answered_again_from_the_conversation_so_far() -> None:
+    record = parse_record(
+        1,
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "q1"},
+                    {"role": "assistant", "content": "OLD1"},
+                    {"role": "user", "content": "q2"},
+                    {"role": "assistant", "content": "OLD2"},
+                    {"role": "user", "content": "q3"},
+                ]
+            }
+        ),
+    )
+    walk = Regeneration(record)
+    seen = []
+    while (prompt := walk.prompt()) is not None:
+        seen.append([m["content"] for m in prompt])
+        walk.answer(f"NEW{len(seen)}", "stop", 2)
+    # three answers: two in place of the old ones, one for the trailing user turn
+    assert seen == [
+        ["be brief", "q1"],
+        ["be brief", "q1", "NEW1", "q2"],
+        ["be brief", "q1", "NEW1", "q2", "NEW2", "q3"],
+    ]
+    assert [m["content"] for m in walk.turns] == ["be brief", "q1", "NEW1", "q2", "NEW2", "q3", "NEW3"]
+    assert "OLD1" not in json.dumps(walk.turns) and walk.generated_tokens == 6 and walk.done
+
+
+# ---------------------------------------------------------------- the job
+
+
+def test_chat_and_prompt_inputs_become_chat_records(tmp_path: Path) -> None:
+    prompts = write_prompts(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "a", "prompt": "p1"},
+            {
+                "id": "b",
+                "messages": [
+                    {"role": "user", "content": "u1"},
+                    {"role": "assistant", "content": "x"},
+                    {"role": "user", "content": "u2"},
+                    {"role": "assistant", "content": "y"},
+                ],
+            },
+        ],
+    )
+    out = tmp_path / "out.jsonl"
+    summary = regenerate(scan_input(prompts, "stop"), out, SETTINGS, EchoEngine)
+    got = lines(out)
+    assert [g["id"] for g in got] == ["a", "b"] and summary.written == 2 and summary.answers == 3
+    assert got[0]["messages"] == [
+        {"role": "user", "content": "p1"},
+        {"role": "assistant", "content": "answer to p1"},
+    ]
+    assert [m["content"] for m in got[1]["messages"]] == ["u1", "answer to u1", "u2", "answer to u2"]
+    meta = got[1]["generation"]
+    assert (
+        meta["target"] == "/models/t"
+        and meta["max_new_tokens"] == 8
+        and meta["finish_reasons"] == ["stop", "stop"]
+    )
+
+
+def test_turn_k_of_every_conversation_goes_in_one_engine_call(tmp_path: Path) -> None:
+    records = [
+        {
+            "messages": [
+                {"role": "user", "content": f"u{i}"},
+                {"role": "assistant", "content": "x"},
+                {"role": "user", "content": "again"},
+            ]
+        }
+        for i in range(3)
+    ]
+    engine = EchoEngine()
+    regenerate(
+        scan_input(write_prompts(tmp_path / "in.jsonl", records), "stop"),
+        tmp_path / "o.jsonl",
+        SETTINGS,
+        lambda: engine,
+    )
+    assert [len(call) for call in engine.calls] == [3, 3] and engine.closed
+    assert (
+        engine.calls[1][0][1]["content"] == "answer to u0"
+    )  # the second turn saw the target's own first answer
+
+
+def test_resume_after_a_stop_mid_file_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(10)])
+    out = tmp_path / "out.jsonl"
+    scan = scan_input(prompts, "stop")
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(scan, out, SETTINGS, lambda: EchoEngine(fail_after_calls=2), chunk_size=3)
+    assert [g["id"] for g in lines(out)] == [f"r{i}" for i in range(6)]  # two whole chunks, nothing torn
+    summary = regenerate(scan, out, SETTINGS, EchoEngine, chunk_size=3)
+    assert summary.skipped_done == 6 and summary.written == 4
+    assert [g["id"] for g in lines(out)] == [f"r{i}" for i in range(10)]
+
+
+def test_a_torn_last_line_is_dropped_and_generated_again(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    scan = scan_input(prompts, "stop")
+    regenerate(scan, out, SETTINGS, EchoEngine, limit=2)
+    whole = out.read_text().splitlines(keepends=True)
+    out.write_text(whole[0] + whole[1][:25])  # a crash in the middle of the second line
+    assert resume_state(out, SETTINGS, force=False) == {"r0"}
+    assert out.read_text() == whole[0]
+    regenerate(scan, out, SETTINGS, EchoEngine)
+    assert [g["id"] for g in lines(out)] == ["r0", "r1", "r2"]
+
+
+def test_a_damaged_line_inside_the_output_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text("garbage\n" + json.dumps({"id": "x", "generation": SETTINGS.to_json()}) + "\n")
+    with pytest.raises(RegenerateError, match="line 1 is damaged"):
+        resume_state(out, SETTINGS, force=False)
+
+
+def test_an_output_of_other_settings_is_refused_unless_forced(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": "r0", "prompt": "p"}])
+    out = tmp_path / "out.jsonl"
+    scan = scan_input(prompts, "stop")
+    regenerate(scan, out, SETTINGS, EchoEngine)
+    other = GenerationSettings(target="/models/other", max_new_tokens=8)
+    with pytest.raises(RegenerateError, match="other settings") as info:
+        regenerate(scan, out, other, EchoEngine)
+    assert "/models/t" in info.value.message and len(lines(out)) == 1
+    summary = regenerate(scan, out, other, EchoEngine, force=True)
+    assert summary.written == 1 and lines(out)[0]["generation"]["target"] == "/models/other"
+    assert len(list(tmp_path.glob("out.jsonl.old-*"))) == 1  # the old file kept beside
+
+
+def test_bad_input_lines_stop_or_are_skipped(tmp_path: Path) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "ok"}\n{"oops": 1}\n{"id": "line-1", "prompt": "dup"}\n')
+    with pytest.raises(RegenerateError, match="line 2") as info:
+        scan_input(prompts, "stop")
+    assert "--on-error skip" in (info.value.hint or "")
+    scan = scan_input(prompts, "skip")
+    assert [r.id for r in scan.records] == ["line-1"] and [b.line for b in scan.bad] == [2, 3]
+
+
+# ---------------------------------------------------------------- the real engine on the tiny target
+
+
+@pytest.fixture(scope="module")
+def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.trainer.target_folder import make_target_folder
+
+    return make_target_folder(tmp_path_factory.mktemp("target"))
+
+
+def test_torch_engine_is_greedy_and_batching_changes_nothing(target_folder: Path) -> None:
+    import torch
+
+    from trainer.generation import TorchEngine, prompt_ids
+
+    settings = GenerationSettings(target=str(target_folder), max_new_tokens=6)
+    engine = TorchEngine(settings, "cpu", batch_size=4)
+    chats = [[{"role": "user", "content": "w1 w2 w3 w4 w5"}], [{"role": "user", "content": "w9"}]]
+    together = engine.generate(chats)
+    alone = [engine.generate([c])[0] for c in chats]
+    assert together == alone  # left padding and the attention mask keep rows independent
+    ids = prompt_ids(engine.tokenizer, chats[1], {})
+    with torch.no_grad():  # a plain greedy loop, no cache
+        for _ in range(6):
+            nxt = int(engine.model(torch.tensor([ids])).logits[0, -1].argmax())
+            if nxt in engine.stop_ids:
+                break
+            ids.append(nxt)
+    expected = engine.tokenizer.decode(ids[len(prompt_ids(engine.tokenizer, chats[1], {})) :])
+    assert together[1].text == expected and together[1].tokens >= 1
+
+
+def test_cli_regenerates_a_file_that_trains_as_chat(target_folder: Path, tmp_path: Path) -> None:
+    from trainer.config import load_config
+    from trainer.data import build_source
+
+    config = tmp_path / "run.toml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            [target]
+            path = "{target_folder}"
+            [data]
+            kind = "chat"
+            path = "{tmp_path / "regen.jsonl"}"
+            seq_len = 64
+            [drafter]
+            mask_token_id = 511
+            [optim]
+            steps = 2
+            """
+        )
+    )
+    prompts = write_prompts(
+        tmp_path / "in.jsonl",
+        [
+            {"id": "q1", "prompt": "w1 w2"},
+            {
+                "id": "q2",
+                "messages": [
+                    {"role": "user", "content": "w3"},
+                    {"role": "assistant", "content": "w4"},
+                    {"role": "user", "content": "w5"},
+                ],
+            },
+        ],
+    )
+    argv = [
+        "data",
+        "regenerate",
+        "--config",
+        str(config),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "regen.jsonl"),
+        "--max-new-tokens",
+        "5",
+        "--engine",
+        "torch",
+        "--json",
+    ]
+    assert cli_run(argv) == 0
+    got = lines(tmp_path / "regen.jsonl")
+    assert [g["id"] for g in got] == ["q1", "q2"] and got[1]["generation"]["engine"] == "torch"
+    assert cli_run(argv) == 0  # everything already there: nothing regenerated
+    assert len(lines(tmp_path / "regen.jsonl")) == 2
+    cfg = load_config(config)  # the file passes the launch's data check
+    source = build_source(cfg, __import__("torch").device("cpu"), 512)
+    ids, mask = source.get(1)
+    assert len(source) == 2 and 0 < int(mask.sum()) < int((ids != 0).sum())  # assistant turns only
+
+
+def test_cli_refuses_a_bad_line_with_exit_2_before_loading_the_target(
+    target_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"prompt": "ok"}\nnot json\n')
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{target_folder}"\n[data]\nkind = "chat"\npath = "x.jsonl"\n'
+        "[drafter]\nmask_token_id = 511\n[optim]\nsteps = 1\n"
+    )
+    argv = [
+        "data",
+        "regenerate",
+        "--config",
+        str(config),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "o.jsonl"),
+    ]
+    assert cli_run(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich may wrap the line
+    assert "line 2: not JSON" in err and not (tmp_path / "o.jsonl").exists()
+
+
+# ---------------------------------------------------------------- a kill, for real
+
+
+def test_sigkill_mid_file_then_resume_has_every_id_once(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(40)])
+    out = tmp_path / "out.jsonl"
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.trainer.test_regenerate import EchoEngine, SETTINGS
+        from trainer.regenerate import regenerate, scan_input
+        class Slow(EchoEngine):
+            def generate(self, chats):
+                time.sleep(0.05)
+                return super().generate(chats)
+        regenerate(scan_input(__import__("pathlib").Path({str(prompts)!r}), "stop"),
+                   __import__("pathlib").Path({str(out)!r}), SETTINGS, Slow, chunk_size=2)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not out.exists() or out.stat().st_size < 2000):
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    written = [g["id"] for g in lines(out)] if out.exists() else []
+    assert 0 < len(written) < 40
+    regenerate(scan_input(prompts, "stop"), out, SETTINGS, EchoEngine)
+    ids = [g["id"] for g in lines(out)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(40)) and len(ids) == len(set(ids))
+
+
+# ---------------------------------------------------------------- vLLM, faked
+
+
+def test_vllm_engine_hands_chats_and_template_kwargs_to_llm_chat(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    seen: dict = {}
+
+    class FakeLLM:
+        def __init__(self, model: str, tensor_parallel_size: int) -> None:
+            seen["init"] = (model, tensor_parallel_size)
+
+        def chat(self, chats, sampling_params, chat_template_kwargs, use_tqdm):
+            seen["chat"] = (chats, sampling_params, chat_template_kwargs)
+            out = types.SimpleNamespace(text="hello", token_ids=[1, 2, 3], finish_reason="length")
+            return [types.SimpleNamespace(outputs=[out]) for _ in chats]
+
+    fake = types.SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    from trainer.generation import VllmEngine
+
+    settings = GenerationSettings(
+        target="/m", max_new_tokens=9, chat_template_kwargs={"enable_thinking": False}
+    )
+    engine = VllmEngine(settings, tensor_parallel_size=2)
+    got = engine.generate([[{"role": "user", "content": "hi"}]])
+    assert got == [Completion("hello", 3, "length")] and seen["init"] == ("/m", 2)
+    assert seen["chat"][1]["max_tokens"] == 9 and seen["chat"][1]["temperature"] == 0.0
+    assert seen["chat"][2] == {"enable_thinking": False}
+
+
+def test_a_pool_of_device_processes_gives_the_same_answers(target_folder: Path) -> None:
+    from trainer.generation import DevicePool, TorchEngine
+
+    settings = GenerationSettings(target=str(target_folder), max_new_tokens=4)
+    chats = [[{"role": "user", "content": f"w{i} w{i + 1}"}] for i in range(5)]
+    pool = DevicePool(settings, ["cpu", "cpu"], batch_size=2)
+    try:
+        pooled = pool.generate(chats)
+    finally:
+        pool.close()
+    assert pooled == TorchEngine(settings, "cpu").generate(chats)
+    assert not any(p.is_alive() for p in pool.procs)
+
+
+def test_a_static_cache_gives_the_same_tokens_as_the_dynamic_one(target_folder: Path) -> None:
+    from trainer.generation import WIDTH_BUCKET, TorchEngine, generate_token_batch
+
+    engine = TorchEngine(GenerationSettings(target=str(target_folder), max_new_tokens=5), "cpu")
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]  # padded to WIDTH_BUCKET columns under the static cache
+    args = (engine.model, prompts, engine.settings, engine.pad_id, engine.stop_ids)
+    assert len(prompts[0]) < WIDTH_BUCKET
+    dynamic = generate_token_batch(*args, seed=0)
+    static = generate_token_batch(*args, seed=0, static_cache=True)
+    assert static == dynamic and all(len(row) == 5 for row in static)
