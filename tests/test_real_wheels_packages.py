@@ -149,7 +149,10 @@ def test_nccl_twin_then_its_uninstall(
         assert code == 1
         missing = failing["ownership.missing_files"]
         assert "nvidia/nccl/lib/libnccl.so.2" in missing["evidence"]["files"]
-        assert missing["remedy"] == f"{python} -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
+        assert (
+            missing["remedy"]
+            == f"{python} -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
+        )
         still_fine = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
         assert "No broken requirements found" in still_fine.stdout  # what pip says meanwhile
     finally:
