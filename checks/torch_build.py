@@ -70,10 +70,10 @@ def torch_build(ctx: CheckContext) -> Iterator[Finding]:
             yield warn(
                 "torch.shadowed",
                 f"a second torch {other.version} in {other.site_dir} is hidden by the one imported",
-                remedy=f"{env.interpreter.executable} -m pip uninstall torch  # run with the environment "
-                f"that owns {other.site_dir}",
                 imported=build.package_dir,
                 hidden=other.dist_info,
+                # No command: this interpreter's `pip uninstall torch` would take the torch it imports.
+                fix=f"remove the hidden torch with the pip of the environment that owns {other.site_dir}",
             )
 
 
