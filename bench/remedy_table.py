@@ -131,7 +131,9 @@ def audit_environment(name: str, scratch: Path) -> EnvironmentRow:
         env = copy(source, scratch, f"{name}-{index}")
         home = scratch / f"home-{name}-{index}"
         _, mine = check(env, home)  # the remedy names this copy's python
-        remedy = next(f["remedy"] for f in actionable(mine) if f["id"] == finding["id"])
+        twin = actionable(mine)[index]  # the same environment: the same findings in the same order
+        assert twin["id"] == finding["id"], (twin["id"], finding["id"])
+        remedy = twin["remedy"]
         ran = apply(remedy)
         after_code, after = check(env, home)
         row.remedies.append(
