@@ -20,17 +20,10 @@ if TYPE_CHECKING:  # the lock machinery is imported when a lock is compared, not
     from dflash_doctor.lock.lockfile import EnvironmentLock
 
 
-def current_lock(ctx: CheckContext) -> EnvironmentLock:
-    """This environment as a lock, computed once per run."""
-    from dflash_doctor.lock.lockfile import capture_lock
-
-    return ctx.shared("lock.current", lambda: capture_lock(ctx))
-
-
 @check("drift.lock", "drift from the lock", requires=["lock"])
 def lock_drift(ctx: CheckContext) -> Iterator[Finding]:
     from dflash_doctor.lock.drift import diff_locks
-    from dflash_doctor.lock.lockfile import read_lock
+    from dflash_doctor.lock.lockfile import current_lock, read_lock
 
     path = ctx.options.lock_path
     assert path is not None  # guaranteed by requires=["lock"]

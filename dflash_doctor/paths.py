@@ -26,10 +26,15 @@ def cache_root() -> Path:
 
 
 def state_root() -> Path:
-    """Records worth keeping: run records."""
+    """Records worth keeping: run records, passed deep probes."""
     home = _home()
     return home / "state" if home else Path(platformdirs.user_state_dir("dflash-doctor"))
 
 
 def runs_dir() -> Path:
     return state_root() / "runs"
+
+
+def probes_dir() -> Path:
+    """Passed deep probes, one file per environment key, beside the run records."""
+    return state_root() / "probes"

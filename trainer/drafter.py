@@ -307,14 +307,35 @@ class DFlashDrafter(nn.Module):
         return any(getattr(layer, "_compiled_call_impl", None) for layer in self.layers)
 
     def compile_layers(self, mode: str | None = None) -> None:
-        """Compile every decoder layer: two graphs for any depth (the first layer, whose input needs no
-        gradient, and one shared by the rest: same code, parameters are graph inputs).
+        """Compile every decoder layer, not the stack: one graph (forward and backward) for any depth.
 
-        Inductor fuses the fp32 norms, RoPE, the residual adds and SwiGLU's elementwise work into the
-        matmuls' neighbours; flex attention is traced inline. Call before the warm-up step. `mode` is
-        torch.compile's (e.g. "max-autotune-no-cudagraphs": autotuned kernels, a much longer compile)."""
+        The layers share their code and shapes, and parameters are graph inputs, so Dynamo's cache for
+        `DecoderLayer.forward` serves every layer once the first is compiled (see `run_layers` for why the
+        first layer's input is marked as needing a gradient). Inductor fuses the fp32 norms, RoPE, the
+        residual adds and SwiGLU's elementwise work into the matmuls' neighbours; flex attention is traced
+        inline. Call before the warm-up step. `mode` is torch.compile's (e.g.
+        "max-autotune-no-cudagraphs": autotuned kernels, a much longer compile)."""
         for layer in self.layers:
             layer.compile(dynamic=False, mode=mode)
+
+    def run_layers(
+        self,
+        x: Tensor,
+        context: Tensor,
+        rope_q: tuple[Tensor, Tensor],
+        rope_ctx: tuple[Tensor, Tensor],
+        mask: Mask,
+    ) -> Tensor:
+        """The decoder stack. With compiled layers in training, the first layer's input (the frozen
+        embedding, which needs no gradient) is made to need one: graphs specialise on that, so without it
+        the first layer compiled a forward and a backward graph of its own (two of the six graphs of a
+        b16 warm-up). The price is that input's gradient, three (Q, H) x (H, H + 2 * kv) matmuls in
+        backward, ~0.6% of a b16 step's FLOPs; it flows into a zero scalar, so no (B, Q, H) gradient is kept."""
+        if self.layers_compiled and torch.is_grad_enabled() and not x.requires_grad:
+            x = x + torch.zeros((), dtype=x.dtype, device=x.device, requires_grad=True)
+        for layer in self.layers:
+            x = layer(x, context, rope_q, rope_ctx, mask)
+        return x
 
     def _mask(self, anchors: Tensor, anchor_valid: Tensor, context_len: int) -> Mask:
         """The step's mask (dense or block), built once and shared by all layers."""
@@ -358,8 +379,7 @@ class DFlashDrafter(nn.Module):
         rope_ctx = rope_cos_sin(torch.arange(seq_len, device=hidden.device), self.inv_freq)  # (S, D)
 
         mask = self._mask(anchors, anchor_valid, seq_len)
-        for layer in self.layers:
-            x = layer(x, context, rope_q, rope_ctx, mask)
+        x = self.run_layers(x, context, rope_q, rope_ctx, mask)
         return self.norm(x).view(batch, num_anchors, block, cfg.hidden_size)
 
     def forward(

@@ -9,9 +9,18 @@ After a child succeeds, a record is kept: a key (build fingerprint, the config w
 change a compiled graph left out, the devices, the interpreter, the trainer's source, the TORCH*/TRITON*
 environment variables) and every cache file
 present right after it (path and size). A later launch with the same key skips the child only if every
-one of those files is still there with the same size. A new torch, other shapes, another device, an edited
-trainer, or one deleted or rewritten cache file: the child runs. A needless child costs seconds; a wrong
-skip would let the workers compile concurrently, so every doubt runs the child.
+one of those files is still there, and every compiled artifact among them with the same size. A new torch,
+other shapes, another device, an edited trainer, or one deleted or rewritten artifact: the child runs. A
+needless child costs seconds; a wrong skip would let the workers compile concurrently, so every doubt runs
+the child.
+
+Not every file in the cache is a compiled artifact written once under a content hash. Inductor also keeps
+state that every torch process rewrites in place when it learns something: `cache/<system hash>` (benchmark
+timings: pad_mm, collective estimates, autotuned choices), `*.best_config` (a kernel's autotune pick, with
+the time the tuning took), `dynamo/` profiles, memoizer dumps. The workers of a run (the target ranks compile
+their own layers into the same folder) rewrite them, so their sizes change after every run although nothing
+the warm-up compiled is gone: judged by size, the second launch of a config always ran the child again
+(issue 17). For those only presence counts.
 
 A snapshot carries the records whose files it holds, and a restore adds them here: a cache restored on a
 fresh machine of the same kind then starts as fast as a warm one (on two H200s the child and its start-up
@@ -113,6 +122,26 @@ def cache_files(roots: Mapping[str, Path]) -> dict[str, int]:
     return {f.archive_path: f.size for f in files}
 
 
+# Where Inductor and Triton write compiled artifacts once, under a name derived from their content or key.
+_ARTIFACT_FOLDERS = frozenset({"fxgraph", "aotautograd", "triton"})
+_REWRITTEN_SUFFIXES = (".best_config",)  # beside the kernels in `<2 chars>/`, but rewritten by each tuning
+
+
+def is_artifact(archive_path: str) -> bool:
+    """True for a compiled artifact (its size is fixed once written); False for state that torch processes
+    rewrite in place (benchmark and autotune results, profiles): of those only presence is checked."""
+    _label, _, relative = archive_path.partition("/")
+    top, sep, _rest = relative.partition("/")
+    if not sep or relative.endswith(_REWRITTEN_SUFFIXES):
+        return False
+    return top in _ARTIFACT_FOLDERS or len(top) == 2  # `<2 chars>/c<hash>.py|.cpp|.so`: content-addressed
+
+
+def still_matches(recorded_size: int, size: int | None, archive_path: str) -> bool:
+    """Whether a recorded file is still what the warm-up left (`size` None: the file is gone)."""
+    return size is not None and (size == recorded_size or not is_artifact(archive_path))
+
+
 @dataclass(frozen=True)
 class WarmRecord:
     key: str
@@ -122,16 +151,17 @@ class WarmRecord:
     snapshot: str | None = None  # the snapshot that carried it here; None: the warm-up ran on this machine
 
     def missing(self, roots: Mapping[str, Path]) -> list[str]:
-        """Recorded files that are gone or changed size (stops at the first few: one is enough)."""
+        """Recorded files that are gone, or artifacts that changed size (stops at the first few: one is
+        enough)."""
         gone = []
         for name, size in self.files.items():
             label, _, relative = name.partition("/")
             root = roots.get(label)
             try:
-                ok = root is not None and (root / relative).stat().st_size == size
+                now = (root / relative).stat().st_size if root is not None else None
             except OSError:
-                ok = False
-            if not ok:
+                now = None
+            if not still_matches(size, now, name):
                 gone.append(name)
                 if len(gone) >= 3:
                     break
@@ -176,15 +206,15 @@ class WarmRecords:
         self._add([{"key": key, "when": time.time(), "devices": list(devices), "files": files}])
 
     def covered_by(self, files: Mapping[str, int]) -> list[dict[str, Any]]:
-        """The records whose every file is in `files` (archive path -> size) with the same size: what a
-        snapshot holding those files can carry. The `snapshot` field is left out: a restore sets its own."""
+        """The records whose every file is in `files` (archive path -> size), artifacts with the same size:
+        what a snapshot holding those files can carry. The `snapshot` field is left out: a restore sets its own."""
         covered = []
         for entry in self._load():
             recorded = entry.get("files")
             if (
                 isinstance(recorded, dict)
                 and recorded
-                and all(files.get(p) == s for p, s in recorded.items())
+                and all(still_matches(s, files.get(p), p) for p, s in recorded.items())
             ):
                 covered.append({k: v for k, v in entry.items() if k != "snapshot"})
         return covered
@@ -230,15 +260,30 @@ def _well_formed(entry: Any) -> bool:
     )
 
 
+def run_reason(
+    records: WarmRecords, key: str, roots: Mapping[str, Path], environ: Mapping[str, str]
+) -> str | None:
+    """Why the warm-up child must run (None: it can be skipped). Printed with the launch, so a child that
+    runs again says which record or file made it."""
+    if environ.get(ALWAYS_ENV, "") not in ("", "0"):
+        return f"{ALWAYS_ENV} is set"
+    record = records.find(key)
+    if record is None:
+        return "no warm-up of this build, config, devices and trainer recorded"
+    missing = record.missing(roots)
+    if missing:
+        return f"changed since the recorded warm-up: {', '.join(missing)}"
+    return None
+
+
 def skip_reason(
     records: WarmRecords, key: str, roots: Mapping[str, Path], environ: Mapping[str, str]
 ) -> str | None:
-    """Why the warm-up child can be skipped (None: it must run)."""
-    if environ.get(ALWAYS_ENV, "") not in ("", "0"):
+    """Why the warm-up child can be skipped (None: it must run, see `run_reason`)."""
+    if run_reason(records, key, roots, environ) is not None:
         return None
     record = records.find(key)
-    if record is None or record.missing(roots):
-        return None
+    assert record is not None  # run_reason found it
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.when))
     carried = f" (record carried by snapshot {record.snapshot})" if record.snapshot else ""
     return (

@@ -26,7 +26,7 @@ from dflash_doctor.launch.launcher import (
 from dflash_doctor.launch.memory_plan import GIB
 from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions
 from dflash_doctor.launch.runs import RunStore
-from dflash_doctor.lock.lockfile import capture_lock
+from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
 
 
@@ -59,7 +59,13 @@ def train_command(
     config: str = typer.Option(..., "--config", help="A training config (TOML) or a shipped config's name."),
     force: bool = typer.Option(False, "--force", help="Launch even over failing findings (recorded)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the verdicts; start nothing."),
-    deep: bool = typer.Option(True, "--deep/--no-deep", help="Run the deep probe (import torch in a child)."),
+    deep: bool | None = typer.Option(
+        None,
+        "--deep/--no-deep",
+        help="--deep: run the deep probe anew; --no-deep: no probe. Default: reuse the passed probe of this "
+        "exact environment (lock, driver, GPUs), else probe.",
+        show_default=False,
+    ),
     python: str | None = PythonOption,
     overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set optim.steps=50."),
     nnodes: int = typer.Option(1, "--nnodes", min=1, help="torchrun: number of nodes."),
@@ -97,10 +103,12 @@ def train_command(
         )
         raise typer.Exit(1 if failing else 0)
     render(gate.runs, console, header=f"dflash-doctor train · {training.path}")
+    if gate.probe_note:
+        console.print(escape(gate.probe_note))
     _print_plan(console, plan, gate)
     if dry_run:
         raise typer.Exit(1 if failing else 0)
-    environment = capture_lock(gate.context).to_json()
+    environment = current_lock(gate.context).to_json()
     if failing and not force:
         record = store.create("refused", environment=environment, **common)
         console.print(
@@ -126,6 +134,8 @@ def train_command(
         drafter_devices,
         tuple(training.overrides),
     )
+    if gate.probe_note:
+        record.notes.append(gate.probe_note)
     record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
     console.print(f"compile cache: {escape(prep.detail)}")
     before = (

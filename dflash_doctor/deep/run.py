@@ -6,6 +6,7 @@ dflash_doctor is not installed. It gets a timeout: a hung CUDA init must not han
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -77,6 +78,25 @@ class ProbeReport:
             "stderr_tail": self.stderr_tail,
             "seconds": self.seconds,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProbeReport:
+        """The inverse of `to_json` (a kept probe); a malformed one raises ValueError."""
+        raw, error, tail = data.get("raw"), data.get("error"), data.get("stderr_tail")
+        seconds = data.get("seconds")
+        if (
+            not isinstance(raw, dict)
+            or not (error is None or isinstance(error, str))
+            or not isinstance(tail, list)
+            or not (seconds is None or isinstance(seconds, int | float))
+        ):
+            raise ValueError("not a probe report")
+        return cls(raw=raw, error=error, stderr_tail=[str(line) for line in tail], seconds=seconds)
+
+
+def probe_source_digest() -> str:
+    """sha256 of the probe child: a changed probe proves other things, so its old verdicts do not carry."""
+    return hashlib.sha256(CHILD.read_bytes()).hexdigest()
 
 
 def run_probe(

@@ -2,25 +2,28 @@
 
 A launch that cannot work never starts: any failing finding stops it (unless `--force`, which is
 recorded). The checks are the normal registry (static environment, libraries, GPUs, compile cache,
-hazards) plus the `launch.*` checks that need the config, and the deep probe.
+hazards) plus the `launch.*` checks that need the config, and the deep probe. A probe that passed in this
+exact environment before is read back instead of run again (`probe_record`); `deep=True` probes anew.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dflash_doctor.cache.locations import managed_inductor_dir, snapshots_dir
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.deep.run import CACHE_ENV
+from dflash_doctor.deep.run import CACHE_ENV, deep_report
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions, build_launch_plan
+from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
+from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.registry import CheckRun, run_checks
 from dflash_doctor.report import flatten
 
@@ -75,6 +78,7 @@ class GateResult:
     runs: list[CheckRun]
     plan: LaunchPlan
     environ: dict[str, str] = field(default_factory=dict)
+    probe_note: str | None = None  # what became of the deep probe: reused, run and kept, run and not kept
 
     @property
     def findings(self) -> list[Finding]:
@@ -100,12 +104,16 @@ def run_gate(
     training: TrainingConfig,
     python: str | None,
     torchrun: TorchrunOptions | None = None,
-    deep: bool = True,
+    deep: bool | None = None,
     lock_path: Path | None = None,
 ) -> GateResult:
+    """`deep`: None reuses a passed probe of this exact environment (else probes), True always probes,
+    False runs no probe."""
     env = Environment.load(python)
     environ = launch_environment()
-    options = CheckOptions(deep=deep, lock_path=lock_path, config_path=training.path, config=training.config)
+    options = CheckOptions(
+        deep=deep is not False, lock_path=lock_path, config_path=training.path, config=training.config
+    )
     ctx = CheckContext(env, options)
     gpus = gpu_inventory(ctx)
     gpu_count = len(gpus.devices) if isinstance(gpus, GpuInventory) else 0
@@ -132,6 +140,44 @@ def run_gate(
     # The flex proof matters where training uses flex (CUDA); on CPU training uses SDPA.
     options.extra["deep_flex"] = plan.device_type == "cuda"
     options.extra["deep_inductor_cache"] = probe_inductor_cache()
+    key = probe_key(current_lock(ctx), {"flex": options.extra["deep_flex"]}) if options.deep else None
+    reused = ProbeRecords().find(key) if key is not None and deep is None else None
+    if reused is not None:
+        ctx.shared("deep.report", lambda: reused.report)  # the deep checks judge the kept report
     runs = run_checks(ctx)
     env.save_parse_cache()
-    return GateResult(ctx, runs, plan, environ)
+    note = None
+    if reused is not None:
+        runs = findings_from(runs, reused)
+        note = f"deep probe: the passed probe from {reused.date} (same environment, driver, GPUs, probe) was reused; --deep probes anew"
+    elif key is not None:
+        note = keep_if_passed(ctx, runs, key)
+    return GateResult(ctx, runs, plan, environ, note)
+
+
+def _deep_failures(runs: list[CheckRun]) -> list[str]:
+    return [f.id for f in flatten(runs) if f.area == "deep" and f.severity is Severity.FAIL]
+
+
+def keep_if_passed(ctx: CheckContext, runs: list[CheckRun], key: str) -> str:
+    """Keep the probe this gate ran when every deep finding passed; say what happened."""
+    report = deep_report(ctx)
+    failed = _deep_failures(runs)
+    if not report.ran or failed:
+        return (
+            f"deep probe: ran; not kept ({', '.join(failed) or report.error}): the next launch probes again"
+        )
+    ProbeRecords().save(key, report)
+    return f"deep probe: ran in {report.seconds} s; kept for launches from this same environment"
+
+
+def findings_from(runs: list[CheckRun], record: ProbeRecord) -> list[CheckRun]:
+    """The deep findings of a reused probe say when it ran ("from <date>")."""
+
+    def dated(finding: Finding) -> Finding:
+        if finding.area != "deep":
+            return finding
+        evidence = {**finding.evidence, "probed": record.date}
+        return replace(finding, summary=f"{finding.summary} (from {record.date})", evidence=evidence)
+
+    return [replace(run, findings=[dated(f) for f in run.findings]) for run in runs]

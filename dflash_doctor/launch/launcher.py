@@ -22,7 +22,13 @@ from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
-from dflash_doctor.cache.warm_record import cache_files, default_records, skip_reason, warm_key
+from dflash_doctor.cache.warm_record import (
+    cache_files,
+    default_records,
+    run_reason,
+    skip_reason,
+    warm_key,
+)
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 
@@ -88,6 +94,7 @@ def prepare_compile_cache(
     if skipped is not None:
         steps.append(skipped)
         return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
+    why = run_reason(records, key, roots, environ)
     command = child_command(
         env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
     )
@@ -97,6 +104,7 @@ def prepare_compile_cache(
     where = ", ".join(drafter_devices) or device_type
     steps.append(
         f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {result.get('first_call_seconds')} s"
+        f" (ran: {why})"
     )
     if misses and action == "warm":
         action = "warmed"

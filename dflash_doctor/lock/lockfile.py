@@ -278,6 +278,11 @@ def capture_lock(ctx: Any, runtime: dict[str, Any] | None = None) -> Environment
     return build_lock(ctx.env, libraries, query_gpus(), os.environ, note, runtime)
 
 
+def current_lock(ctx: Any) -> EnvironmentLock:
+    """This environment as a lock, computed once per check run (drift, the probe key, the run record)."""
+    return ctx.shared("lock.current", lambda: capture_lock(ctx))  # type: ignore[no-any-return]
+
+
 # --- file I/O ------------------------------------------------------------------------------------
 
 

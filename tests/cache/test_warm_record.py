@@ -14,6 +14,7 @@ from dflash_doctor.cache.warm_record import (
     WarmRecords,
     cache_files,
     graph_config,
+    run_reason,
     skip_reason,
     trainer_source_digest,
     warm_key,
@@ -109,6 +110,33 @@ def test_skip_only_while_every_recorded_file_is_intact(tmp_path: Path) -> None:
     assert skip_reason(records, "k", roots, {}) is None
 
 
+def test_state_that_torch_rewrites_in_place_counts_by_presence_artifacts_by_size(tmp_path: Path) -> None:
+    """The second launch of a config ran the child again (issue 17): the run's workers had rewritten
+    Inductor's benchmark cache and autotune picks, files the warm-up also left, with other sizes."""
+    roots = cache_with_files(tmp_path / "inductor")
+    root = roots["inductor"]
+    (root / "cache").mkdir()
+    (root / "cache" / "5f3c").write_text('{"cache": {}}')  # CacheBase.get_local_cache_path()
+    (root / "zz").mkdir()
+    (root / "zz" / "czzkernel.py").write_text("kernel source")
+    (root / "zz" / "czzkernel.best_config").write_text('{"XBLOCK": 64, "time_taken_ms": 9}')
+    records = WarmRecords(tmp_path / "warm-records.json")
+    records.save("k", ("cuda:1",), cache_files(roots))
+
+    (root / "cache" / "5f3c").write_text('{"cache": {"pad_mm": {"a": true}, "more": 1}}')  # a worker learnt
+    (root / "zz" / "czzkernel.best_config").write_text('{"XBLOCK": 64, "time_taken_ms": 1234}')  # re-tuned
+    assert skip_reason(records, "k", roots, {}) is not None
+    assert records.covered_by(cache_files(roots))  # a snapshot of this cache still carries the record
+    (root / "zz" / "czzkernel.py").write_text("another kernel source")  # an artifact changed: run the child
+    assert skip_reason(records, "k", roots, {}) is None
+    assert (
+        run_reason(records, "k", roots, {}) == "changed since the recorded warm-up: inductor/zz/czzkernel.py"
+    )
+    (root / "zz" / "czzkernel.py").write_text("kernel source")
+    (root / "zz" / "czzkernel.best_config").unlink()  # an autotune pick gone: the workers would tune again
+    assert skip_reason(records, "k", roots, {}) is None
+
+
 @pytest.mark.parametrize("content", ["", "{", "[]", json.dumps({"schema": "other", "records": []}),
                                      json.dumps({"schema": "dflash-doctor/warm-records/v1", "records": "x"})])  # fmt: skip
 def test_an_unreadable_or_foreign_records_file_means_run_the_child(tmp_path: Path, content: str) -> None:
@@ -180,7 +208,8 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     def prepare(*overrides: str) -> str:
         return launcher.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
 
-    assert "warm-up on cpu" in prepare() and len(children) == 1
+    first = prepare()
+    assert "warm-up on cpu" in first and "(ran: no warm-up of this build" in first and len(children) == 1
     assert "warm-up skipped" in prepare() and len(children) == 1
     assert "warm-up skipped" in prepare("optim.steps=7") and len(children) == 1  # bookkeeping only
     assert "warm-up on cpu" in prepare("data.seq_len=64") and len(children) == 2  # other shapes
