@@ -10,16 +10,25 @@ from typing import Any
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write to a temp file beside the target, fsync, rename over it, fsync the folder."""
+    """Write to a temp file beside the target, fsync, rename over it, fsync the folder.
+
+    An OSError names the target, not the temp file beside it (`/proc/.version.x1y2.tmp` means nothing).
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write here ({exc.strerror})", str(target)) from exc
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(exc.errno, f"cannot write it ({exc.strerror})", str(target)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

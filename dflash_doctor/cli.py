@@ -1,8 +1,13 @@
 """The `dflash-doctor` command line. Each command lives in `dflash_doctor/commands/<name>.py` and
 registers itself with `register(app)`; this module only assembles them.
 
-Exit codes: 0 healthy, 1 a failing finding (or a failed run), 2 bad usage / bad input / bad config.
-Errors of type DoctorError are printed as one message (no traceback) with exit code 2.
+Exit codes: 0 healthy, 1 a failing finding (or a failed run), 2 bad usage / bad input / bad config,
+3 a bug in dflash-doctor, 128+N a run stopped by signal N.
+
+`run` is the one error boundary every command shares, so the next command added keeps the same rules:
+a DoctorError is its message and exit 2; an OSError that escaped (a read-only home, a full disk) names the
+file and the reason, exit 2; anything else is a bug: one line asking for a report, the traceback only
+with `-v` (or DFLASH_DOCTOR_DEBUG=1).
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ import importlib
 import os
 import pkgutil
 import sys
+import threading
+from collections.abc import Iterator
 
 import typer
 
 from dflash_doctor import __version__
 from dflash_doctor.errors import DoctorError
+from dflash_doctor.paths import HOME_ENV
+from dflash_doctor.stopping import Stopped, handling_stop_signals
 
 app = typer.Typer(
     name="dflash-doctor",
@@ -28,6 +37,10 @@ app = typer.Typer(
 )
 
 
+DEBUG_ENV = "DFLASH_DOCTOR_DEBUG"
+BUG_EXIT_CODE = 3
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"dflash-doctor {__version__}")
@@ -37,7 +50,10 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version."
+        False, "--version", callback=_version, is_eager=True, metavar="", help="Print the version."
+    ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", metavar="", help="On an internal error, print the full traceback."
     ),
 ) -> None:
     """dflash-doctor: verdicts with evidence and exact remedies for your training environment."""
@@ -81,24 +97,71 @@ def _register_for(argv: list[str]) -> None:
         _register(modules)
 
 
+def _print_error(message: str, hint: str | None = None) -> None:
+    from rich.console import Console  # only on this path: `check --json` never loads rich
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}")
+    if hint:
+        err.print(f"  [cyan]hint:[/] {escape(hint)}")
+
+
+@contextlib.contextmanager
+def _stop_signals_unwind() -> Iterator[None]:
+    """Ctrl-C, SIGTERM or SIGHUP anywhere in a command: unwind (finally blocks run), exit 128+signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may install handlers (tests call `run` from threads)
+        return
+    with handling_stop_signals():
+        yield
+
+
+def _wants_traceback(args: list[str]) -> bool:
+    return bool(os.environ.get(DEBUG_ENV)) or any(a in ("-v", "--verbose") for a in args)
+
+
+def os_error_message(exc: OSError) -> str:
+    """`cannot write /x/y: Permission denied`: the file and the reason, never a traceback."""
+    where = exc.filename if exc.filename is not None else "a file"
+    reason = exc.strerror or str(exc)
+    return f"{where}: {reason}"
+
+
 def run(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code; DoctorError becomes a one-line message and exit 2."""
+    """Run the CLI and return its exit code: the one error boundary of every command (see the module doc)."""
     args = sys.argv[1:] if argv is None else argv
     _register_for(args)
     try:
-        app(args=args, prog_name="dflash-doctor")
+        with _stop_signals_unwind():
+            app(args=args, prog_name="dflash-doctor")
+    except Stopped as stop:
+        _print_error(f"{stop}; nothing more was done")
+        return stop.exit_code
     except SystemExit as done:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except DoctorError as exc:
-        from rich.console import Console  # only on this path: `check --json` never loads rich
-        from rich.markup import escape
-
-        err = Console(stderr=True, highlight=False)
-        err.print(f"[bold red]error:[/] {escape(exc.message)}")
-        if exc.hint:
-            err.print(f"  [cyan]hint:[/] {escape(exc.hint)}")
+        _print_error(exc.message, exc.hint)
         return exc.exit_code
+    except OSError as exc:
+        _print_error(
+            os_error_message(exc),
+            hint="check that the path is right, that it is a folder where a folder is expected, "
+            f"and that you may write there (dflash-doctor's own state: ${HOME_ENV})",
+        )
+        return DoctorError.exit_code
+    except Exception as exc:
+        if _wants_traceback(args):
+            import traceback
+
+            traceback.print_exc()
+        _print_error(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="this is a bug in dflash-doctor; please report it with the output of "
+            f"`{DEBUG_ENV}=1 dflash-doctor {' '.join(args)}` (it shows the traceback)",
+        )
+        return BUG_EXIT_CODE
     return 0
 
 

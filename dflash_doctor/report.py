@@ -76,18 +76,39 @@ def _verdict_cell(finding: Finding, verbose: bool) -> Text:
     from rich.text import Text
 
     text = Text(finding.summary)
-    show_details = verbose or finding.severity in (Severity.WARN, Severity.FAIL)
-    if show_details:
+    if _shows_details(finding, verbose):
         for key, value in finding.evidence.items():
             text.append(f"\n  {key}: {_format_value(value)}", style="dim")
-        if finding.remedy:
-            text.append("\n  fix: ", style="bold cyan")
-            text.append(finding.remedy, style="cyan")
     return text
 
 
+def _shows_details(finding: Finding, verbose: bool) -> bool:
+    return verbose or finding.severity in (Severity.WARN, Severity.FAIL)
+
+
+def remedy_lines(remedy: str) -> list[tuple[str, str]]:
+    """(text, style) lines for a remedy, each printed whole (never wrapped, so it pastes as it reads).
+
+    One command: one `fix:` line. A command followed by `  # why`: the command alone on the `fix:`
+    line and the comment on the next, so nothing that must run hides after a `#` on the same line.
+    Several lines: a fenced block, one command per line.
+    """
+    commands = [line for line in remedy.strip().splitlines() if line.strip()]
+    if len(commands) > 1:
+        return [("fix:", "bold cyan"), ("```", "dim"), *((c, "cyan") for c in commands), ("```", "dim")]
+    command, hash_sign, comment = commands[0].partition("  # ") if commands else ("", "", "")
+    lines = [(f"fix: {command.rstrip()}", "cyan")]
+    if hash_sign:
+        lines.append((f"     # {comment.strip()}", "dim"))
+    return lines
+
+
 def render(runs: list[CheckRun], console: Console, verbose: bool = False, header: str | None = None) -> None:
-    """Print the table grouped by area, then the summary line."""
+    """Print the findings grouped by area, then the summary line.
+
+    Findings sit in a table (the verdict column folds long evidence); a remedy is printed between table
+    segments on lines of its own with soft wrap, so a terminal of any width or a pipe never breaks it.
+    """
     from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
@@ -95,10 +116,20 @@ def render(runs: list[CheckRun], console: Console, verbose: bool = False, header
     areas: dict[str, list[CheckRun]] = {}
     for run in runs:
         areas.setdefault(run.check.area, []).append(run)
-    table = Table(show_header=False, box=None, pad_edge=False, expand=False)
-    table.add_column("", width=3, no_wrap=True)
-    table.add_column("finding", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
+    all_findings = flatten(runs)
+    id_width = max([len(f.id) for f in all_findings] + [len(a) for a in areas] + [8])
+    indent = " " * (3 + 1 + id_width + 1 + 2)  # under the verdict column, past its two-space indent
+
+    def new_table() -> Table:
+        table = Table(show_header=False, box=None, pad_edge=False, expand=False)
+        table.add_column("", width=3, no_wrap=True)
+        table.add_column("finding", width=id_width, no_wrap=True)
+        table.add_column("verdict", overflow="fold")
+        return table
+
+    if header:
+        console.print(escape(header), soft_wrap=True)
+    table = new_table()
     for area, area_runs in areas.items():
         findings = flatten(area_runs)
         icon, style = ICONS[worst(findings)]
@@ -113,10 +144,14 @@ def render(runs: list[CheckRun], console: Console, verbose: bool = False, header
                 Text(finding.id, style="dim" if finding.severity == Severity.OK else f_style),
                 _verdict_cell(finding, verbose),
             )
-    if header:
-        console.print(escape(header))
-    console.print(table)
-    console.print(summary_line(runs))
+            if finding.remedy and _shows_details(finding, verbose):
+                console.print(table)
+                table = new_table()
+                for line, line_style in remedy_lines(finding.remedy):
+                    console.print(Text(indent + line, style=line_style), soft_wrap=True)
+    if table.row_count:
+        console.print(table)
+    console.print(summary_line(runs), soft_wrap=True)
 
 
 def summary_line(runs: list[CheckRun]) -> Text:

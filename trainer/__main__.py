@@ -13,6 +13,7 @@ import os
 import sys
 
 from dflash_doctor.errors import DoctorError
+from dflash_doctor.stopping import Stopped, install_stop_handlers
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -55,6 +56,9 @@ def relaunch_under_torchrun(world_size: int, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if under_torchrun():
+        # Before torch is imported: a stop while importing is one line, not a KeyboardInterrupt traceback.
+        install_stop_handlers()
     try:
         from trainer.config import load_config
 
@@ -69,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             print(f"  hint: {exc.hint}", file=sys.stderr)
         return exc.exit_code
+    except Stopped as stop:
+        print(f"dflash trainer: rank {os.environ.get('RANK', '?')}: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_code
 
 
 if __name__ == "__main__":

@@ -228,8 +228,11 @@ def int_list(minimum: int = 0) -> Parser:
     expected = f"a non-empty list of distinct integers >= {minimum}"
 
     def parse(name: str, value: Any) -> list[int]:
-        ok = isinstance(value, list) and value and len(set(value)) == len(value)
-        if not ok or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value):
+        if not isinstance(value, list) or not value:
+            raise _fail(name, expected, value)
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value):
+            raise _fail(name, expected, value)
+        if len(set(value)) != len(value):  # only now: a list of lists is unhashable
             raise _fail(name, expected, value)
         return list(value)
 
@@ -341,6 +344,10 @@ REMOVED_KEYS = {
 }
 
 
+# More ranks of one role than any machine room holds: a typo (`drafters=100000`) is refused at once instead
+# of planning and printing 100000 ranks (issue 18, row 14). 512 nodes of 8 GPUs.
+MAX_RANKS_PER_ROLE = 4096
+
 SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
     "target": (
         TargetSection,
@@ -377,7 +384,14 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "temperature": number(above=0.0),
         },
     ),
-    "topology": (TopologySection, {"targets": integer(1), "drafters": integer(1), "in_flight": integer(1)}),
+    "topology": (
+        TopologySection,
+        {
+            "targets": integer(1, MAX_RANKS_PER_ROLE),
+            "drafters": integer(1, MAX_RANKS_PER_ROLE),
+            "in_flight": integer(1),
+        },
+    ),
     "optim": (
         OptimSection,
         {
@@ -514,15 +528,25 @@ def default_mask_token_id(target_path: str, target_config: Any) -> int:
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """A path to a TOML file, or the name of a shipped config (`tiny-cpu` or `tiny-cpu.toml`)."""
+    """A path to a TOML file, or the name of a shipped config (`tiny-cpu` or `tiny-cpu.toml`).
+
+    Only a bare name falls back to the shipped configs: `some/dir/tiny-cpu.toml` that does not exist is
+    an error, never silently the shipped `tiny-cpu` (issue 18, row 3).
+    """
     path = Path(name_or_path)
     if path.is_file():
         return path
-    stem = path.name.removesuffix(".toml")
-    shipped = SHIPPED_CONFIGS / f"{stem}.toml"
+    names = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.toml")))
+    if path.exists():
+        raise ConfigError(f"config: {str(name_or_path)!r} is not a file", hint="give a TOML file")
+    if len(path.parts) != 1:
+        raise ConfigError(
+            f"config: no such file {str(name_or_path)!r}",
+            hint=f"check the path; a shipped config is named without a folder ({names})",
+        )
+    shipped = SHIPPED_CONFIGS / f"{path.name.removesuffix('.toml')}.toml"
     if shipped.is_file():
         return shipped
-    names = ", ".join(sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.toml")))
     raise ConfigError(
         f"config: no file {str(name_or_path)!r} and no shipped config of that name (shipped: {names})"
     )
@@ -568,9 +592,14 @@ def _toml_value(value: Any) -> str:
 
 def read_raw(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # a BOM (Windows editors) is fine
     except OSError as exc:
         raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config: {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+            hint="TOML files are UTF-8; save it as UTF-8",
+        ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from exc
 
@@ -582,6 +611,13 @@ def load_config(
     `check_data=False` for commands that make the data file rather than read it (`data regenerate`)."""
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
+    if cfg.output_dir.exists() and not cfg.output_dir.is_dir():
+        raise ConfigError(
+            f"output.dir: {cfg.output.dir} exists and is not a folder",
+            hint="choose a folder for the run's output",
+        )
+    shapes = target_shapes(cfg.target.path)
+    completed = complete_with_target(cfg, shapes)
     if check_data and cfg.data.path is not None:
-        check_data_file(cfg.data.kind, cfg.data.path)
-    return complete_with_target(cfg, target_shapes(cfg.target.path))
+        check_data_file(cfg.data.kind, cfg.data.path, vocab_size=int(shapes.vocab_size))
+    return completed

@@ -21,7 +21,7 @@ from torch import nn
 
 from dflash_doctor.errors import ConfigError
 from trainer.config import DataSection, TrainConfig
-from trainer.data_files import count_records, jsonl_records
+from trainer.data_files import count_records, jsonl_records, record_problem
 
 PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
 
@@ -50,16 +50,10 @@ class JsonlSource:
         self.seq_len = seq_len
         self.rows: list[tuple[list[int], list[bool]]] = []
         for number, record in jsonl_records(Path(path)):
-            where = f"data.path: {path} line {number}"
-            ids, mask = record.get("input_ids"), record.get("loss_mask")
-            if (
-                not isinstance(ids, list)
-                or not ids
-                or not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)
-            ):
-                raise ConfigError(f"{where}: input_ids must be a non-empty list of token ids < {vocab_size}")
-            if not isinstance(mask, list) or len(mask) != len(ids) or not all(m in (0, 1) for m in mask):
-                raise ConfigError(f"{where}: loss_mask must be a list of 0/1 as long as input_ids")
+            problem = record_problem("jsonl", record, vocab_size)
+            if problem is not None:
+                raise ConfigError(f"data.path: {path} line {number}: {problem}")
+            ids, mask = record["input_ids"], record["loss_mask"]
             self.rows.append((ids, [bool(m) for m in mask]))
 
     def __len__(self) -> int:

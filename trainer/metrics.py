@@ -58,8 +58,19 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# Printed once before the first step: what the progress line's numbers mean.
+LEGEND = (
+    "progress: loss = the drafter's training loss; accept = acceptance length, the tokens a verify step "
+    "would accept per draft block (1 = only the target's own token; higher is better, at most block_size)"
+)
+
+
 class Progress:
-    """Live progress on the first drafter rank: a rich bar on a terminal, plain lines otherwise."""
+    """Live progress on the first drafter rank: a rich bar on a terminal, plain lines otherwise.
+
+    The bar starts at the first step, not before: other ranks print their "ready" lines while this one
+    warms up, and a live bar started earlier would draw over them.
+    """
 
     def __init__(
         self, total_steps: int, start_step: int, log_every: int, stream: TextIO | None = None
@@ -67,25 +78,34 @@ class Progress:
         self.total, self.start, self.log_every = total_steps, start_step, log_every
         self.stream = stream or sys.stdout
         self.began = time.monotonic()
-        self._bar = None
-        if self.stream.isatty():
-            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
-            from rich.progress import Progress as RichProgress
+        self._bar: Any = None
+        self._live = self.stream.isatty()
+        self._started = False
 
-            self._bar = RichProgress(
-                TextColumn("[bold]step {task.completed}/{task.total}"),
-                BarColumn(),
-                TextColumn("{task.fields[status]}"),
-                TimeRemainingColumn(),
-            )
-            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, status="")
-            self._bar.start()
+    def _start(self) -> None:
+        self._started = True
+        print(LEGEND, file=self.stream, flush=True)
+        if not self._live:
+            return
+        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(
+            TextColumn("[bold]step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+        )
+        self._task = self._bar.add_task("train", total=self.total, completed=self.start, status="")
+        self._bar.start()
 
     def eta_s(self, step: int) -> float:
         done = step - self.start
         return (time.monotonic() - self.began) / done * (self.total - step) if done > 0 else float("nan")
 
     def update(self, m: StepMetrics) -> None:
+        if not self._started:
+            self._start()
         status = f"loss {m.loss:.4f}  accept {m.accept_len:.2f}  {m.tok_s:,.0f} tok/s"
         if self._bar is not None:
             self._bar.update(self._task, completed=m.step, status=status)

@@ -11,14 +11,14 @@
 No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
 `fail_on_recompile_limit_hit` is on, so a shape change fails loudly instead of silently going dense.
 A rank that dies makes its peers' point-to-point calls fail (or time out after `run.timeout_s`) and torchrun
-stops the job with a non-zero status.
+stops the job with a non-zero status. A rank whose torchrun is gone (killed with SIGKILL) stops itself
+(`parent_watch`), so no rank outlives its job.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dflash_doctor.errors import ConfigError
+from dflash_doctor.stopping import Stopped, install_stop_handlers
 from trainer import checkpoint as ckpt
 from trainer.anchors import sample_anchors
 from trainer.batch import CapturedBatch
@@ -48,6 +49,7 @@ from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.loss import LossOutput, expected_acceptance_length
 from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
+from trainer.parent_watch import watch_parent
 from trainer.startup import StartupClock
 from trainer.target import load_capture_target, load_frozen_embeddings, target_dtype, target_hf_config
 from trainer.transport import BatchReceiver, BatchSender, Topology, TransportError
@@ -69,18 +71,13 @@ class Rank:
         )
 
 
-class Terminated(Exception):
-    """SIGTERM: torchrun stops every worker once one has failed. Raised so `finally` blocks still run."""
-
-
-def _raise_terminated(signum: int, _frame: Any) -> None:
-    raise Terminated(f"stopped by signal {signum} (torchrun stops all workers when one fails)")
-
-
 def main(cfg: TrainConfig) -> int:
     clock = StartupClock()
     me = Rank.from_environ()
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    # SIGTERM/SIGINT/SIGHUP (torchrun stops every worker once one has failed; `train` forwards a stop)
+    # raise Stopped, so `finally` blocks still run; a rank whose torchrun is gone stops itself.
+    install_stop_handlers()
+    watch_parent(grace_s=min(cfg.run.timeout_s, 30))
     if me.world_size != cfg.world_size:
         raise ConfigError(
             f"topology: targets + drafters = {cfg.world_size}, but torchrun started {me.world_size} processes "
@@ -104,9 +101,12 @@ def main(cfg: TrainConfig) -> int:
             run_target(cfg, plan, topology, me.rank, device, resume_step, clock)
             return 0
         return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step, clock)
-    except (TransportError, Terminated) as exc:
+    except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
+    except Stopped as exc:
+        print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
     finally:
         dist.destroy_process_group()
 
@@ -252,6 +252,8 @@ def run_drafter(
         status = "ok"
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, Stopped):
+            status = "interrupted"
         raise
     finally:
         if progress is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from dflash_doctor.commands.options import (
+    FLAG,
     JsonOption,
     LockOption,
     OnlyOption,
@@ -55,16 +56,23 @@ def check_command(
     json_out: bool = JsonOption,
     strict: bool = StrictOption,
     deep: bool = typer.Option(
-        False, "--deep", help="Also import torch in a child process, init CUDA, test flex."
+        False, "--deep", metavar=FLAG, help="Also import torch in a child process, init CUDA, test flex."
     ),
     lock: Path | None = LockOption,
-    no_lock: bool = typer.Option(False, "--no-lock", help="Ignore ./dflash.lock."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence for passing findings too."),
+    no_lock: bool = typer.Option(False, "--no-lock", metavar=FLAG, help="Ignore ./dflash.lock."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", metavar=FLAG, help="Show evidence for passing findings too."
+    ),
 ) -> None:
     """Audit the environment: torch build, CUDA packages, shared libraries, GPUs, compile cache."""
     lock_path = default_lock(lock, no_lock)
     if lock_path is not None and not lock_path.is_file():
-        raise DoctorError(f"--lock {lock_path}: no such file", hint="create one with `dflash-doctor lock`")
+        what = "a folder, not a lock file" if lock_path.is_dir() else "no such file"
+        raise DoctorError(f"--lock {lock_path}: {what}", hint="create one with `dflash-doctor lock`")
+    if lock_path is not None:
+        from dflash_doctor.lock.lockfile import read_lock  # only when a lock is compared
+
+        read_lock(lock_path)  # a lock that cannot be read is bad input (exit 2), as in `diff`
     start = time.perf_counter()
     ctx, runs = audit(python, only, CheckOptions(deep=deep, lock_path=lock_path, strict=strict))
     elapsed = time.perf_counter() - start

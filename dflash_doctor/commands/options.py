@@ -11,11 +11,15 @@ PythonOption = typer.Option(
     "--python",
     help="Audit another interpreter's environment (e.g. .venv/bin/python); default: this one.",
 )
-JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON (versioned schema).")
+# metavar "": a flag takes no value, and typer would otherwise print `--json <bool>` in --help.
+FLAG = ""
+JsonOption = typer.Option(
+    False, "--json", metavar=FLAG, help="Print machine-readable JSON (versioned schema)."
+)
 OnlyOption = typer.Option(
     [], "--only", help="Run only these checks or areas (repeatable, comma-separated): --only libs,torch."
 )
-StrictOption = typer.Option(False, "--strict", help="Exit 1 on warnings too.")
+StrictOption = typer.Option(False, "--strict", metavar=FLAG, help="Exit 1 on warnings too.")
 LockOption = typer.Option(
     None, "--lock", help="Compare against this lock file (default: ./dflash.lock when it exists)."
 )

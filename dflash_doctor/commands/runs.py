@@ -1,4 +1,8 @@
-"""`dflash-doctor runs` and `runs show ID`: past launches and refusals, and what changed since a good one."""
+"""`dflash-doctor runs` and `runs show ID`: past launches and refusals, and what changed since a good one.
+
+Ids and paths are never cut (they are meant to be copied): the table's id and config columns do not wrap,
+and in a pipe or a narrow terminal the table gives way to one tab-separated line per run.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,24 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dflash_doctor.commands.options import JsonOption
-from dflash_doctor.launch.runs import RunRecord, RunStore, describe_age
+from dflash_doctor.launch.runs import RunRecord, RunStore, age, describe_age
+
+RUNS_SCHEMA = "dflash-doctor/runs/v1"
+RUN_SHOW_SCHEMA = "dflash-doctor/run-show/v1"
+TABLE_MIN_WIDTH = 120  # narrower than this (or not a terminal): one plain line per run
+METRIC_LABELS = {
+    "steps": "steps",
+    "first_loss": "first loss",
+    "final_loss": "final loss",
+    "final_accuracy": "final accuracy",
+    "final_accept_len": "acceptance length",
+    "mean_tok_s": "tok/s",
+    "wall_s": "wall s",
+}
 
 runs_app = typer.Typer(help="Past launches: config, environment, verdicts, throughput, outcome.")
 
@@ -21,7 +39,16 @@ STATUS_STYLE = {
     "refused": "yellow",
     "interrupted": "yellow",
     "running": "cyan",
+    "lost": "magenta",
 }
+
+
+def status_text(record: RunRecord) -> str:
+    """`lost (last seen 5m ago)` for a run whose launcher vanished; else the status itself."""
+    if record.status == "lost":
+        seen = record.last_seen or record.created
+        return f"lost (last seen {age(seen)})"
+    return record.status
 
 
 def _fmt_tps(record: RunRecord) -> str:
@@ -31,34 +58,56 @@ def _fmt_tps(record: RunRecord) -> str:
 
 @runs_app.callback(invoke_without_command=True)
 def list_runs(
-    ctx: typer.Context, json_out: bool = JsonOption, limit: int = typer.Option(20, "--limit")
+    ctx: typer.Context,
+    json_out: bool = JsonOption,
+    limit: int = typer.Option(20, "--limit", min=1, help="How many runs to list, newest first."),
 ) -> None:
     """List recent runs, newest first."""
     if ctx.invoked_subcommand is not None:
         return
-    records = RunStore().all()[::-1][:limit]
+    damaged: list[str] = []
+    records = RunStore().all(damaged)[::-1][:limit]
     if json_out:
-        typer.echo(json.dumps([r.to_json() for r in records], indent=2, default=str))
+        document = {"schema": RUNS_SCHEMA, "runs": [r.to_json() for r in records], "damaged": damaged}
+        typer.echo(json.dumps(document, indent=2, default=str))
         return
     console = Console(highlight=False)
+    errors = Console(stderr=True, highlight=False)
+    for line in damaged:
+        errors.print(f"[yellow]warning:[/] skipped a damaged run record: {escape(line)}", soft_wrap=True)
     if not records:
         console.print("No runs yet. Launch one with `dflash-doctor train --config run.toml`.")
         return
-    table = Table(title="dflash-doctor runs")
-    for column in ("id", "when", "status", "config", "tok/s", "exit", "overrides"):
-        table.add_column(column)
-    for r in records:
-        style = STATUS_STYLE.get(r.status, "")
-        table.add_row(
+    rows = [
+        (
             r.id,
             describe_age(r),
-            f"[{style}]{r.status}[/]",
+            status_text(r),
             r.config_path or "-",
             _fmt_tps(r),
-            "-" if r.exit_code is None else str(r.exit_code),
+            _exit(r),
             ", ".join(r.overrides) or "-",
         )
+        for r in records
+    ]
+    # Each column as wide as its longest cell, plus rich's padding and borders: when that does not fit,
+    # the table would cut ids or paths, so plain lines instead.
+    needed = sum(max(len(row[i]) for row in rows) + 3 for i in range(len(rows[0]))) + 1
+    if not console.is_terminal or console.width < max(TABLE_MIN_WIDTH, needed):
+        for row in rows:
+            typer.echo("\t".join(row[:6]))
+        return
+    table = Table(title="dflash-doctor runs")
+    for column in ("id", "when", "status", "config", "tok/s", "exit", "overrides"):
+        table.add_column(column, no_wrap=column in ("id", "config", "status"))
+    for r, row in zip(records, rows, strict=True):
+        style = STATUS_STYLE.get(r.status, "")
+        table.add_row(row[0], row[1], f"[{style}]{escape(row[2])}[/]", escape(row[3]), *row[4:])
     console.print(table)
+
+
+def _exit(record: RunRecord) -> str:
+    return "-" if record.exit_code is None else str(record.exit_code)
 
 
 def environment_changes(record: RunRecord, baseline: RunRecord) -> list[dict[str, Any]]:
@@ -86,42 +135,36 @@ def show_run(
     baseline = store.last_successful(before=record)
     changes = environment_changes(record, baseline) if baseline is not None else []
     if json_out:
-        typer.echo(
-            json.dumps(
-                {"run": record.to_json(), "baseline": baseline.id if baseline else None, "changes": changes},
-                indent=2,
-                default=str,
-            )
-        )
+        document = {
+            "schema": RUN_SHOW_SCHEMA,
+            "run": record.to_json(),
+            "baseline": baseline.id if baseline else None,
+            "changes": changes,
+        }
+        typer.echo(json.dumps(document, indent=2, default=str))
         return
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     when = dt.datetime.fromtimestamp(record.created).isoformat(timespec="seconds")
     style = STATUS_STYLE.get(record.status, "")
     console.print(
-        f"[bold]run {record.id}[/] · {when} · [{style}]{record.status}[/] · exit {record.exit_code}"
+        f"[bold]run {record.id}[/] · {when} · [{style}]{escape(status_text(record))}[/] · exit {record.exit_code}"
     )
-    console.print(f"config: {record.config_path}")
+    console.print(f"config: {escape(str(record.config_path))}")
     if record.command:
-        console.print(f"command: {' '.join(record.command)}")
+        console.print(f"command: {escape(' '.join(record.command))}")
     if record.overrides:
         console.print(f"[yellow]launched over failing findings (--force): {', '.join(record.overrides)}[/]")
     failing = [f for f in record.findings if f.get("severity") in ("fail", "warn")]
     for finding in failing:
-        console.print(f"  {finding['severity']}: {finding['id']}: {finding['summary']}")
-    if record.metrics:
-        keys = (
-            "steps",
-            "first_loss",
-            "final_loss",
-            "final_accuracy",
-            "final_accept_len",
-            "mean_tok_s",
-            "wall_s",
-        )
-        shown = {k: record.metrics[k] for k in keys if k in record.metrics}
-        console.print(f"metrics: {shown or record.metrics}")
+        console.print(escape(f"  {finding.get('severity')}: {finding.get('id')}: {finding.get('summary')}"))
+    for line in metric_lines(record.metrics):
+        console.print(escape(line))
     for note in record.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")
+    if record.stderr_tail:
+        console.print("the run's last lines on stderr (why it failed):")
+        for line in record.stderr_tail:
+            console.print(f"  {escape(line)}", highlight=False)
     if baseline is None:
         console.print("No earlier successful run to compare with.")
         return
@@ -138,6 +181,33 @@ def show_run(
     for change in changes:
         table.add_row(change["severity"], change["subject"], str(change["before"]), str(change["after"]))
     console.print(table)
+
+
+def metric_lines(metrics: dict[str, Any]) -> list[str]:
+    """`final loss: 2.31`, one per line, the way a person reads them (not a Python dict)."""
+    lines = []
+    for key, label in METRIC_LABELS.items():
+        value = metrics.get(key)
+        if value is not None:
+            lines.append(f"{label}: {_metric(value)}")
+    last = metrics.get("last_step")
+    if isinstance(last, dict):  # a run stopped before its summary: its last metrics line
+        shown = ", ".join(f"{k} {_metric(v)}" for k, v in last.items() if not isinstance(v, list))
+        lines.append(f"last step logged: {shown}")
+    if metrics.get("status") not in (None, "ok"):
+        lines.append(
+            f"trainer status: {metrics.get('status')}"
+            + (f" ({metrics['error']})" if metrics.get("error") else "")
+        )
+    return lines
+
+
+def _metric(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, list):
+        return ", ".join(_metric(v) for v in value)
+    return str(value)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,40 +1,50 @@
 """`dflash-doctor train --config run.toml`: gate, plan, warm the cache, launch torchrun, record.
 
-Exit codes: 0 the run succeeded; 1 the gate refused (nothing started) or the run failed; 2 bad usage or
-a bad config (nothing started, nothing recorded but the refusal).
+Exit codes: 0 the run succeeded; 1 the gate refused (nothing started) or the run failed; 2 bad usage, a
+bad config or an output folder another run holds (nothing started, nothing recorded but the refusal);
+128+N the run was stopped by signal N (SIGINT: 130, SIGTERM: 143), recorded as `interrupted`.
+
+With --json the human report goes to stderr (torchrun's output too) and stdout carries one JSON document.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dflash_doctor.commands.options import JsonOption, PythonOption, default_lock
-from dflash_doctor.launch.gate import GateResult, load_training_config, run_gate
-from dflash_doctor.launch.launcher import (
-    prepare_compile_cache,
-    read_summary,
-    run_torchrun,
-    snapshot_after_success,
-)
+from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
+from dflash_doctor.launch import supervise
+from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
+from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
 from dflash_doctor.launch.memory_plan import GIB
-from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions
-from dflash_doctor.launch.runs import RunStore
+from dflash_doctor.launch.output_lock import OutputLock
+from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
+from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
+from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
+from dflash_doctor.stopping import Stopped, handling_stop_signals, signal_name
+
+TRAIN_SCHEMA = "dflash-doctor/train/v1"
 
 
 def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     table = Table(title="launch plan", title_justify="left")
     for column in ("rank", "role", "node", "device", "estimated peak"):
         table.add_column(column)
-    for role in plan.roles:
+    for role in _shown_roles(plan.roles):
+        if role is None:
+            table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "")
+            continue
         estimate = plan.memory.get(role.role)
         table.add_row(
             str(role.rank),
@@ -46,22 +56,37 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     console.print(table)
     for name, estimate in plan.memory.items():
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate.parts.items())
-        console.print(f"[dim]{name} memory (GiB): {parts}[/]")
-    console.print(f"command: {escape(' '.join(plan.command))}")
+        console.print(f"[dim]{name} memory (GiB): {parts}[/]", soft_wrap=True)
+    console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
-        console.print(f"env: {key}={escape(value)}")
+        console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)
     recommendation = gate.context.options.extra.get("split_recommendation")
     if recommendation:
         console.print(f"recommended split: {escape(str(recommendation))}")
 
 
+PLAN_ROWS_EACH_END = 8  # a plan of more ranks shows its first and last few, the rest as one row
+
+
+def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
+    """Every rank of a small plan; of a large one the first and last few, None standing for the rest."""
+    if len(roles) <= 2 * PLAN_ROWS_EACH_END + 1:
+        return list(roles)
+    return [*roles[:PLAN_ROWS_EACH_END], None, *roles[-PLAN_ROWS_EACH_END:]]
+
+
 def train_command(
     config: str = typer.Option(..., "--config", help="A training config (TOML) or a shipped config's name."),
-    force: bool = typer.Option(False, "--force", help="Launch even over failing findings (recorded)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the verdicts; start nothing."),
+    force: bool = typer.Option(
+        False, "--force", metavar=FLAG, help="Launch even over failing findings (recorded)."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", metavar=FLAG, help="Print the plan and the verdicts; start nothing."
+    ),
     deep: bool | None = typer.Option(
         None,
         "--deep/--no-deep",
+        metavar=FLAG,
         help="--deep: run the deep probe anew; --no-deep: no probe. Default: reuse the passed probe of this "
         "exact environment (lock, driver, GPUs), else probe.",
         show_default=False,
@@ -78,7 +103,26 @@ def train_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
-    console = Console(highlight=False)
+    console = Console(highlight=False, stderr=json_out)
+
+    def say(markup: str) -> None:
+        console.print(markup, soft_wrap=True)
+
+    def finish_json(record: RunRecord, failing: list[str]) -> None:
+        if json_out:
+            typer.echo(
+                json.dumps(
+                    {
+                        "schema": TRAIN_SCHEMA,
+                        "status": record.status,
+                        "failing": failing,
+                        "run": record.to_json(),
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
+
     began = time.perf_counter()  # the launcher's share of time to first step: gate + compile cache
     training = load_training_config(config, overrides)
     torchrun = TorchrunOptions(
@@ -98,9 +142,14 @@ def train_command(
         output_dir=str(Path(training.config.output_dir).resolve()),
     )
     if json_out and dry_run:
-        typer.echo(
-            json.dumps({"plan": plan.to_json(), "findings": common["findings"], "failing": failing}, indent=2)
-        )
+        document: dict[str, Any] = {
+            "schema": TRAIN_SCHEMA,
+            "status": "dry-run",
+            "plan": plan.to_json(),
+            "findings": common["findings"],
+            "failing": failing,
+        }
+        typer.echo(json.dumps(document, indent=2, default=str))
         raise typer.Exit(1 if failing else 0)
     render(gate.runs, console, header=f"dflash-doctor train · {training.path}")
     if gate.probe_note:
@@ -111,59 +160,136 @@ def train_command(
     environment = current_lock(gate.context).to_json()
     if failing and not force:
         record = store.create("refused", environment=environment, **common)
-        console.print(
+        say(
             f"[bold red]✗ launch refused[/]: {len(failing)} failing finding(s): {', '.join(failing)}. "
             f"Nothing was started (record {record.id}). Fix them, or --force to launch anyway."
         )
+        finish_json(record, failing)
         raise typer.Exit(1)
-    record = store.create("running", environment=environment, overrides=failing, **common)
+    output_lock = OutputLock(Path(training.config.output_dir).resolve())
+    run_id = new_run_id()
+    output_lock.acquire(run_id, os.getpid())  # a folder another run holds: refused here, exit 2
+    try:
+        record = store.create(
+            "running", environment=environment, overrides=failing, **common, **this_launcher(), run_id=run_id
+        )
+        launch(record, store, training, gate, plan, failing, began, gate_s, console, json_out)
+    finally:
+        output_lock.release()
+    finish_json(record, failing)
+    if record.status == "interrupted" and record.exit_code is not None:
+        raise typer.Exit(record.exit_code)
+    raise typer.Exit(0 if record.status == "succeeded" else 1)
+
+
+def launch(
+    record: RunRecord,
+    store: RunStore,
+    training: TrainingConfig,
+    gate: GateResult,
+    plan: LaunchPlan,
+    failing: list[str],
+    began: float,
+    gate_s: float,
+    console: Console,
+    json_out: bool,
+) -> None:
+    """Warm the cache, run torchrun, close the record: in every path (a stop signal at any moment, a
+    crash of our own) the record ends as interrupted, succeeded or failed, never `running`."""
+
+    def say(markup: str) -> None:
+        console.print(markup, soft_wrap=True)
+
     if failing:
-        console.print(
-            f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]"
-        )
-    drafter_devices = tuple(
-        dict.fromkeys(
-            r.device for r in plan.roles if r.role == "drafter" and r.node == 0 and r.device != "cpu"
-        )
-    )
-    prep = prepare_compile_cache(
-        gate.context.env,
-        gate.environ,
-        training.path,
-        plan.device_type,
-        drafter_devices,
-        tuple(training.overrides),
-    )
+        say(f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]")
     if gate.probe_note:
         record.notes.append(gate.probe_note)
-    record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
-    console.print(f"compile cache: {escape(prep.detail)}")
-    before = (
-        f"before torchrun: {time.perf_counter() - began:.1f} s (gate {gate_s:.1f} s, "
-        f"compile cache {prep.seconds:.1f} s)"
-    )
-    record.notes.append(before)
-    console.print(f"[dim]{before}[/]")
-    store.save(record)
     started = time.time()
-    code, interrupted = run_torchrun(plan.command, gate.environ)
-    record.exit_code = code
-    record.finished = time.time()
-    record.metrics = read_summary(Path(record.output_dir or "."))
-    record.status = "interrupted" if interrupted else ("succeeded" if code == 0 else "failed")
+    stop_log = store.path(record.id).parent / "stop.log"
+    output_dir = Path(record.output_dir or ".")
+
+    def heartbeat() -> None:
+        record.last_seen = time.time()
+        store.save(record)
+
+    def stopping(signum: int, processes: int) -> None:
+        say(
+            f"[yellow]stopping the run ({signal_name(signum)}): signalled torchrun and its workers "
+            f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
+        )
+
+    try:
+        with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
+            drafter_devices = tuple(
+                dict.fromkeys(
+                    r.device for r in plan.roles if r.role == "drafter" and r.node == 0 and r.device != "cpu"
+                )
+            )
+            waiting = (
+                "compile cache: making it warm for this build before any worker starts "
+                "(a cold compile runs once, in one process: a minute or two on CPU)"
+            )
+            say(f"[dim]{waiting}[/]")
+            with console.status("warming the compile cache", spinner="dots"):  # animates on a terminal only
+                prep = prepare_compile_cache(
+                    gate.context.env,
+                    gate.environ,
+                    training.path,
+                    plan.device_type,
+                    drafter_devices,
+                    tuple(training.overrides),
+                )
+            record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
+            say(f"compile cache: {escape(prep.detail)}")
+            before = (
+                f"before torchrun: {time.perf_counter() - began:.1f} s (gate {gate_s:.1f} s, "
+                f"compile cache {prep.seconds:.1f} s)"
+            )
+            record.notes.append(before)
+            say(f"[dim]{before}[/]")
+            record.last_seen = time.time()
+            store.save(record)
+            started = time.time()
+            outcome = run_torchrun(
+                plan.command,
+                gate.environ,
+                stop_log=stop_log,
+                on_heartbeat=heartbeat,
+                on_stopping=stopping,
+                stdout_to_stderr=json_out,
+            )
+    except Stopped as stop:
+        outcome = TorchrunOutcome(stop.exit_code, stop.signum)
+    except BaseException as exc:
+        record.status, record.finished = "failed", time.time()
+        record.notes.append(f"the launcher failed: {type(exc).__name__}: {exc}")
+        store.save(record)
+        raise
+    record.exit_code = outcome.exit_code
+    record.finished = record.last_seen = time.time()
+    record.metrics = last_metrics(output_dir, started)
+    if outcome.interrupted:
+        record.status = "interrupted"
+        record.notes.append(describe_stop(outcome, stop_log))
+    else:
+        record.status = "succeeded" if outcome.exit_code == 0 else "failed"
+        record.stderr_tail = list(outcome.stderr_tail)
+        if outcome.killed:
+            record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
     if record.status == "succeeded":
         record.snapshot = snapshot_after_success(gate.context.env, gate.environ)
         record.notes.append(record.snapshot)
     store.save(record)
     took = record.finished - started
     style = "green" if record.status == "succeeded" else "red"
-    console.print(
-        f"[bold {style}]{record.status}[/] in {took:.0f} s · exit {code} · run {record.id}"
+    say(
+        f"[bold {style}]{record.status}[/] in {took:.0f} s · exit {record.exit_code} · run {record.id}"
         + (f" · {record.tokens_per_second:,.0f} tok/s" if record.tokens_per_second else "")
     )
-    if record.status != "succeeded":
-        console.print(f"  see what changed since the last good run: dflash-doctor runs show {record.id}")
-    raise typer.Exit(0 if record.status == "succeeded" else 1)
+    if outcome.interrupted:
+        say(f"  {escape(record.notes[-1])}")
+    elif record.status != "succeeded":
+        say(f"  see what changed since the last good run: dflash-doctor runs show {record.id}")
 
 
 def register(app: typer.Typer) -> None:

@@ -171,7 +171,18 @@ def deep_report(ctx: Any) -> ProbeReport:
     options = getattr(ctx.options, "extra", {}) or {}
     flex = options.get("deep_flex", os.environ.get(FLEX_ENV, "1") != "0")
     cache = options.get("deep_inductor_cache", os.environ.get(CACHE_ENV) or None)
-    return ctx.shared(
-        "deep.report",
-        lambda: run_probe(ctx.env.interpreter.executable, probe_timeout(), flex=flex, inductor_cache=cache),
+    # Why the proof is skipped, in the caller's terms (the child only knows it got `--no-flex`).
+    why_not = (
+        "this launch trains without flex_attention (SDPA on CPU)"
+        if "deep_flex" in options
+        else f"{FLEX_ENV}=0"
     )
+
+    def probe() -> ProbeReport:
+        report = run_probe(ctx.env.interpreter.executable, probe_timeout(), flex=flex, inductor_cache=cache)
+        skipped = report.raw.get("flex")
+        if not flex and isinstance(skipped, dict) and skipped.get("status") == "skipped":
+            skipped["reason"] = why_not
+        return report
+
+    return ctx.shared("deep.report", probe)

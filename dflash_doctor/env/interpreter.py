@@ -6,8 +6,10 @@ we ask that interpreter for its `sys.path` and prefixes, once, and read its file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -133,15 +135,22 @@ class InterpreterProbe:
                 stdin=subprocess.DEVNULL,
                 text=True,
                 cwd=os.path.dirname(os.path.abspath(python)) or "/",
+                # Its own process group: a wrapper script's children (no `exec`) hold our pipes open,
+                # so on a time-out the whole group is killed, not only the script (issue 18, row 2).
+                start_new_session=True,
             )
         except OSError as exc:
             raise InterpreterError(f"--python {python}: could not run it ({exc})") from exc
 
     def cancel(self) -> None:
         """Stop a probe whose answer is no longer wanted (e.g. the command failed on bad options)."""
-        if self._child is not None and self._child.poll() is None:
+        if self._child is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._child.pid, signal.SIGKILL)  # the script and anything it started
+        if self._child.poll() is None:
             self._child.kill()
-            self._child.communicate()
+        self._child.communicate()
 
     def result(self) -> InterpreterInfo:
         if self._error is not None:
@@ -152,7 +161,10 @@ class InterpreterProbe:
             stdout, stderr = self._child.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired as exc:
             self.cancel()
-            raise InterpreterError(f"--python {python}: could not run it ({exc})") from exc
+            raise InterpreterError(
+                f"--python {python}: no answer within {self.timeout:.0f} s",
+                hint='give a python executable; a wrapper script must end with `exec python "$@"`',
+            ) from exc
         if self._child.returncode != 0:
             tail = stderr.strip().splitlines()[-1:] or ["no output"]
             raise InterpreterError(f"--python {python}: it exited {self._child.returncode}: {tail[0]}")

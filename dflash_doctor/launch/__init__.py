@@ -2,8 +2,9 @@
 
 Owns: the gate (`gate`: validate the config, plan, run the checks), the launch plan (`plan`: ranks to
 roles to devices, the torchrun command and environment), memory estimates (`memory_plan`), the best
-N+M split from measured role rates (`split`), the launcher (`launcher`: warm the compile cache, run
-torchrun, stream, record) and run records (`runs`).
+N+M split from measured role rates (`split`), the launcher (`launcher`: warm the compile cache, read the
+run's last metrics), torchrun and its process tree (`supervise`: stop signals forwarded, nothing left
+behind), one run per output folder (`output_lock`) and run records (`runs`).
 
 May import: `lock`, `audit`, `libs`, `cache`, `deep`, `env`, the core, and the trainer's config
 readers (`trainer.config`, `trainer.target_config`: no torch). Never the trainer's model code.

@@ -8,8 +8,6 @@ managed cache is made warm for this build: restored from a compatible snapshot, 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,6 @@ from dflash_doctor.errors import DoctorError
 
 KEEP_SNAPSHOTS = 5
 TRAIN_PREFIX = "train-"  # snapshots taken after runs; only these are pruned automatically
-STOP_GRACE_S = 30.0
 
 
 @dataclass
@@ -128,33 +125,37 @@ def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Pat
     return target
 
 
-def run_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:
-    """Run torchrun in the foreground; its output streams through. Returns (exit code, interrupted).
-
-    Ctrl-C reaches torchrun and its workers (same process group); torchrun stops them. If it has not
-    exited after a grace period we terminate, then kill it, so nothing is left running.
-    """
-    proc = subprocess.Popen(command, env=environ)
-    try:
-        return proc.wait(), False
-    except KeyboardInterrupt:
-        try:
-            return proc.wait(timeout=STOP_GRACE_S), True
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            proc.send_signal(signal.SIGTERM)
-            try:
-                return proc.wait(timeout=STOP_GRACE_S), True
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                return proc.wait(), True
-
-
 def read_summary(output_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((output_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def last_metrics(output_dir: Path, since: float) -> dict[str, Any]:
+    """What this run reported last: its summary.json, else (a run stopped before writing one) its last
+    metrics line. Files older than `since` are an earlier run's and are ignored."""
+    if _written_since(output_dir / "summary.json", since):
+        summary = read_summary(output_dir)
+        if summary:
+            return summary
+    metrics = output_dir / "metrics.jsonl"
+    if not _written_since(metrics, since):
+        return {}
+    try:
+        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
+        last = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return {}
+    return {"last_step": last} if isinstance(last, dict) else {}
+
+
+def _written_since(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since - 1.0
+    except OSError:
+        return False
 
 
 def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int = KEEP_SNAPSHOTS) -> str:

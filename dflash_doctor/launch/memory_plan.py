@@ -51,7 +51,13 @@ class PlanInputs:
     in_flight: int
     loss_chunk: int
     bf16: bool = True
-    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES  # on CPU: the process's own overhead
+    on_gpu: bool = True
+
+    @property
+    def overhead_part(self) -> str:
+        """A CPU rank has no CUDA context: its fixed cost is the process (torch + transformers)."""
+        return "cuda_context" if self.on_gpu else "process_overhead"
 
 
 @dataclass
@@ -94,7 +100,7 @@ def target_estimate(p: PlanInputs) -> RoleEstimate:
             "layer_transient": transient,
             "captured_states": captured,
             "send_buffers": captured * p.in_flight,
-            "cuda_context": p.cuda_context_bytes,
+            p.overhead_part: p.cuda_context_bytes,
         },
     )
 
@@ -133,7 +139,7 @@ def drafter_estimate(p: PlanInputs) -> RoleEstimate:
             "attention_workspace": queries * t.heads * 4 * 2,
             # One chunk's logits in fp32, their softmax and gradient.
             "lm_head_chunk": chunk_rows * t.vocab * 4 * 3,
-            "cuda_context": p.cuda_context_bytes,
+            p.overhead_part: p.cuda_context_bytes,
         },
     )
 

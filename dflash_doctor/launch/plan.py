@@ -131,6 +131,7 @@ def plan_inputs(
         loss_chunk=cfg.drafter.loss_chunk,
         bf16=on_gpu,
         cuda_context_bytes=overhead,
+        on_gpu=on_gpu,
     )
 
 

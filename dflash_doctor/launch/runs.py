@@ -2,6 +2,10 @@
 
 After a bad run, `dflash-doctor runs show ID` compares its environment with the last successful
 run's (the story's "previous run was at 20k tps, undo" made answerable).
+
+A record is our own state file, so reading one checks its shape and every field's type: a damaged record
+is skipped with a warning by `runs` and is a named error for `runs show`. A `running` record whose launcher
+process is gone (killed with SIGKILL, the machine rebooted) reads as `lost`, with when it was last seen.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +24,12 @@ from dflash_doctor.errors import DoctorError
 from dflash_doctor.paths import runs_dir
 
 RECORD_SCHEMA = "dflash-doctor/run/v1"
-STATUSES = ("refused", "running", "succeeded", "failed", "interrupted")
+STATUSES = ("refused", "running", "succeeded", "failed", "interrupted", "lost")
+FINISHED = frozenset({"refused", "succeeded", "failed", "interrupted"})
+
+
+class DamagedRecord(ValueError):
+    """A record.json that is not a run record of ours (torn, empty, garbage, wrong types)."""
 
 
 @dataclass
@@ -40,6 +50,11 @@ class RunRecord:
     metrics: dict[str, Any] = field(default_factory=dict)  # the trainer's summary.json
     snapshot: str | None = None
     notes: list[str] = field(default_factory=list)
+    host: str | None = None  # where the launcher runs: its pid means something only there
+    launcher_pid: int | None = None
+    launcher_started: float | None = None  # the launcher's start time: a reused pid is not the launcher
+    last_seen: float | None = None  # the launcher's last heartbeat while the run was running
+    stderr_tail: list[str] = field(default_factory=list)  # a failed run's last stderr lines: why it failed
 
     @property
     def seconds(self) -> float | None:
@@ -54,9 +69,92 @@ class RunRecord:
         return {"schema": RECORD_SCHEMA, **asdict(self)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+    def from_json(cls, data: Any) -> RunRecord:
+        """Validated: raises DamagedRecord naming the first field of the wrong type."""
+        if not isinstance(data, dict):
+            raise DamagedRecord(f"not a JSON object but a {type(data).__name__}")
+        if data.get("schema") != RECORD_SCHEMA:
+            raise DamagedRecord(f"schema {data.get('schema')!r}, expected {RECORD_SCHEMA!r}")
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for name in ("id", "created", "status"):
+            if name not in fields:
+                raise DamagedRecord(f"no {name!r}")
+        for name, value in fields.items():
+            if value is None and name not in REQUIRED:
+                continue
+            items = ITEM_TYPES.get(name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, FIELD_TYPES[name])
+                or (items is not None and not all(isinstance(item, items) for item in value))
+            ):
+                raise DamagedRecord(
+                    f"{name!r} is {json.dumps(value, default=str)[:60]}, not of the right type"
+                )
+        if fields["status"] not in STATUSES:
+            raise DamagedRecord(f"unknown status {fields['status']!r}")
         return cls(**fields)
+
+    def launcher_gone(self) -> bool:
+        """True when this record says `running` but its launcher no longer runs (on this host)."""
+        if self.status != "running" or self.launcher_pid is None or self.host != socket.gethostname():
+            return False
+        return not process_is(self.launcher_pid, self.launcher_started)
+
+
+REQUIRED = frozenset({"id", "created", "status"})
+_NUMBER = (int, float)
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "created": _NUMBER,
+    "status": (str,),
+    "config_path": (str,),
+    "config_text": (str,),
+    "environment": (dict,),
+    "findings": (list,),
+    "overrides": (list,),
+    "command": (list,),
+    "plan": (dict,),
+    "exit_code": (int,),
+    "finished": _NUMBER,
+    "output_dir": (str,),
+    "metrics": (dict,),
+    "snapshot": (str,),
+    "notes": (list,),
+    "host": (str,),
+    "launcher_pid": (int,),
+    "launcher_started": _NUMBER,
+    "last_seen": _NUMBER,
+    "stderr_tail": (list,),
+}
+ITEM_TYPES: dict[str, type] = {
+    "findings": dict,
+    "overrides": str,
+    "command": str,
+    "notes": str,
+    "stderr_tail": str,
+}
+
+
+def this_launcher() -> dict[str, Any]:
+    """The fields that tie a record to the process that launched it."""
+    import psutil
+
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "launcher_pid": me.pid, "launcher_started": me.create_time()}
+
+
+def process_is(pid: int, started: float | None) -> bool:
+    """Is `pid` alive and the same process that started at `started`?"""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - started) < 1.0
+    except psutil.Error:
+        return False
 
 
 def new_run_id(now: float | None = None) -> str:
@@ -73,9 +171,9 @@ class RunStore:
     def path(self, run_id: str) -> Path:
         return self.root / run_id / "record.json"
 
-    def create(self, status: str, **fields: Any) -> RunRecord:
+    def create(self, status: str, run_id: str | None = None, **fields: Any) -> RunRecord:
         now = time.time()
-        record = RunRecord(id=new_run_id(now), created=now, status=status, **fields)
+        record = RunRecord(id=run_id or new_run_id(now), created=now, status=status, **fields)
         self.save(record)
         return record
 
@@ -85,6 +183,7 @@ class RunStore:
         write_json_atomic(self.path(record.id), record.to_json())
 
     def load(self, run_id: str) -> RunRecord:
+        """One record by id or unique prefix; a damaged one is a DoctorError naming the file."""
         matches = [p for p in self._record_paths() if p.parent.name.startswith(run_id)]
         if not matches:
             raise DoctorError(f"no run {run_id!r}", hint="list runs with `dflash-doctor runs`")
@@ -93,16 +192,24 @@ class RunStore:
                 f"run id {run_id!r} is ambiguous ({len(matches)} runs)", hint="give more characters"
             )
         path = next((p for p in matches if p.parent.name == run_id), matches[0])
-        return self._read(path)
+        try:
+            return self._read(path)
+        except (OSError, ValueError) as exc:
+            raise DoctorError(
+                f"run record {path} is damaged: {exc}",
+                hint=f"move it aside (mv {path} {path}.damaged); `dflash-doctor runs` lists the others",
+            ) from exc
 
-    def all(self) -> list[RunRecord]:
-        """Every readable record, oldest first (a torn or foreign file is skipped, never fatal)."""
+    def all(self, damaged: list[str] | None = None) -> list[RunRecord]:
+        """Every readable record, oldest first. A torn, empty or foreign file is skipped, never fatal;
+        when `damaged` is given, a line naming each skipped file is appended to it."""
         records = []
         for path in self._record_paths():
             try:
                 records.append(self._read(path))
-            except (OSError, ValueError, TypeError):
-                continue
+            except (OSError, ValueError) as exc:
+                if damaged is not None:
+                    damaged.append(f"{path}: {exc}")
         return sorted(records, key=lambda r: (r.created, r.id))
 
     def last_successful(self, before: RunRecord | None = None) -> RunRecord | None:
@@ -120,15 +227,25 @@ class RunStore:
 
     @staticmethod
     def _read(path: Path) -> RunRecord:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        if data.get("schema") != RECORD_SCHEMA:
-            raise ValueError(f"{path}: not a run record")
-        return RunRecord.from_json(data)
+        """A validated record; a `running` one whose launcher is gone comes back as `lost`."""
+        with open(path, "rb") as handle:
+            raw = handle.read()
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DamagedRecord("empty" if not raw.strip() else f"not JSON ({exc})") from exc
+        record = RunRecord.from_json(data)
+        if record.launcher_gone():
+            record.status = "lost"
+        return record
 
 
 def describe_age(record: RunRecord, now: float | None = None) -> str:
-    delta = (now or time.time()) - record.created
+    return age(record.created, now)
+
+
+def age(when: float, now: float | None = None) -> str:
+    delta = (now or time.time()) - when
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if delta >= size:
             return f"{int(delta // size)}{unit} ago"

@@ -31,6 +31,7 @@ from dflash_doctor.env.gpus import GpuInventory
 from dflash_doctor.errors import DoctorError
 
 LOCK_SCHEMA = "dflash-doctor/lock/v1"
+LOCK_SCHEMA_PREFIX = "dflash-doctor/lock/"
 DEFAULT_LOCK_NAME = "dflash.lock"
 
 ENV_PREFIXES = ("TORCH", "TRITON", "NCCL", "CUDA", "LD_")  # TORCH also covers TORCHINDUCTOR*, TORCHDYNAMO*
@@ -78,9 +79,16 @@ class EnvironmentLock:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> EnvironmentLock:
-        if data.get("schema") != LOCK_SCHEMA:
-            raise ValueError(f"schema {data.get('schema')!r}, expected {LOCK_SCHEMA!r}")
+    def from_json(cls, data: Any) -> EnvironmentLock:
+        """Validated section by section: a wrong-typed field is a LockShapeError naming it."""
+        if not isinstance(data, dict):
+            raise LockShapeError(f"not a JSON object but a {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != LOCK_SCHEMA:
+            if isinstance(schema, str) and schema.startswith(LOCK_SCHEMA_PREFIX):
+                raise NewerLockError(schema)
+            raise LockShapeError(f"schema {schema!r}, expected {LOCK_SCHEMA!r}")
+        check_lock_shape(data)
         return cls(
             python=dict(data["python"]),
             distributions=dict(data["distributions"]),
@@ -95,6 +103,54 @@ class EnvironmentLock:
             created=str(data.get("created", "")),
             tool=str(data.get("tool", "")),
         )
+
+
+class LockShapeError(ValueError):
+    """The file is JSON but not a lock of this schema: the message names the field."""
+
+
+class NewerLockError(ValueError):
+    """A lock of a later schema than this version reads."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        super().__init__(f"schema {schema!r}; this dflash-doctor {__version__} reads {LOCK_SCHEMA!r}")
+
+
+# Each section: the JSON types it may hold, whether it may be null, and the type of its values.
+_SECTIONS: dict[str, tuple[type, bool, type | None]] = {
+    "python": (dict, False, None),
+    "distributions": (dict, False, dict),
+    "torch": (dict, True, None),
+    "triton": (dict, True, None),
+    "libraries": (dict, True, dict),
+    "libraries_note": (str, True, None),
+    "driver": (dict, True, None),
+    "gpus": (list, True, dict),
+    "environment": (dict, True, str),
+    "runtime": (dict, True, None),
+    "created": (str, True, None),
+    "tool": (str, True, None),
+}
+
+
+def check_lock_shape(data: dict[str, Any]) -> None:
+    """Every section of the type the differ expects (a list where a table belongs: named, not a crash)."""
+    for name in ("python", "distributions"):
+        if name not in data:
+            raise LockShapeError(f"no {name!r} section")
+    for name, (kind, nullable, values) in _SECTIONS.items():
+        value = data.get(name)
+        if value is None and (nullable or name not in data):
+            continue
+        if not isinstance(value, kind):
+            raise LockShapeError(f"{name!r} must be a JSON {_JSON_NAMES[kind]}, got {json.dumps(value)[:60]}")
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        if values is not None and any(not isinstance(item, values) for item in items):
+            raise LockShapeError(f"every entry of {name!r} must be a JSON {_JSON_NAMES[values]}")
+
+
+_JSON_NAMES = {dict: "object", list: "array", str: "string"}
 
 
 # --- redaction -----------------------------------------------------------------------------------
@@ -296,15 +352,26 @@ def write_lock(lock: EnvironmentLock, path: str | os.PathLike[str]) -> Path:
 
 
 def read_lock(path: str | os.PathLike[str]) -> EnvironmentLock:
-    """Raises DoctorError (exit 2) with what to do when the file is missing, not JSON, or not a lock."""
+    """Raises DoctorError (exit 2) with what to do when the file is missing, not JSON, not a lock, or a
+    lock of a newer schema."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise DoctorError(
             f"lock {path}: cannot read it ({exc.strerror})", hint="create one with `dflash-doctor lock`"
         ) from exc
     try:
-        return EnvironmentLock.from_json(json.loads(text))
+        return EnvironmentLock.from_json(json.loads(raw.decode("utf-8")))
+    except NewerLockError as exc:
+        raise DoctorError(
+            f"lock {path}: made by a newer version of dflash-doctor ({exc})",
+            hint="upgrade dflash-doctor (pip install -U dflash-doctor), or re-create the lock with this one",
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise DoctorError(
+            f"lock {path}: not a dflash-doctor lock (not UTF-8 text: a binary file?)",
+            hint="re-create it with `dflash-doctor lock`",
+        ) from exc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DoctorError(
             f"lock {path}: not a dflash-doctor lock ({exc})", hint="re-create it with `dflash-doctor lock`"

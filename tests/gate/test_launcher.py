@@ -52,10 +52,10 @@ def test_ctrl_c_stops_the_launch_and_every_worker(tmp_path: Path) -> None:
     )
     launcher = (
         "import sys\n"
-        "from dflash_doctor.launch import launcher\n"
-        "launcher.STOP_GRACE_S = 5\n"
-        f"code, interrupted = launcher.run_torchrun([sys.executable, '-c', {fake_torchrun!r}], {{}})\n"
-        "print('RESULT', code, interrupted)\n"
+        "from dflash_doctor.launch import supervise\n"
+        "supervise.STOP_GRACE_S = 5\n"
+        f"outcome = supervise.run_torchrun([sys.executable, '-c', {fake_torchrun!r}], {{}})\n"
+        "print('RESULT', outcome.exit_code, outcome.interrupted)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", launcher],

@@ -46,7 +46,8 @@ def test_list_and_unknown_id(capsys) -> None:
     assert "No runs yet" in capsys.readouterr().out
     RunStore().create("refused", config_path="x.toml")
     assert run(["runs", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["status"] == "refused"
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["schema"] == "dflash-doctor/runs/v1" and listed["runs"][0]["status"] == "refused"
     assert run(["runs", "show", "nope"]) == 2
 
 
@@ -66,3 +67,19 @@ def test_last_successful_ignores_later_and_failed_runs() -> None:
     later = store.create("succeeded")
     assert store.last_successful(before=failed).id == first.id
     assert store.last_successful().id == later.id
+
+
+def test_a_failed_run_keeps_its_last_stderr_lines_and_runs_show_prints_them(capsys) -> None:
+    import sys
+
+    from dflash_doctor.launch.supervise import run_torchrun
+
+    failing = (
+        "import sys; print('error: data.path: d.jsonl line 100: not JSON', file=sys.stderr); sys.exit(1)"
+    )
+    outcome = run_torchrun([sys.executable, "-c", failing], {})
+    assert outcome.exit_code == 1 and not outcome.interrupted
+    assert outcome.stderr_tail == ("error: data.path: d.jsonl line 100: not JSON",)
+    record = RunStore().create("failed", exit_code=1, stderr_tail=list(outcome.stderr_tail))
+    assert run(["runs", "show", record.id]) == 0
+    assert "d.jsonl line 100: not JSON" in capsys.readouterr().out

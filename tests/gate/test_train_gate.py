@@ -13,6 +13,7 @@ from dflash_doctor.commands import train as train_command
 from dflash_doctor.env import gpus as gpus_module
 from dflash_doctor.env.gpus import GpuInventory
 from dflash_doctor.launch.runs import RunStore
+from dflash_doctor.launch.supervise import TorchrunOutcome
 from tests.fakeenv import FakeSite, make_venv
 from tests.gate.test_launch_checks import h200
 from tests.libs_fixtures import cuda_libs, install_cuda_torch  # noqa: F401  (fixture)
@@ -26,9 +27,9 @@ def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]
         monkeypatch.delenv(name, raising=False)
     started: list[list[str]] = []
 
-    def fake_torchrun(command: list[str], environ: dict[str, str]) -> tuple[int, bool]:
+    def fake_torchrun(command: list[str], environ: dict[str, str], **kwargs: object) -> TorchrunOutcome:
         started.append(command)
-        return 0, False
+        return TorchrunOutcome(0)
 
     monkeypatch.setattr(train_command, "run_torchrun", fake_torchrun)
     monkeypatch.setattr(train_command, "prepare_compile_cache", lambda *a, **k: train_command_prep())

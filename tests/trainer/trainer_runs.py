@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -98,8 +99,20 @@ def run_until_then_kill9(
         else:
             raise AssertionError(f"the run never reached step {hang_after_step} (exit {proc.poll()})")
     finally:
+        # torchrun starts each worker in a session of its own: killing torchrun's group misses them, so
+        # every process of the tree is found first and killed with it (issue 18, row 17).
+        import psutil
+
+        try:
+            workers = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            workers = []
         os.killpg(proc.pid, signal.SIGKILL)
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                worker.kill()
         proc.wait()
+        psutil.wait_procs(workers, timeout=30)
 
 
 @functools.cache

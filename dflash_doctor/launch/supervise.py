@@ -1,0 +1,201 @@
+"""`train` owns the processes it starts: torchrun and every worker, stopped together, none left behind.
+
+torchrun starts each worker in a session of its own, so a signal to torchrun's process group never reaches
+them, and once torchrun is gone they are re-parented to PID 1 and keep training (issue 18, row 1). Here
+torchrun runs in its own session too (a terminal's Ctrl-C reaches only the launcher), its process tree is
+remembered while it runs, and a stop signal is forwarded to every member; after a bounded wait whatever is
+left is killed. A second stop signal kills at once.
+
+While stopping, the processes' stderr (three tracebacks of KeyboardInterrupt/SignalException, ~150 lines)
+goes to a log file instead of the terminal, so a stop reads as one line; stdout (the progress) is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from dflash_doctor.stopping import handling_stop_signals, signal_name
+
+STOP_GRACE_S = 30.0  # how long torchrun and the workers get to exit after the signal, before SIGKILL
+TICK_S = 0.5  # how often the tree is re-read (a worker must be known before torchrun can vanish)
+HEARTBEAT_S = 30.0  # how often `on_heartbeat` runs while torchrun runs (the record's "last seen")
+
+
+@dataclass(frozen=True)
+class TorchrunOutcome:
+    exit_code: int  # torchrun's, or 128+signal when a stop signal ended the run
+    stop_signal: int | None = None
+    killed: int = 0  # processes still alive after the grace period (or left by torchrun), killed
+    stderr_tail: tuple[str, ...] = ()  # the last lines the processes wrote to stderr (why a run failed)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop_signal is not None
+
+
+class ProcessTree:
+    """A process and every descendant seen while it ran (remembered: an orphan cannot be found later)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root_pid = pid
+        self.known: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            self.known[pid] = psutil.Process(pid)
+
+    def refresh(self) -> None:
+        root = self.known.get(self.root_pid)
+        if root is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for child in root.children(recursive=True):
+                self.known.setdefault(child.pid, child)
+
+    def alive(self) -> list[psutil.Process]:
+        return [p for p in self.known.values() if _alive(p)]
+
+    def send(self, signum: int) -> int:
+        """Signal every living member; returns how many were signalled."""
+        sent = 0
+        for process in self.alive():
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signum)
+                sent += 1
+        return sent
+
+    def wait_gone(self, deadline: float) -> None:
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def kill_all(self) -> int:
+        left = self.alive()
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(left, timeout=5)
+        return len(left)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+TAIL_LINES = 40
+
+
+class StderrRelay(threading.Thread):
+    """Copies the children's stderr to ours line by line; after `quiet()`, into `log` instead. Keeps the
+    last lines shown, so a failed run's record can say why."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes], log: Path | None) -> None:
+        super().__init__(name="stderr-relay", daemon=True)
+        self.source, self.sink, self.log_path = source, sink, log
+        self._quiet = threading.Event()
+        self.diverted = 0  # lines kept out of the terminal
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def quiet(self) -> None:
+        self._quiet.set()
+
+    def run(self) -> None:
+        log: IO[bytes] | None = None
+        try:
+            for line in iter(self.source.readline, b""):
+                if not self._quiet.is_set():
+                    self.tail.append(line.decode("utf-8", errors="replace").rstrip())
+                    with contextlib.suppress(OSError, ValueError):
+                        self.sink.write(line)
+                        self.sink.flush()
+                    continue
+                self.diverted += 1
+                if self.log_path is not None and log is None:
+                    with contextlib.suppress(OSError):
+                        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                        log = open(self.log_path, "ab")  # noqa: SIM115  (closed below)
+                if log is not None:
+                    log.write(line)
+        finally:
+            if log is not None:
+                log.close()
+            self.source.close()
+
+
+def run_torchrun(
+    command: list[str],
+    environ: dict[str, str],
+    stop_log: Path | None = None,
+    on_heartbeat: Callable[[], None] | None = None,
+    on_stopping: Callable[[int, int], None] | None = None,
+    grace_s: float | None = None,
+    stdout_to_stderr: bool = False,
+) -> TorchrunOutcome:
+    """Run torchrun to the end, or stop it and every worker on SIGINT/SIGTERM/SIGHUP.
+
+    `on_stopping(signum, processes)` runs once when a stop begins (to say so in one line), from the main
+    loop, never inside the signal handler. Always returns with no process of the tree left alive.
+    `stdout_to_stderr`: keep our stdout for one JSON document (`train --json`).
+    """
+    grace = STOP_GRACE_S if grace_s is None else grace_s
+    stops: list[int] = []
+    proc = subprocess.Popen(
+        command,
+        env=environ,
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        stdout=sys.stderr.fileno() if stdout_to_stderr else None,
+    )
+    assert proc.stderr is not None
+    tree = ProcessTree(proc.pid)
+    relay = StderrRelay(proc.stderr, sys.stderr.buffer, stop_log)
+    relay.start()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stops.append(signum)
+        relay.quiet()
+        tree.refresh()
+        tree.send(signal.SIGKILL if len(stops) > 1 else signum)  # a second Ctrl-C: kill now
+
+    with handling_stop_signals(on_signal):
+        last_beat = time.monotonic()
+        while proc.poll() is None and not stops:
+            tree.refresh()
+            if on_heartbeat is not None and time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                on_heartbeat()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=TICK_S)
+        if stops:
+            if on_stopping is not None:
+                on_stopping(stops[0], len(tree.alive()))
+            tree.wait_gone(time.monotonic() + grace)
+        killed = tree.kill_all()  # after a stop: what outlived the grace; else: what torchrun left behind
+        code = proc.wait()
+    relay.join(timeout=5)
+    if stops:
+        return TorchrunOutcome(128 + stops[0], stops[0], killed)
+    return TorchrunOutcome(code, None, killed, tuple(relay.tail) if code else ())
+
+
+def describe_stop(outcome: TorchrunOutcome, log: Path | None) -> str:
+    """One line for the end of an interrupted run."""
+    assert outcome.stop_signal is not None
+    parts = [f"stopped by {signal_name(outcome.stop_signal)}"]
+    if outcome.killed:
+        parts.append(f"{outcome.killed} process(es) still running after the grace period were killed")
+    if log is not None and log.is_file():
+        parts.append(f"their output while stopping: {log}")
+    return "; ".join(parts)

@@ -1,0 +1,34 @@
+"""A rank never outlives its torchrun.
+
+torchrun starts every rank in a session of its own, so when torchrun is killed outright (SIGKILL, the
+OOM killer) nothing signals the ranks: they are re-parented to PID 1 and a rank blocked on a peer, or one
+that was hung, stays asleep for ever (issue 18, row 17: found alive 57 minutes after a test). A daemon
+thread notices the new parent within a second and sends this process SIGTERM (the stop handlers unwind
+it, `finally` blocks run); a rank stuck in a blocking call that never returns to Python is ended after
+`grace_s` with `os._exit`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+POLL_S = 1.0
+
+
+def watch_parent(grace_s: float, poll_s: float = POLL_S) -> threading.Thread:
+    """Start the watch for the current parent; returns the (daemon) thread."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(128 + signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
