@@ -182,15 +182,15 @@ class DrafterRole:
         returned = train_step(
             self.model,
             self.model,
-            batch,
+            [batch],
             self.recipe.cfg,
             self.anchor_gen,
             self.optimizer,
             self.scheduler,
             self.device,
         )
-        out = returned[0]  # (LossOutput, grad norm, ...): only the loss is needed here
-        return float(out.loss.detach())
+        outs = returned[0]  # ([LossOutput per micro-batch], grad norm, lr): only the loss is needed here
+        return float(outs[-1].loss.detach())
 
 
 def drafter_step_flops(recipe: Recipe, model: DFlashDrafter, device: torch.device) -> tuple[float, float]:

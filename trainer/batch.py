@@ -18,6 +18,13 @@ class CapturedBatch:
     loss_mask: torch.Tensor  # (B, S) bool: True where the token may be supervised (response tokens)
     hidden: torch.Tensor  # (B, S, n_captured * H): the captured target layers, concatenated on features
     index: int = 0  # global batch number (for the deterministic batch -> drafter assignment and resume)
+    # Held-out (eval) batches only: (B, S) int64, the target's own greedy next token after each position
+    # (final norm + LM head), so the drafter can score what a greedy server would accept.
+    target_ids: torch.Tensor | None = None
+
+    @property
+    def is_eval(self) -> bool:
+        return self.target_ids is not None
 
     @property
     def batch_size(self) -> int:
@@ -33,4 +40,5 @@ class CapturedBatch:
             self.loss_mask.to(device, non_blocking=non_blocking),
             self.hidden.to(device, non_blocking=non_blocking),
             self.index,
+            None if self.target_ids is None else self.target_ids.to(device, non_blocking=non_blocking),
         )

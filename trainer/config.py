@@ -19,12 +19,10 @@ import tomllib
 
 from dflash_doctor.errors import ConfigError
 from trainer.data_files import check_data_file
+from trainer.mask_token import resolve_mask_token
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
-
-# Qwen3 tokenizers reserve this id as the DFlash mask token (REFERENCE.md section 5).
-QWEN3_MASK_TOKEN_ID = 151669
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class DrafterSection:
     layers: int = 1
     block_size: int = 16
     target_layer_ids: list[int] | None = None  # default: evenly spaced from 1 to L-3
-    mask_token_id: int | None = None  # default: tiny -> vocab-1, Qwen3 -> 151669
+    mask_token_id: int | None = None  # default: resolved by trainer.mask_token's rules
     intermediate_size: int | None = None  # default: the target's
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa
     loss_chunk: int = 2048  # rows of LM head + CE per chunk (its gradient is computed in the same pass)
@@ -49,6 +47,9 @@ class DrafterSection:
     # flex_attention's kernel_options, e.g. {USE_TMA = true} (Hopper's tensor memory accelerator); the
     # keys accepted: FLEX_KERNEL_OPTIONS. Empty: torch's own choices.
     flex_kernel_options: dict[str, int | bool] = field(default_factory=dict)
+    # Filled by load_config (not TOML keys): the mask token's string and the rule that chose its id.
+    mask_token_text: str | None = None
+    mask_token_rule: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,22 @@ class DataSection:
     num_samples: int = 512  # synthetic / random only
     prompt_len: int = 8  # synthetic only: random prompt tokens (not supervised)
     temperature: float = 0.5  # synthetic only: sampling temperature of the tiny target
+    # chat only: handed to the tokenizer's chat template, e.g. {enable_thinking = false}, so the data are
+    # rendered the way the target will be served
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Held-out sequences the drafters score but never train on: a share of the data (fixed by run.seed),
+    # or a separate file of the same kind. Either one turns held-out evaluation on ([eval]).
+    eval_fraction: float = 0.0
+    eval_path: str | None = None
+
+    @property
+    def holds_out(self) -> bool:
+        return self.eval_fraction > 0 or self.eval_path is not None
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    every: int = 500  # steps between held-out evaluations (0: only after the last step); needs held-out data
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,10 @@ class OptimSection:
     grad_clip: float = 1.0
     steps: int | None = None  # exactly one of steps / epochs
     epochs: float | None = None
-    batch_size: int = 1  # sequences per drafter rank per step
+    batch_size: int = 1  # sequences per drafter rank per micro-step
+    grad_accum: int = (
+        1  # micro-steps per optimizer step: sequences per step = batch_size x grad_accum x drafters
+    )
     anchors: int = 512  # anchors per sequence per step
     gamma: float | None = None  # loss decay; default chosen by the drafter from the block size
     weight_decay: float = 0.0
@@ -98,6 +118,7 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class OutputSection:
     dir: str = "runs/dflash"
+    export_dtype: str = "bf16"  # the export's weights: bf16 (what engines serve) | fp32 (the master weights)
 
 
 @dataclass(frozen=True)
@@ -113,6 +134,7 @@ class TrainConfig:
     target: TargetSection = field(default_factory=TargetSection)
     drafter: DrafterSection = field(default_factory=DrafterSection)
     data: DataSection = field(default_factory=DataSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     topology: TopologySection = field(default_factory=TopologySection)
     optim: OptimSection = field(default_factory=OptimSection)
     precision: PrecisionSection = field(default_factory=PrecisionSection)
@@ -276,6 +298,18 @@ def int_choice(*options: int) -> Parser:
     return parse
 
 
+def table() -> Parser:
+    """A TOML table of plain values (strings, numbers, booleans, lists), e.g. {enable_thinking = false}."""
+    expected = "a table of plain values, like {enable_thinking = false}"
+
+    def parse(name: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict) or any(isinstance(v, dict) for v in value.values()):
+            raise _fail(name, expected, value)
+        return dict(value)
+
+    return parse
+
+
 # flex_attention's kernel_options that a config may set (torch.nn.attention.flex_attention.FlexKernelOptions).
 # A `fwd_`/`bwd_` prefix applies an option to the forward/backward kernel only (torch strips the prefix
 # there); the backward kernel has two block pairs (M1/N1: the dK/dV loop, M2/N2: the dQ loop).
@@ -382,8 +416,12 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "num_samples": integer(1),
             "prompt_len": integer(1),
             "temperature": number(above=0.0),
+            "chat_template_kwargs": table(),
+            "eval_fraction": number(0.0, 0.5),
+            "eval_path": text(),
         },
     ),
+    "eval": (EvalSection, {"every": integer(0)}),
     "topology": (
         TopologySection,
         {
@@ -403,6 +441,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "steps": integer(1),
             "epochs": number(above=0.0),
             "batch_size": integer(1),
+            "grad_accum": integer(1),
             "anchors": integer(1),
             "gamma": number(above=0.0),
             "weight_decay": number(0.0),
@@ -411,7 +450,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
     ),
     "precision": (PrecisionSection, {"autocast": choice("auto", "bf16", "off")}),
     "checkpoint": (CheckpointSection, {"every": integer(0), "keep": integer(1)}),
-    "output": (OutputSection, {"dir": text()}),
+    "output": (OutputSection, {"dir": text(), "export_dtype": choice("bf16", "fp32")}),
     "run": (
         RunSection,
         {
@@ -467,6 +506,12 @@ def _check_relations(cfg: TrainConfig) -> None:
         )
     if d.kind in ("synthetic", "random") and d.prompt_len >= d.seq_len:
         raise ConfigError(f"data.prompt_len: must be < data.seq_len ({d.seq_len}), got {d.prompt_len}")
+    if d.eval_fraction > 0 and d.eval_path is not None:
+        raise ConfigError("data.eval_path: set data.eval_fraction or data.eval_path, not both")
+    if d.eval_path is not None and d.kind not in ("jsonl", "text", "chat"):
+        raise ConfigError(f'data.eval_path: needs data.kind "jsonl", "text" or "chat", got "{d.kind}"')
+    if d.chat_template_kwargs and d.kind != "chat":
+        raise ConfigError(f'data.chat_template_kwargs: only for data.kind = "chat", got "{d.kind}"')
     ids = cfg.drafter.target_layer_ids
     if ids is not None and ids != sorted(ids):
         raise ConfigError(f"drafter.target_layer_ids: must be increasing, got {_shown(ids)}")
@@ -488,40 +533,28 @@ def complete_with_target(cfg: TrainConfig, target_config: Any) -> TrainConfig:
                 "set the ids"
             )
         ids = default_target_layer_ids(num_layers, dr.layers)
-    elif max(ids) >= num_layers:
+    elif max(ids) >= num_layers - 1:
         raise ConfigError(
-            f"drafter.target_layer_ids: must be < the target's {num_layers} layers, got {_shown(ids)}"
+            f"drafter.target_layer_ids: must be <= {num_layers - 2} (L-2 of the target's {num_layers} layers), "
+            f"got {_shown(ids)}: the engines capture layer L-1 after the final norm (hidden_states[L]) where "
+            "training captures it before, and SGLang's capture loop never reaches it"
         )
-    mask = dr.mask_token_id
-    if mask is None:
-        mask = default_mask_token_id(cfg.target.path, target_config)
-    if mask >= vocab:
-        raise ConfigError(f"drafter.mask_token_id: must be < the target's vocab size {vocab}, got {mask}")
+    mask = resolve_mask_token(
+        cfg.target.path,
+        str(getattr(target_config, "model_type", "")),
+        vocab,
+        dr.mask_token_id,
+        is_embedded(cfg.target.path),
+    )
     max_pos = int(getattr(target_config, "max_position_embeddings", 1 << 30))
     if cfg.data.seq_len > max_pos:
         raise ConfigError(
             f"data.seq_len: must be <= the target's max_position_embeddings {max_pos}, got {cfg.data.seq_len}"
         )
-    return replace(cfg, drafter=replace(dr, target_layer_ids=ids, mask_token_id=mask))
-
-
-def default_mask_token_id(target_path: str, target_config: Any) -> int:
-    """tiny: the last id; Qwen3-family: 151669; otherwise the tokenizer's mask token, or an error."""
-    vocab = int(target_config.vocab_size)
-    if target_path == "tiny":
-        return vocab - 1
-    if str(getattr(target_config, "model_type", "")).startswith("qwen") and vocab > QWEN3_MASK_TOKEN_ID:
-        return QWEN3_MASK_TOKEN_ID
-    tok_cfg = Path(target_path) / "tokenizer_config.json"
-    if tok_cfg.is_file():
-        settings = json.loads(tok_cfg.read_text())
-        mask = settings.get("mask_token")
-        for token_id, added in settings.get("added_tokens_decoder", {}).items():
-            if mask is not None and isinstance(added, dict) and added.get("content") == mask:
-                return int(token_id)
-    raise ConfigError(
-        "drafter.mask_token_id: no default for this target (not Qwen3, no mask token in its tokenizer); set it"
+    drafter = replace(
+        dr, target_layer_ids=ids, mask_token_id=mask.id, mask_token_text=mask.text, mask_token_rule=mask.rule
     )
+    return replace(cfg, drafter=drafter)
 
 
 # ---------------------------------------------------------------- loading
@@ -620,4 +653,6 @@ def load_config(
     completed = complete_with_target(cfg, shapes)
     if check_data and cfg.data.path is not None:
         check_data_file(cfg.data.kind, cfg.data.path, vocab_size=int(shapes.vocab_size))
+    if check_data and cfg.data.eval_path is not None:
+        check_data_file(cfg.data.kind, cfg.data.eval_path, int(shapes.vocab_size), field="data.eval_path")
     return completed

@@ -12,6 +12,7 @@ Kinds: `jsonl` ({"input_ids": [...], "loss_mask": [...]} per line), `text` ({"te
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from dflash_doctor.errors import ConfigError
+from trainer.chat import TemplateMarks, chat_tokens_and_mask, check_messages
 from trainer.config import DataSection, TrainConfig
 from trainer.data_files import count_records, jsonl_records, record_problem
 
@@ -46,13 +48,13 @@ def fit_to_length(ids: list[int], mask: list[bool], seq_len: int) -> tuple[torch
 class JsonlSource:
     """Pre-tokenised sequences: {"input_ids": [ints], "loss_mask": [0/1 or bools, same length]}."""
 
-    def __init__(self, path: str, seq_len: int, vocab_size: int) -> None:
+    def __init__(self, path: str, seq_len: int, vocab_size: int, field: str = "data.path") -> None:
         self.seq_len = seq_len
         self.rows: list[tuple[list[int], list[bool]]] = []
-        for number, record in jsonl_records(Path(path)):
+        for number, record in jsonl_records(Path(path), field):
             problem = record_problem("jsonl", record, vocab_size)
             if problem is not None:
-                raise ConfigError(f"data.path: {path} line {number}: {problem}")
+                raise ConfigError(f"{field}: {path} line {number}: {problem}")
             ids, mask = record["input_ids"], record["loss_mask"]
             self.rows.append((ids, [bool(m) for m in mask]))
 
@@ -65,51 +67,47 @@ class JsonlSource:
 
 
 class TokenizedSource:
-    """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily."""
+    """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily.
 
-    def __init__(self, path: str, kind: str, tokenizer: Any, seq_len: int) -> None:
-        self.kind, self.tokenizer, self.seq_len = kind, tokenizer, seq_len
-        self.records = jsonl_records(Path(path))
-        field = "text" if kind == "text" else "messages"
+    Chat records go through `trainer.chat` with the run's `data.chat_template_kwargs`; the template is
+    probed once for its header and end-of-turn marker."""
+
+    def __init__(
+        self,
+        path: str,
+        kind: str,
+        tokenizer: Any,
+        seq_len: int,
+        template_kwargs: dict[str, Any] | None = None,
+        field: str = "data.path",
+    ) -> None:
+        self.kind, self.tokenizer, self.seq_len, self.path = kind, tokenizer, seq_len, path
+        self.template_kwargs, self.field = dict(template_kwargs or {}), field
+        self.records = jsonl_records(Path(path), field)
+        needed = "text" if kind == "text" else "messages"
         for number, record in self.records:
-            if field not in record:
-                raise ConfigError(f'data.path: {path} line {number}: a "{kind}" record needs "{field}"')
+            if needed not in record:
+                raise ConfigError(f'{field}: {path} line {number}: a "{kind}" record needs "{needed}"')
+        self.marks = TemplateMarks.of(tokenizer, self.template_kwargs) if kind == "chat" else None
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _, record = self.records[j]
+    def tokens(self, j: int) -> tuple[list[int], list[bool]]:
+        """Record j's ids and loss mask before truncation and padding."""
+        number, record = self.records[j]
+        where = f"{self.field}: {self.path} line {number}"
         if self.kind == "text":
+            if not isinstance(record["text"], str):
+                raise ConfigError(f'{where}: "text" must be a string')
             ids = self.tokenizer(record["text"], add_special_tokens=True)["input_ids"]
-            return fit_to_length(ids, [True] * len(ids), self.seq_len)
-        ids, mask = chat_tokens_and_mask(self.tokenizer, record["messages"])
+            return ids, [True] * len(ids)
+        messages = check_messages(record["messages"], where)
+        return chat_tokens_and_mask(self.tokenizer, messages, self.template_kwargs, where, self.marks)
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = self.tokens(j)
         return fit_to_length(ids, mask, self.seq_len)
-
-
-def _template_ids(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
-    if isinstance(out, dict) or hasattr(out, "keys"):  # newer transformers return a BatchEncoding
-        out = out["input_ids"]
-    return list(out)
-
-
-def chat_tokens_and_mask(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[bool]]:
-    """Tokens of the whole conversation; True on the tokens each assistant turn adds (not its header).
-
-    Each assistant span is the difference between the template up to that turn (with the generation prompt,
-    so the header is context) and the template including it.
-    """
-    ids = _template_ids(tokenizer, messages, generation_prompt=False)
-    mask = [False] * len(ids)
-    for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
-        start = len(_template_ids(tokenizer, messages[:i], generation_prompt=True)) if i else 0
-        end = len(_template_ids(tokenizer, messages[: i + 1], generation_prompt=False))
-        for k in range(start, min(end, len(ids))):
-            mask[k] = True
-    return ids, mask
 
 
 class RandomSource:
@@ -196,24 +194,37 @@ def sample_sequences(
     return torch.cat(tokens, dim=1).cpu()
 
 
-def build_source(cfg: TrainConfig, device: torch.device, vocab_size: int) -> SequenceSource:
-    """The configured source (on target ranks: synthetic generation runs the tiny target on `device`)."""
+def build_source(
+    cfg: TrainConfig, device: torch.device, vocab_size: int, path: str | None = None, field: str = "data.path"
+) -> SequenceSource:
+    """The configured source (on target ranks: synthetic generation runs the tiny target on `device`).
+    `path`/`field`: another file of the same kind (the held-out file, data.eval_path)."""
     d = cfg.data
     mask_id = cfg.drafter.mask_token_id
     assert mask_id is not None, "load_config fills drafter.mask_token_id"
+    path = path or d.path
     if d.kind == "jsonl":
-        return JsonlSource(str(d.path), d.seq_len, vocab_size)
+        return JsonlSource(str(path), d.seq_len, vocab_size, field)
     if d.kind in ("text", "chat"):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.target.path, local_files_only=True)
-        return TokenizedSource(str(d.path), d.kind, tokenizer, d.seq_len)
+        return TokenizedSource(
+            str(path), d.kind, load_tokenizer(cfg.target.path), d.seq_len, d.chat_template_kwargs, field
+        )
     if d.kind == "random":
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
     from trainer.tiny import build_embedded_target
 
     model = build_embedded_target(cfg.target.path, cfg.run.seed, device)
     return SyntheticSource(model, d, cfg.run.seed, mask_id)
+
+
+def load_tokenizer(target_path: str) -> Any:
+    """The target folder's tokenizer, offline."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError or its own errors here
+        raise ConfigError(f"target.path: cannot load the tokenizer of {target_path}: {exc}") from exc
 
 
 def num_sequences(cfg: TrainConfig) -> int:
@@ -223,42 +234,115 @@ def num_sequences(cfg: TrainConfig) -> int:
     return count_records(str(cfg.data.path))
 
 
+@dataclass(frozen=True)
+class DataSplit:
+    """Which sequences train and which are held out; the same on every rank (counts and the seed only)."""
+
+    train_ids: list[int]  # ids in the training source
+    eval_ids: list[int]  # ids in the held-out source (the training source itself under eval_fraction)
+    batch_size: int
+
+    @property
+    def eval_batches(self) -> int:
+        return len(self.eval_ids) // self.batch_size
+
+    def eval_sequence_ids(self, eval_index: int) -> list[int]:
+        b = self.batch_size
+        return self.eval_ids[eval_index * b : (eval_index + 1) * b]
+
+
+def split_data(cfg: TrainConfig) -> DataSplit:
+    """`data.eval_fraction` of the sequences (a fixed draw by run.seed) or `data.eval_path`'s records held out."""
+    d, b = cfg.data, cfg.optim.batch_size
+    total = num_sequences(cfg)
+    if d.eval_path is not None:
+        split = DataSplit(list(range(total)), list(range(count_records(d.eval_path, "data.eval_path"))), b)
+        what = f"data.eval_path: {d.eval_path} holds {len(split.eval_ids)} records"
+    elif d.eval_fraction > 0:
+        held = max(1, round(total * d.eval_fraction))
+        gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + 15485863)
+        perm = torch.randperm(total, generator=gen).tolist()
+        split = DataSplit(sorted(perm[held:]), sorted(perm[:held]), b)
+        what = f"data.eval_fraction: holds out {held} of {total} sequences"
+    else:
+        return DataSplit(list(range(total)), [], b)
+    if split.eval_batches == 0:
+        raise ConfigError(f"{what}, fewer than one batch of optim.batch_size = {b}; hold out more")
+    return split
+
+
 # ---------------------------------------------------------------- order and plan
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """How many global batches and steps the run has; the same on every rank."""
+    """How many global batches and steps the run has; the same on every rank.
+
+    A step is `accum` micro-steps; micro-step u gives drafter d the global batch u * drafters + d."""
 
     batches_per_epoch: int
     total_steps: int
     drafters: int
+    accum: int = 1
+
+    @property
+    def total_micro_steps(self) -> int:
+        return self.total_steps * self.accum
 
     @property
     def total_batches(self) -> int:
-        return self.total_steps * self.drafters
+        return self.total_micro_steps * self.drafters
 
 
 def plan_run(cfg: TrainConfig, sequences: int) -> RunPlan:
-    """steps, or epochs over the data rounded down to whole steps (each step takes one batch per drafter)."""
+    """steps, or epochs over the (training) data rounded down to whole steps (each step takes `grad_accum`
+    batches per drafter)."""
     o, m = cfg.optim, cfg.topology.drafters
     per_epoch = sequences // o.batch_size
     if per_epoch == 0:
         raise ConfigError(
             f"optim.batch_size: must be <= the {sequences} sequences of the data, got {o.batch_size}"
         )
-    steps = o.steps if o.steps is not None else int(per_epoch * float(o.epochs or 0)) // m
+    steps = o.steps if o.steps is not None else int(per_epoch * float(o.epochs or 0)) // (m * o.grad_accum)
     if steps < 1:
-        raise ConfigError(f"optim.epochs: too few for one step of {m} drafter batches, got {o.epochs}")
-    return RunPlan(per_epoch, steps, m)
+        raise ConfigError(
+            f"optim.epochs: too few for one step of {m * o.grad_accum} drafter batches, got {o.epochs}"
+        )
+    return RunPlan(per_epoch, steps, m, o.grad_accum)
+
+
+def evaluates_after(step_done: int, total_steps: int, every: int) -> bool:
+    """Held-out evaluation runs every `every` steps and after the last one (`every` 0: the last only)."""
+    return step_done == total_steps or (every > 0 and step_done % every == 0)
+
+
+def target_work(
+    target_rank: int, num_targets: int, plan: RunPlan, resume_step: int, eval_every: int, eval_batches: int
+) -> Iterator[tuple[str, int]]:
+    """What target t sends, in order: ("train", global batch i) for every i with i % N == t from the resume
+    point on, and after each evaluated step ("eval", j) for the held-out batches with j % N == t.
+
+    Each (target, drafter) channel is FIFO, so this order is what makes a drafter find a step's training
+    batches before that step's held-out batches, and those before the next step's."""
+    m, a = plan.drafters, plan.accum
+    for step in range(resume_step, plan.total_steps):
+        for index in range(step * a * m, (step + 1) * a * m):
+            if index % num_targets == target_rank:
+                yield "train", index
+        if eval_batches and evaluates_after(step + 1, plan.total_steps, eval_every):
+            for j in range(target_rank, eval_batches, num_targets):
+                yield "eval", j
 
 
 class BatchOrder:
-    """Global batch index -> sequence ids: a fresh permutation per epoch, fixed by (seed, epoch)."""
+    """Global batch index -> sequence ids: a fresh permutation per epoch, fixed by (seed, epoch).
 
-    def __init__(self, sequences: int, batch_size: int, seed: int) -> None:
-        self.sequences, self.batch_size, self.seed = sequences, batch_size, seed
-        self.per_epoch = sequences // batch_size
+    `sequences` is a count (ids 0..n-1) or the list of ids to draw from (the training part of a split)."""
+
+    def __init__(self, sequences: int | list[int], batch_size: int, seed: int) -> None:
+        self.pool = list(range(sequences)) if isinstance(sequences, int) else list(sequences)
+        self.sequences, self.batch_size, self.seed = len(self.pool), batch_size, seed
+        self.per_epoch = self.sequences // batch_size
         self._epoch, self._perm = -1, torch.empty(0, dtype=torch.int64)
 
     def sequence_ids(self, batch_index: int) -> list[int]:
@@ -266,16 +350,10 @@ class BatchOrder:
         if epoch != self._epoch:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 104729 * epoch + 3)
             self._epoch, self._perm = epoch, torch.randperm(self.sequences, generator=gen)
-        return self._perm[k * self.batch_size : (k + 1) * self.batch_size].tolist()
+        return [self.pool[i] for i in self._perm[k * self.batch_size : (k + 1) * self.batch_size].tolist()]
 
 
 def make_batch(source: SequenceSource, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, S) input_ids and loss_mask for the given sequence ids."""
     rows = [source.get(j) for j in ids]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
-
-
-def batches_of_target(target_rank: int, num_targets: int, first_batch: int, total_batches: int) -> range:
-    """The global batches target t produces, from the resume point on: every i with i % N == t."""
-    start = first_batch + (target_rank - first_batch) % num_targets
-    return range(start, total_batches, num_targets)

@@ -22,7 +22,7 @@ from dflash_doctor.errors import ConfigError
 RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
 
 
-def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """(line number, record, None) or (line number, None, what is wrong) for every non-empty line."""
     try:
         with open(path, encoding="utf-8") as handle:
@@ -39,23 +39,23 @@ def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]
                     continue
                 yield number, record, None
     except OSError as exc:
-        raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
+        raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"data.path: {path} is not UTF-8 text ({exc.reason})") from exc
+        raise ConfigError(f"{field}: {path} is not UTF-8 text ({exc.reason})") from exc
 
 
-def json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_objects(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for every non-empty line; a line that is not a JSON object is a ConfigError."""
-    for number, record, problem in _lines(path):
+    for number, record, problem in _lines(path, field):
         if record is None:
-            raise ConfigError(f"data.path: {path} line {number}: {problem}")
+            raise ConfigError(f"{field}: {path} line {number}: {problem}")
         yield number, record
 
 
-def jsonl_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    records = list(json_objects(path))
+def jsonl_records(path: Path, field: str = "data.path") -> list[tuple[int, dict[str, Any]]]:
+    records = list(json_objects(path, field))
     if not records:
-        raise ConfigError(f"data.path: {path} holds no records")
+        raise ConfigError(f"{field}: {path} holds no records")
     return records
 
 
@@ -108,9 +108,9 @@ class DataScan:
     first_bad: str | None = None  # "line 100: not JSON (...)"
 
 
-def scan_data_file(kind: str, path: Path, vocab_size: int | None) -> DataScan:
+def scan_data_file(kind: str, path: Path, vocab_size: int | None, field: str = "data.path") -> DataScan:
     scan = DataScan()
-    for number, record, problem in _lines(path):
+    for number, record, problem in _lines(path, field):
         if record is not None:
             problem = record_problem(kind, record, vocab_size)
         if problem is None:
@@ -122,29 +122,29 @@ def scan_data_file(kind: str, path: Path, vocab_size: int | None) -> DataScan:
     return scan
 
 
-def check_data_file(kind: str, path: str, vocab_size: int | None = None) -> None:
+def check_data_file(kind: str, path: str, vocab_size: int | None = None, field: str = "data.path") -> None:
     """Before any process starts, every line of the file: a ConfigError (exit 2) naming the first bad
     line and counting the others, or a file with no records."""
     if kind not in RECORD_FIELDS:
         return
     if Path(path).exists() and not Path(path).is_file():  # a folder, or a FIFO that would block the read
-        raise ConfigError(f"data.path: {path} is not a regular file", hint="give a .jsonl file")
-    scan = scan_data_file(kind, Path(path), vocab_size)
+        raise ConfigError(f"{field}: {path} is not a regular file", hint="give a .jsonl file")
+    scan = scan_data_file(kind, Path(path), vocab_size, field)
     if scan.first_bad is not None:
         more = scan.bad_lines - 1
         tail = f" ({more} more bad line{'s' if more != 1 else ''} after it)" if more else ""
         raise ConfigError(
-            f"data.path: {path} {scan.first_bad}{tail}",
+            f"{field}: {path} {scan.first_bad}{tail}",
             hint=f"{scan.bad_lines} of {scan.records + scan.bad_lines} records are bad; fix or drop them",
         )
     if not scan.records:
-        raise ConfigError(f"data.path: {path} holds no records")
+        raise ConfigError(f"{field}: {path} holds no records")
 
 
-def count_records(path: str) -> int:
+def count_records(path: str, field: str = "data.path") -> int:
     """Number of non-empty lines: what every rank needs to plan the run, without parsing them."""
     try:
         with open(path, "rb") as handle:
             return sum(1 for line in handle if line.strip())
     except OSError as exc:
-        raise ConfigError(f"data.path: cannot read {path}: {exc.strerror}") from exc
+        raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from exc

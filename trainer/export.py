@@ -10,7 +10,13 @@ The folder holds `config.json` and `model.safetensors`:
   SGLang's DFlashDraftModel has neither; vLLM's loader skips `embed_tokens` when absent and shares the
   target's.
 
-The write is atomic: everything goes into a temp folder beside the destination, is fsynced, then renamed
+Weights are bf16 by default (what the engines serve in; SGLang's `dtype="auto"` would turn fp32 into fp16,
+a dtype the drafter never trained in); `dtype=torch.float32` keeps the fp32 master weights. config.json says
+the dtype twice (`torch_dtype` for older readers, `dtype` for newer ones) and carries the mask token's string
+beside its id. A README.md holds the exact vLLM and SGLang serve commands.
+
+The write is atomic: everything goes into a temp folder beside the destination, is fsynced, made readable
+by other users (folder 0755, files 0644: a server in a container may run as another user), then renamed
 into place (an existing export is moved aside first and deleted after the swap).
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,6 +39,7 @@ from trainer.drafter import AttentionKind, DFlashDrafter, DrafterConfig
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+README_NAME = "README.md"
 ARCHITECTURE = "DFlashDraftModel"
 
 
@@ -39,7 +47,7 @@ class ExportError(ValueError):
     """An export folder that cannot be read back as a DFlash drafter."""
 
 
-def hf_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
+def hf_config(cfg: DrafterConfig, dtype: torch.dtype, mask_token: str | None = None) -> dict[str, Any]:
     """The config.json a serving engine reads (Qwen3 fields plus the DFlash ones)."""
     dtype_name = str(dtype).removeprefix("torch.")
     return {
@@ -65,10 +73,38 @@ def hf_config(cfg: DrafterConfig, dtype: torch.dtype) -> dict[str, Any]:
         "layer_types": ["full_attention"] * cfg.num_hidden_layers,
         "initializer_range": 0.02,
         "torch_dtype": dtype_name,
+        "dtype": dtype_name,
         "block_size": cfg.block_size,
         "num_target_layers": cfg.num_target_layers,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        "dflash_config": {
+            "mask_token_id": cfg.mask_token_id,
+            "mask_token": mask_token,
+            "target_layer_ids": list(cfg.target_layer_ids),
+        },
     }
+
+
+def serve_commands(target: str, export_dir: str | Path, block_size: int) -> dict[str, str]:
+    """The commands that serve `target` with this drafter: vLLM must be told `"method": "dflash"` (else it
+    picks draft_model), SGLang `--speculative-algorithm DFLASH`."""
+    spec = json.dumps(
+        {"method": "dflash", "model": str(export_dir), "num_speculative_tokens": block_size - 1}
+    )
+    return {
+        "vllm": f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(spec)}",
+        "sglang": (
+            f"python -m sglang.launch_server --model-path {shlex.quote(target)} --speculative-algorithm DFLASH "
+            f"--speculative-draft-model-path {shlex.quote(str(export_dir))} --dtype bfloat16"
+        ),
+    }
+
+
+def _readme(commands: dict[str, str], target: str) -> str:
+    return (
+        "# DFlash drafter (exported by dflash-doctor's trainer)\n\n"
+        f"Trained for the target `{target}`; serve it beside that target.\n\n"
+        f"vLLM:\n\n```\n{commands['vllm']}\n```\n\nSGLang:\n\n```\n{commands['sglang']}\n```\n"
+    )
 
 
 def drafter_config_from_hf(config: dict[str, Any]) -> DrafterConfig:
@@ -103,24 +139,34 @@ def drafter_config_from_hf(config: dict[str, Any]) -> DrafterConfig:
         raise ExportError(f"config.json lacks the field {missing}") from None
 
 
-def export_drafter(model: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json + model.safetensors to `out_dir` atomically; returns the folder.
+def export_drafter(
+    model: DFlashDrafter,
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    mask_token: str | None = None,
+    target: str = "TARGET",
+) -> Path:
+    """Write config.json, model.safetensors and README.md to `out_dir` atomically; returns the folder.
 
-    `dtype` casts the weights (e.g. torch.bfloat16 for serving); default: the parameters' own dtype,
-    so a reload reproduces the model bit for bit.
+    `dtype`: the weights' dtype (bf16 for serving; torch.float32 keeps the master weights, so a reload
+    reproduces the model bit for bit). `mask_token`: the mask token's string, written beside its id.
+    `target`: the target's path or name, for the serve commands in README.md.
     """
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
-    dtype = dtype or next(iter(state.values())).dtype
     tensors: dict[str, Tensor] = {name: t.detach().to("cpu", dtype).contiguous() for name, t in state.items()}
 
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         save_file(tensors, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
-        (staging / CONFIG_NAME).write_text(json.dumps(hf_config(model.cfg, dtype), indent=2) + "\n")
-        for name in (WEIGHTS_NAME, CONFIG_NAME):
+        config = hf_config(model.cfg, dtype, mask_token)
+        (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        (staging / README_NAME).write_text(_readme(serve_commands(target, out, model.cfg.block_size), target))
+        for name in (WEIGHTS_NAME, CONFIG_NAME, README_NAME):
             _fsync_file(staging / name)
+            os.chmod(staging / name, 0o644)
+        os.chmod(staging, 0o755)  # mkdtemp made it 0700: a server running as another user could not read it
         fsync_dir(staging)
         _swap_into_place(staging, out)
     except BaseException:

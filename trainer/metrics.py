@@ -1,10 +1,13 @@
 """What a run reports: one JSONL line per step, live progress, and a final summary.
 
 Written by the first drafter rank only. `metrics.jsonl` holds per step: step, loss, lr, grad_norm,
-per-position accuracy (slot 0 is the anchor itself and always 0), acceptance length (measured per anchor,
-and the estimate implied by the accuracies), tok/s and samples/s over all drafters, the step time and the
-time spent waiting for data. `summary.json` (steps, final loss, mean tok/s, exit status) is what the
-launcher reads when the run ends.
+per-position accuracy (slot 0 is the anchor itself and always 0), the training batch's acceptance length
+(measured per anchor, and the estimate implied by the accuracies), tok/s (real tokens: padding is not
+counted) and supervised tok/s, samples/s over all drafters, the step time and the time spent waiting for
+data; on the steps that ran a held-out evaluation also the held-out acceptance length against the
+target's greedy tokens (the headline: what a greedy server would see) and against the data labels, and
+the evaluation's seconds. `summary.json` (steps, final loss, the last held-out figures, mean tok/s, exit
+status) is what the launcher reads when the run ends.
 """
 
 from __future__ import annotations
@@ -28,10 +31,23 @@ class StepMetrics:
     accuracy: list[float]  # per block slot
     accept_len: float  # mean over valid anchors of 1 + leading correct slots
     accept_len_from_accuracy: float
-    tok_s: float  # context tokens trained on per second (all drafters)
+    tok_s: float  # real (non-padding) context tokens trained on per second (all drafters)
+    supervised_tok_s: float  # tokens on the loss mask per second (all drafters)
     samples_s: float
     step_time_s: float
     data_wait_s: float
+    heldout_accept_len: float | None = None  # held-out, against the target's greedy tokens
+    heldout_accept_len_labels: float | None = None  # held-out, against the data labels
+    heldout_s: float | None = None  # seconds the held-out evaluation took (not in step_time_s)
+
+
+def real_token_count(input_ids: Any, loss_mask: Any) -> int:
+    """Tokens of a (B, S) batch that are not right padding (trainer.data.PAD_ID, never supervised)."""
+    from trainer.data import PAD_ID
+
+    padding = (input_ids == PAD_ID) & ~loss_mask.bool()
+    trailing = padding.flip(-1).long().cumprod(-1).sum()  # each row's run of padding at its end
+    return int(input_ids.numel() - trailing)
 
 
 class MetricsLog:
@@ -60,8 +76,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 # Printed once before the first step: what the progress line's numbers mean.
 LEGEND = (
-    "progress: loss = the drafter's training loss; accept = acceptance length, the tokens a verify step "
-    "would accept per draft block (1 = only the target's own token; higher is better, at most block_size)"
+    "progress: loss = the drafter's training loss; held-out accept = acceptance length against the target's "
+    "own greedy tokens on sequences never trained on, the tokens a verify step would accept per draft block "
+    "(1 = only the target's own token; higher is better, at most block_size); train accept = the same on the "
+    "training batch, against its labels"
 )
 
 
@@ -78,6 +96,7 @@ class Progress:
         self.total, self.start, self.log_every = total_steps, start_step, log_every
         self.stream = stream or sys.stdout
         self.began = time.monotonic()
+        self.heldout: float | None = None  # the latest held-out acceptance length (vs the target)
         self._bar: Any = None
         self._live = self.stream.isatty()
         self._started = False
@@ -106,10 +125,17 @@ class Progress:
     def update(self, m: StepMetrics) -> None:
         if not self._started:
             self._start()
-        status = f"loss {m.loss:.4f}  accept {m.accept_len:.2f}  {m.tok_s:,.0f} tok/s"
+        if m.heldout_accept_len is not None:
+            self.heldout = m.heldout_accept_len
+        shown = f"held-out accept {self.heldout:.2f} (target)  " if self.heldout is not None else ""
+        status = f"loss {m.loss:.4f}  {shown}train accept {m.accept_len:.2f}  {m.tok_s:,.0f} tok/s"
         if self._bar is not None:
             self._bar.update(self._task, completed=m.step, status=status)
-        elif m.step % self.log_every == 0 or m.step == self.total or m.step == self.start + 1:
+        elif (
+            m.step % self.log_every == 0
+            or m.step in (self.total, self.start + 1)
+            or m.heldout_accept_len is not None
+        ):
             print(
                 f"step {m.step}/{self.total}  {status}  eta {self.eta_s(m.step):.0f}s",
                 file=self.stream,
@@ -129,15 +155,28 @@ def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path:
 def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra: Any) -> dict[str, Any]:
     """The summary of a run from its metric lines."""
     first, last = (records[0], records[-1]) if records else ({}, {})
-    tok = [r["tok_s"] for r in records[1:]] or [r["tok_s"] for r in records]  # step 1 includes warm caches
+    steady = records[1:] or records  # step 1 includes warm caches
+    tok = [r["tok_s"] for r in steady]
+    supervised = [r.get("supervised_tok_s", 0.0) for r in steady]
+    evals = [r for r in records if r.get("heldout_accept_len") is not None]
+    step_s = sum(r["step_time_s"] for r in records)
     return {
         "status": status,
         "steps": last.get("step", 0),
+        "heldout_accept_len": evals[-1]["heldout_accept_len"] if evals else None,
+        "heldout_accept_len_labels": evals[-1]["heldout_accept_len_labels"] if evals else None,
+        "heldout_evals": len(evals),
+        "heldout_share_of_time": (
+            sum(r["heldout_s"] for r in evals) / (step_s + sum(r["heldout_s"] for r in evals))
+            if evals
+            else None
+        ),
         "first_loss": first.get("loss"),
         "final_loss": last.get("loss"),
         "final_accuracy": last.get("accuracy"),
-        "final_accept_len": last.get("accept_len"),
+        "final_accept_len": last.get("accept_len"),  # on the training batch: a secondary figure
         "mean_tok_s": sum(tok) / len(tok) if tok else 0.0,
+        "mean_supervised_tok_s": sum(supervised) / len(supervised) if supervised else 0.0,
         "wall_s": wall_s,
         **extra,
     }

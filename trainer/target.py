@@ -1,7 +1,9 @@
 """The frozen target on target ranks: run the causal LM up to the last captured layer, return CapturedBatch.
 
 The layers past the last captured one and the LM head are dropped before the weights load (they cost memory
-and time and feed nothing). The captured tensor of layer i is that layer's output, i.e. Hugging Face's
+and time and feed nothing), unless the run scores held-out data: then the whole model stays, training
+batches still run only up to the last captured layer, and held-out batches run through to the LM head for
+the target's own greedy next tokens (`capture_with_greedy`). The captured tensor of layer i is that layer's output, i.e. Hugging Face's
 `hidden_states[i + 1]`; HF's *last* `hidden_states` entry has the final norm applied, which is why we hook the
 decoder layers instead of asking for `output_hidden_states`.
 """
@@ -43,14 +45,18 @@ class CaptureTarget:
         model: nn.Module,
         layer_ids: list[int],
         compile_layers: bool = False,
+        keep_head: bool = False,
     ) -> None:
         body = model.model  # the decoder stack without the LM head
         keep = max(layer_ids) + 1
         if len(body.layers) < keep:
             raise ValueError(f"target has {len(body.layers)} layers, capture needs {keep}")
-        body.layers = body.layers[:keep]
-        body.config.num_hidden_layers = keep
+        self.num_layers = len(body.layers) if keep_head else keep
+        body.layers = body.layers[: self.num_layers]
+        self.capture_layers = keep
+        body.config.num_hidden_layers = keep  # the forward runs config.num_hidden_layers layers
         self.body = body.eval().requires_grad_(False)
+        self.lm_head = model.lm_head.requires_grad_(False) if keep_head else None
         self.layer_ids = list(layer_ids)
         self._outputs: dict[int, torch.Tensor] = {}
         self._hooks = [body.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
@@ -85,6 +91,27 @@ class CaptureTarget:
         self._outputs.clear()
         return CapturedBatch(input_ids, loss_mask, hidden, index)
 
+    @torch.inference_mode()
+    def capture_with_greedy(
+        self, input_ids: torch.Tensor, loss_mask: torch.Tensor, index: int, chunk: int = 2048
+    ) -> CapturedBatch:
+        """A held-out batch: the captured layers as `capture`, plus `target_ids` (B, S): the target's greedy
+        next token after each position (all layers, final norm, LM head; `chunk` positions of logits at a
+        time, since (S, vocab) logits would be GBs)."""
+        if self.lm_head is None:
+            raise RuntimeError("capture_with_greedy needs the target built with keep_head=True")
+        self._outputs.clear()
+        self.body.config.num_hidden_layers = self.num_layers
+        try:
+            normed = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
+        finally:
+            self.body.config.num_hidden_layers = self.capture_layers
+        hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
+        self._outputs.clear()
+        flat = normed.reshape(-1, normed.shape[-1])
+        greedy = torch.cat([self.lm_head(flat[r : r + chunk]).argmax(-1) for r in range(0, len(flat), chunk)])
+        return CapturedBatch(input_ids, loss_mask, hidden, index, greedy.view(input_ids.shape))
+
 
 def load_capture_target(
     path: str,
@@ -93,19 +120,23 @@ def load_capture_target(
     device: torch.device,
     dtype: torch.dtype,
     compile_layers: bool = False,
+    keep_head: bool = False,
 ) -> CaptureTarget:
-    """Build the embedded target, or load a local folder with only the layers capture needs."""
+    """Build the embedded target, or load a local folder with only the layers capture needs (all of them
+    and the LM head with `keep_head`, for held-out scoring)."""
     if is_embedded(path):
-        return CaptureTarget(build_embedded_target(path, seed, device, dtype), layer_ids, compile_layers)
+        model = build_embedded_target(path, seed, device, dtype)
+        return CaptureTarget(model, layer_ids, compile_layers, keep_head)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    keep = max(layer_ids) + 1
-    config.num_hidden_layers = keep  # the weights of later layers are never read into memory
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:keep]
+    if not keep_head:
+        keep = max(layer_ids) + 1
+        config.num_hidden_layers = keep  # the weights of later layers are never read into memory
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:keep]
     model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, dtype=dtype)
-    return CaptureTarget(model.to(device), layer_ids, compile_layers)
+    return CaptureTarget(model.to(device), layer_ids, compile_layers, keep_head)
 
 
 # ---------------------------------------------------------------- what drafter ranks need from the target

@@ -17,10 +17,12 @@ stops the job with a non-zero status. A rank whose torchrun is gone (killed with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -38,16 +40,28 @@ from trainer.batch import CapturedBatch
 from trainer.config import TrainConfig
 from trainer.data import (
     BatchOrder,
+    DataSplit,
     RunPlan,
-    batches_of_target,
     build_source,
+    evaluates_after,
     make_batch,
-    num_sequences,
     plan_run,
+    split_data,
+    target_work,
 )
+from trainer.drafter import DFlashDrafter
 from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
+from trainer.heldout import HeldoutSums, evaluate_heldout
 from trainer.loss import LossOutput, expected_acceptance_length
-from trainer.metrics import MetricsLog, Progress, StepMetrics, read_metrics, summarize, write_summary
+from trainer.metrics import (
+    MetricsLog,
+    Progress,
+    StepMetrics,
+    read_metrics,
+    real_token_count,
+    summarize,
+    write_summary,
+)
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.parent_watch import watch_parent
 from trainer.startup import StartupClock
@@ -88,7 +102,8 @@ def main(cfg: TrainConfig) -> int:
         torch.cuda.set_device(device)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     topology = Topology(cfg.topology.targets, cfg.topology.drafters)
-    plan = plan_run(cfg, num_sequences(cfg))
+    split = split_data(cfg)
+    plan = plan_run(cfg, len(split.train_ids))
 
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.run.timeout_s)
@@ -98,9 +113,9 @@ def main(cfg: TrainConfig) -> int:
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
         clock.mark("process group")
         if topology.is_target(me.rank):
-            run_target(cfg, plan, topology, me.rank, device, resume_step, clock)
+            run_target(cfg, plan, split, topology, me.rank, device, resume_step, clock)
             return 0
-        return run_drafter(cfg, plan, topology, me.rank, device, drafter_group, resume_step, clock)
+        return run_drafter(cfg, plan, split, topology, me.rank, device, drafter_group, resume_step, clock)
     except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -140,6 +155,7 @@ def release_cached_memory(device: torch.device) -> None:
 def run_target(
     cfg: TrainConfig,
     plan: RunPlan,
+    split: DataSplit,
     topology: Topology,
     rank: int,
     device: torch.device,
@@ -155,6 +171,7 @@ def run_target(
         device,
         dtype,
         compile_layers=cfg.target.compile_layers and device.type == "cuda",
+        keep_head=split.eval_batches > 0,  # held-out batches need the target's own greedy tokens
     )
     release_cached_memory(device)
     clock.mark("build")
@@ -163,13 +180,20 @@ def run_target(
         clock.mark("compile")
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
-    order = BatchOrder(len(source), cfg.optim.batch_size, cfg.run.seed)
+    eval_source = source
+    if cfg.data.eval_path is not None and split.eval_batches:
+        eval_source = build_source(cfg, device, vocab, cfg.data.eval_path, "data.eval_path")
+    order = BatchOrder(split.train_ids, cfg.optim.batch_size, cfg.run.seed)
     sender = BatchSender(topology, cfg.topology.in_flight, device)
     fault = fault_from_env()
-    first_batch = resume_step * topology.drafters  # the data position: global batch index
     clock.mark("data")
     clock.report(rank, "target")
-    for index in batches_of_target(rank, topology.targets, first_batch, plan.total_batches):
+    work = target_work(rank, topology.targets, plan, resume_step, cfg.eval.every, split.eval_batches)
+    for kind, index in work:
+        if kind == "eval":
+            input_ids, loss_mask = make_batch(eval_source, split.eval_sequence_ids(index))
+            sender.send(target.capture_with_greedy(input_ids.to(device), loss_mask.to(device), index))
+            continue
         maybe_exit_target(fault, rank, index)
         input_ids, loss_mask = make_batch(source, order.sequence_ids(index))
         batch = target.capture(input_ids.to(device), loss_mask.to(device), index)
@@ -183,6 +207,7 @@ def run_target(
 def run_drafter(
     cfg: TrainConfig,
     plan: RunPlan,
+    split: DataSplit,
     topology: Topology,
     rank: int,
     device: torch.device,
@@ -228,16 +253,20 @@ def run_drafter(
         for step in range(resume_step, plan.total_steps):
             maybe_hang_drafter(fault, index, step)
             t0 = time.perf_counter()
-            batch = receiver.receive(step)
-            waited = time.perf_counter() - t0
-            out, grad_norm, lr = train_step(ddp, model, batch, cfg, anchor_gen, optimizer, scheduler, device)
-            stats = reduce_over_drafters(out, group)
+            feed = MicroBatches(receiver, step, plan.accum)
+            outs, grad_norm, lr = train_step(ddp, model, feed, cfg, anchor_gen, optimizer, scheduler, device)
+            stats = reduce_over_drafters(outs, feed, group)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
             done = step + 1
+            heldout, heldout_s = None, 0.0
+            if split.eval_batches and evaluates_after(done, plan.total_steps, cfg.eval.every):
+                t1 = time.perf_counter()
+                heldout = heldout_over_drafters(model, receiver, split, cfg, index, device, group)
+                heldout_s = time.perf_counter() - t1
             if log is not None and progress is not None:
-                m = step_metrics(done, stats, lr, grad_norm, batch, topology, elapsed, waited)
+                m = step_metrics(done, stats, lr, grad_norm, elapsed, feed.waited, heldout, heldout_s)
                 log.write(m)
                 progress.update(m)
             every = cfg.checkpoint.every
@@ -245,10 +274,7 @@ def run_drafter(
                 save(cfg, model, optimizer, scheduler, anchor_gen, group, index, done)
         receiver.expect_end()
         if is_first:
-            from trainer.export import export_drafter
-
-            exported = export_drafter(model, cfg.output_dir / "export")
-            print(f"dflash trainer: exported the drafter to {exported}", flush=True)
+            announce_export(cfg, model)
         status = "ok"
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -270,6 +296,8 @@ def run_drafter(
                     export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
                     resumed_from=resume_step,
                     total_steps=plan.total_steps,
+                    sequences_per_step=cfg.optim.batch_size * plan.accum * topology.drafters,
+                    heldout_sequences=split.eval_batches * cfg.optim.batch_size,
                     warmup=warmup,
                     topology={"targets": topology.targets, "drafters": topology.drafters},
                 ),
@@ -277,50 +305,98 @@ def run_drafter(
     return 0
 
 
+class MicroBatches:
+    """The batches of one optimizer step, received as they are needed, with the time spent waiting and the
+    real (non-padding) and supervised tokens they held."""
+
+    def __init__(self, receiver: BatchReceiver, step: int, accum: int) -> None:
+        self.receiver, self.step, self.accum = receiver, step, accum
+        self.waited, self.real_tokens, self.supervised_tokens, self.sequences = 0.0, 0, 0, 0
+
+    def __iter__(self) -> Iterator[CapturedBatch]:
+        for micro in range(self.accum):
+            t0 = time.perf_counter()
+            batch = self.receiver.receive(self.step * self.accum + micro)
+            self.waited += time.perf_counter() - t0
+            self.real_tokens += real_token_count(batch.input_ids, batch.loss_mask)
+            self.supervised_tokens += int(batch.loss_mask.sum())
+            self.sequences += batch.batch_size
+            yield batch
+
+
+def announce_export(cfg: TrainConfig, model: DFlashDrafter) -> None:
+    """Export the drafter (bf16 unless output.export_dtype = "fp32") and print how to serve it."""
+    from trainer.export import export_drafter, serve_commands
+
+    dtype = torch.float32 if cfg.output.export_dtype == "fp32" else torch.bfloat16
+    exported = export_drafter(
+        model, cfg.output_dir / "export", dtype, cfg.drafter.mask_token_text, cfg.target.path
+    )
+    print(f"dflash trainer: exported the drafter to {exported}", flush=True)
+    for engine, command in serve_commands(cfg.target.path, exported, model.cfg.block_size).items():
+        print(f"  serve with {engine}: {command}", flush=True)
+
+
 def train_step(
     ddp: nn.Module,
     model: nn.Module,
-    batch: CapturedBatch,
+    batches: Iterable[CapturedBatch],
     cfg: TrainConfig,
     anchor_gen: torch.Generator,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     device: torch.device,
-) -> tuple[LossOutput, float, float]:
-    """Anchors, forward+backward (DDP averages gradients over the drafters), clip, step, schedule.
-    Returns the loss output, the grad norm before clipping and the lr this step used."""
-    anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, anchor_gen)
-    with autocast_for(cfg, device):
-        out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
-    out.loss.backward()
+) -> tuple[list[LossOutput], float, float]:
+    """Per micro-batch (`optim.grad_accum` of them): anchors, forward+backward of loss / accum (DDP averages gradients over the drafters,
+    once, on the last micro-batch); then clip, step, schedule. Returns the micro-batches' loss outputs, the
+    grad norm before clipping and the lr this step used."""
+    outs: list[LossOutput] = []
+    accum = cfg.optim.grad_accum
+    for micro, batch in enumerate(batches):
+        last = micro == accum - 1
+        anchors, valid = sample_anchors(
+            batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, anchor_gen
+        )
+        sync = contextlib.nullcontext() if last or not hasattr(ddp, "no_sync") else ddp.no_sync()
+        with sync:
+            with autocast_for(cfg, device):
+                out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
+            (out.loss / accum).backward()
+        outs.append(out)
     grad_norm = clip_gradients(model, cfg.optim.grad_clip)
     lr = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return out, grad_norm, lr
+    return outs, grad_norm, lr
 
 
 @dataclass
 class StepStats:
-    """One step's numbers summed over the drafter ranks."""
+    """One step's numbers summed over its micro-batches and the drafter ranks."""
 
-    loss: float  # mean of the ranks' losses
+    loss: float  # mean of the micro-batches' losses over the ranks
     correct: torch.Tensor
     counted: torch.Tensor
     accept_len_sum: float
     anchors: float
+    sequences: float
+    real_tokens: float
+    supervised_tokens: float
 
 
-def reduce_over_drafters(out: LossOutput, group: dist.ProcessGroup) -> StepStats:
-    block = out.correct.numel()
+def reduce_over_drafters(outs: list[LossOutput], feed: MicroBatches, group: dist.ProcessGroup) -> StepStats:
+    block = outs[0].correct.numel()
     packed = torch.cat(
         [
-            out.loss.detach().float().view(1),
-            out.correct.float(),
-            out.counted.float(),
-            out.accept_len_sum.float().view(1),
-            out.anchors.float().view(1),
+            torch.stack([o.loss.detach().float() for o in outs]).mean().view(1),
+            torch.stack([o.correct.float() for o in outs]).sum(0),
+            torch.stack([o.counted.float() for o in outs]).sum(0),
+            torch.stack([o.accept_len_sum.float() for o in outs]).sum().view(1),
+            torch.stack([o.anchors.float() for o in outs]).sum().view(1),
+            outs[0].loss.new_tensor(
+                [feed.sequences, feed.real_tokens, feed.supervised_tokens], dtype=torch.float32
+            ),
         ]
     )
     dist.all_reduce(packed, group=group)
@@ -330,9 +406,32 @@ def reduce_over_drafters(out: LossOutput, group: dist.ProcessGroup) -> StepStats
         float(packed[0]) / world,
         packed[1 : 1 + block],
         packed[1 + block : 1 + 2 * block],
+        float(packed[-5]),
+        float(packed[-4]),
+        float(packed[-3]),
         float(packed[-2]),
         float(packed[-1]),
     )
+
+
+def heldout_over_drafters(
+    model: nn.Module,
+    receiver: BatchReceiver,
+    split: DataSplit,
+    cfg: TrainConfig,
+    index: int,
+    device: torch.device,
+    group: dist.ProcessGroup,
+) -> HeldoutSums:
+    """This drafter scores its share of the held-out batches (j % drafters == index); summed over ranks."""
+    mine = range(index, split.eval_batches, dist.get_world_size(group))
+    with autocast_for(cfg, device):
+        sums = evaluate_heldout(
+            model, (receiver.receive_eval(j) for j in mine), cfg.optim.anchors, cfg.run.seed
+        )
+    packed = sums.as_tensor(device)
+    dist.all_reduce(packed, group=group)
+    return HeldoutSums.from_tensor(packed)
 
 
 def step_metrics(
@@ -340,13 +439,12 @@ def step_metrics(
     s: StepStats,
     lr: float,
     grad_norm: float,
-    batch: CapturedBatch,
-    topology: Topology,
     elapsed: float,
     waited: float,
+    heldout: HeldoutSums | None,
+    heldout_s: float,
 ) -> StepMetrics:
     accuracy = (s.correct / s.counted.clamp(min=1)).tolist()
-    samples = batch.batch_size * topology.drafters
     return StepMetrics(
         step=step,
         loss=s.loss,
@@ -355,10 +453,14 @@ def step_metrics(
         accuracy=[round(a, 5) for a in accuracy],
         accept_len=s.accept_len_sum / max(s.anchors, 1.0),
         accept_len_from_accuracy=expected_acceptance_length(s.correct, s.counted),
-        tok_s=samples * batch.seq_len / elapsed,
-        samples_s=samples / elapsed,
+        tok_s=s.real_tokens / elapsed,
+        supervised_tok_s=s.supervised_tokens / elapsed,
+        samples_s=s.sequences / elapsed,
         step_time_s=elapsed,
         data_wait_s=waited,
+        heldout_accept_len=heldout.accept_len_target if heldout else None,
+        heldout_accept_len_labels=heldout.accept_len_labels if heldout else None,
+        heldout_s=heldout_s if heldout else None,
     )
 
 
@@ -396,10 +498,10 @@ def save(
         "scheduler": scheduler.state_dict(),
         "rng": rng_states,  # one entry per drafter rank, in drafter order
         "step": step,
-        "next_batch": step * cfg.topology.drafters,
+        "next_batch": step * cfg.optim.grad_accum * cfg.topology.drafters,
         "config": cfg.to_dict(),
     }
-    meta = {"next_batch": step * cfg.topology.drafters, "drafters": cfg.topology.drafters}
+    meta = {"next_batch": state["next_batch"], "drafters": cfg.topology.drafters}
     ckpt.save_checkpoint(cfg.output_dir, step, state, meta, cfg.checkpoint.keep)
 
 

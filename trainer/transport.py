@@ -9,6 +9,9 @@ loss_mask (as uint8: gloo has no bool) and hidden. Each (target, drafter) pair i
 header always precedes its own payload. A target keeps at most `in_flight` batches sent-but-unfinished
 (isend, then wait on the oldest when over the bound). When a target is done it sends an END header to every
 drafter; a drafter that finished its steps expects exactly that from every target.
+
+Held-out (eval) batches travel on the same channels with their own kind and index space (eval batch j:
+target j % N -> drafter j % M), and one more tensor after hidden: the target's greedy next tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from trainer.batch import CapturedBatch
 HEADER_LEN = 8
 KIND_BATCH = 1
 KIND_END = 2
+KIND_EVAL = 3  # a held-out batch: input_ids, loss_mask, hidden, then target_ids
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
@@ -84,12 +88,13 @@ def encode_header(batch: CapturedBatch | None, index: int = -1) -> torch.Tensor:
         return torch.tensor([KIND_END, index, 0, 0, 0, 0, 0, 0], dtype=torch.int64)
     b, s, f = batch.hidden.shape
     code = _DTYPE_CODES[batch.hidden.dtype]
-    return torch.tensor([KIND_BATCH, batch.index, b, s, f, code, 0, 0], dtype=torch.int64)
+    kind = KIND_EVAL if batch.is_eval else KIND_BATCH
+    return torch.tensor([kind, batch.index, b, s, f, code, 0, 0], dtype=torch.int64)
 
 
 def decode_header(header: torch.Tensor) -> Header:
     kind, index, b, s, f, code = (int(v) for v in header.tolist()[:6])
-    if kind not in (KIND_BATCH, KIND_END) or code not in _CODE_DTYPES:
+    if kind not in (KIND_BATCH, KIND_END, KIND_EVAL) or code not in _CODE_DTYPES:
         raise TransportError(f"malformed header {header.tolist()}")
     return Header(kind, index, b, s, f, _CODE_DTYPES[code])
 
@@ -110,6 +115,8 @@ class BatchSender:
             batch.loss_mask.to(torch.uint8).contiguous(),
             batch.hidden.contiguous(),
         ]
+        if batch.target_ids is not None:
+            tensors.append(batch.target_ids.contiguous())
         works = [dist.isend(t, dst) for t in tensors]
         self._pending.append((works, tensors))  # the tensors must outlive their sends
         self.max_pending_seen = max(self.max_pending_seen, len(self._pending))
@@ -151,20 +158,31 @@ class BatchReceiver:
         )
 
     def receive(self, step: int) -> CapturedBatch:
-        index = self.topology.batch_for(step, self.drafter_index)
+        """The training batch of micro-step `step` (step * drafters + this drafter's index)."""
+        return self._receive(self.topology.batch_for(step, self.drafter_index), KIND_BATCH)
+
+    def receive_eval(self, eval_index: int) -> CapturedBatch:
+        """Held-out batch `eval_index` (it carries the target's greedy next tokens)."""
+        return self._receive(eval_index, KIND_EVAL)
+
+    def _receive(self, index: int, kind: int) -> CapturedBatch:
         src = self.topology.producer_of(index)
-        what = f"batch {index}"
+        what = f"{'held-out ' if kind == KIND_EVAL else ''}batch {index}"
         head = self._header(src, what)
-        if head.kind != KIND_BATCH or head.index != index:
-            got = "end of stream" if head.kind == KIND_END else f"batch {head.index}"
+        if head.kind != kind or head.index != index:
+            names = {KIND_END: "end of stream", KIND_EVAL: "held-out batch", KIND_BATCH: "batch"}
+            got = names[head.kind] + ("" if head.kind == KIND_END else f" {head.index}")
             raise TransportError(
-                f"drafter rank {self.rank}: expected batch {index} from target rank {src}, got {got}"
+                f"drafter rank {self.rank}: expected {what} from target rank {src}, got {got}"
             )
         b, s, f = head.batch_size, head.seq_len, head.features
         input_ids = self._recv(torch.empty(b, s, dtype=torch.int64, device=self.device), src, what)
         loss_mask = self._recv(torch.empty(b, s, dtype=torch.uint8, device=self.device), src, what)
         hidden = self._recv(torch.empty(b, s, f, dtype=head.dtype, device=self.device), src, what)
-        return CapturedBatch(input_ids, loss_mask.bool(), hidden, index)
+        target_ids = None
+        if kind == KIND_EVAL:
+            target_ids = self._recv(torch.empty(b, s, dtype=torch.int64, device=self.device), src, what)
+        return CapturedBatch(input_ids, loss_mask.bool(), hidden, index, target_ids)
 
     def expect_end(self) -> None:
         """After the last step: every target must say it is done (and nothing else may be queued)."""

@@ -37,7 +37,13 @@ from dflash_doctor.stopping import Stopped, handling_stop_signals, signal_name
 TRAIN_SCHEMA = "dflash-doctor/train/v1"
 
 
-def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
+def _mask_token(training: TrainingConfig) -> dict[str, object]:
+    """The drafter's mask token and the rule that chose it (trainer.mask_token)."""
+    d = training.config.drafter
+    return {"id": d.mask_token_id, "text": d.mask_token_text, "rule": d.mask_token_rule}
+
+
+def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: TrainingConfig) -> None:
     table = Table(title="launch plan", title_justify="left")
     for column in ("rank", "role", "node", "device", "estimated peak"):
         table.add_column(column)
@@ -60,6 +66,9 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult) -> None:
     console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)
+    mask = _mask_token(training)
+    shown = f" {mask['text']!r}" if mask["text"] is not None else " (a row no token uses)"
+    console.print(f"mask token: {mask['id']}{escape(shown)}, chosen by {escape(str(mask['rule']))}")
     recommendation = gate.context.options.extra.get("split_recommendation")
     if recommendation:
         console.print(f"recommended split: {escape(str(recommendation))}")
@@ -146,6 +155,7 @@ def train_command(
             "schema": TRAIN_SCHEMA,
             "status": "dry-run",
             "plan": plan.to_json(),
+            "mask_token": _mask_token(training),
             "findings": common["findings"],
             "failing": failing,
         }
@@ -154,7 +164,7 @@ def train_command(
     render(gate.runs, console, header=f"dflash-doctor train · {training.path}")
     if gate.probe_note:
         console.print(escape(gate.probe_note))
-    _print_plan(console, plan, gate)
+    _print_plan(console, plan, gate, training)
     if dry_run:
         raise typer.Exit(1 if failing else 0)
     environment = current_lock(gate.context).to_json()

@@ -62,9 +62,17 @@ def test_healthy_tiny_config_passes_the_gate_and_launches(launches: list[list[st
 
 def test_dry_run_starts_nothing_and_prints_the_plan(launches: list[list[str]], capsys) -> None:
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run", "--json"]) == 0
-    plan = json.loads(capsys.readouterr().out)["plan"]
-    assert [r["role"] for r in plan["roles"]] == ["target", "drafter"]
+    report = json.loads(capsys.readouterr().out)
+    assert [r["role"] for r in report["plan"]["roles"]] == ["target", "drafter"]
+    assert report["mask_token"] == {
+        "id": 511,
+        "text": None,
+        "rule": "the embedded tiny target's last id (it has no tokenizer)",
+    }
     assert launches == [] and RunStore().all() == []
+    assert run(["train", "--config", "qwen3-8b-b16", "--no-deep", "--dry-run"]) in (0, 1)
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal width
+    assert "mask token: 151669 (a row no token uses), chosen by the published value for Qwen3" in out
 
 
 def test_hazard_variable_blocks_then_force_overrides(launches, monkeypatch, capsys) -> None:

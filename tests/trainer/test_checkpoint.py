@@ -60,7 +60,11 @@ def test_warmup_then_cosine_to_the_floor() -> None:
 
 
 def _m(step: int, loss: float) -> StepMetrics:
-    return StepMetrics(step, loss, 1e-3, 1.0, [0.0, 0.5], 1.5, 1.5, 100.0 * step, 1.0, 0.1, 0.0)
+    return StepMetrics(
+        step=step, loss=loss, lr=1e-3, grad_norm=1.0, accuracy=[0.0, 0.5], accept_len=1.5,
+        accept_len_from_accuracy=1.5, tok_s=100.0 * step, supervised_tok_s=50.0 * step, samples_s=1.0,
+        step_time_s=0.1, data_wait_s=0.0,
+    )  # fmt: skip
 
 
 def test_metrics_on_resume_drop_steps_past_the_checkpoint(tmp_path: Path) -> None:

@@ -13,13 +13,14 @@ from trainer.config import DataSection, parse_config
 from trainer.data import (
     BatchOrder,
     JsonlSource,
+    RunPlan,
     SyntheticSource,
     TokenizedSource,
-    batches_of_target,
     chat_tokens_and_mask,
     fit_to_length,
     plan_run,
     sample_sequences,
+    target_work,
 )
 from trainer.tiny import build_embedded_target
 
@@ -44,12 +45,14 @@ def test_order_is_a_function_of_seed_and_epoch() -> None:
 
 
 def test_targets_cover_every_batch_once_from_the_resume_point() -> None:
-    total, n = 23, 3
-    for first in (0, 7, 12):
-        produced = sorted(i for t in range(n) for i in batches_of_target(t, n, first, total))
-        assert produced == list(range(first, total))
+    plan, n = RunPlan(batches_per_epoch=100, total_steps=8, drafters=3), 3
+    for resume in (0, 2, 5):
+        work = {
+            t: [i for _, i in target_work(t, n, plan, resume, eval_every=0, eval_batches=0)] for t in range(n)
+        }
+        assert sorted(i for t in range(n) for i in work[t]) == list(range(resume * 3, 24))
         for t in range(n):
-            assert all(i % n == t for i in batches_of_target(t, n, first, total))
+            assert all(i % n == t for i in work[t]) and work[t] == sorted(work[t])
 
 
 def _cfg(**optim: object) -> object:
@@ -62,6 +65,8 @@ def test_plan_from_steps_or_epochs() -> None:
     assert (plan.batches_per_epoch, plan.total_steps, plan.total_batches) == (25, 16, 48)
     with pytest.raises(ConfigError, match=r"optim\.batch_size"):
         plan_run(_cfg(steps=1), 3)
+    accumulated = plan_run(_cfg(epochs=2.0, grad_accum=2), 100)  # 50 batches, 6 per step: 8 steps
+    assert (accumulated.total_steps, accumulated.total_micro_steps, accumulated.total_batches) == (8, 16, 48)
 
 
 def test_jsonl_source(tmp_path: Path) -> None:

@@ -40,7 +40,8 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
     assert checkpoints == ["step_00000020", "step_00000040"]
     config = json.loads((run.out_dir / "export" / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
-    assert config["dflash_config"]["mask_token_id"] == 511
+    assert config["dflash_config"]["mask_token_id"] == 511 and config["dtype"] == "bfloat16"
+    assert "serve with vllm: vllm serve tiny --speculative-config" in run.stdout
     assert run.summary["export_dir"] == str(run.out_dir / "export")
     # the export holds the trained weights: the same as the final checkpoint's
     import torch
@@ -53,8 +54,8 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
     exported = load_drafter(run.out_dir / "export", embed, lm_head).state_dict()
     trained = load_checkpoint(run.out_dir / "checkpoints" / "step_00000040")["model"]
     assert set(exported) == set(trained)
-    for name, tensor in trained.items():
-        assert torch.equal(exported[name], tensor), name
+    for name, tensor in trained.items():  # exported in bf16 (output.export_dtype's default)
+        assert torch.equal(exported[name], tensor.to(torch.bfloat16).float()), name
 
 
 def test_two_targets_one_drafter(tmp_path: Path) -> None:
@@ -81,6 +82,28 @@ def test_warm_up_needs_no_process_group() -> None:
     assert report["shapes"] == {"batch_size": 2, "seq_len": 32, "anchors": 8, "block_size": 8}
     assert report["seconds"] > 0
     assert not dist.is_initialized()
+
+
+def test_grad_accumulation_and_heldout_evaluation(tmp_path: Path) -> None:
+    """2 micro-steps per step, 16 of 64 sequences held out, scored after steps 5 and 10: the figures land in
+    metrics.jsonl and summary.json, and tok/s counts real tokens only."""
+    overrides = {
+        "optim.steps": "10", "optim.grad_accum": "2", "data.eval_fraction": "0.25", "eval.every": "5",
+        "checkpoint.every": "0",
+    }  # fmt: skip
+    run = torchrun("configs/tiny-cpu.toml", tmp_path / "out", nproc=2, overrides=overrides)
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = run.metrics
+    evaluated = [m["step"] for m in metrics if m["heldout_accept_len"] is not None]
+    assert evaluated == [5, 10]
+    assert all(1.0 <= m["heldout_accept_len"] <= 8.0 for m in metrics if m["step"] in evaluated)
+    assert all(m["samples_s"] * m["step_time_s"] == pytest.approx(8) for m in metrics)  # 4 x 2 x 1 drafter
+    assert all(m["supervised_tok_s"] < m["tok_s"] for m in metrics)  # prompts are context, not supervised
+    summary = run.summary
+    assert summary["heldout_accept_len"] == metrics[-1]["heldout_accept_len"]
+    assert summary["heldout_sequences"] == 16 and summary["sequences_per_step"] == 8
+    assert summary["heldout_evals"] == 2 and 0 < summary["heldout_share_of_time"] < 1
+    assert "held-out accept" in run.stdout
 
 
 @pytest.mark.slow  # ~13 s; the folder loading itself is covered fast in test_target.py
@@ -127,3 +150,5 @@ def test_the_default_tiny_run_learns(tmp_path: Path) -> None:
     assert slot1 > 0.25  # chance is 0.002
     assert sum(m["loss"] for m in last) / len(last) < metrics[0]["loss"] - 3.0
     assert sum(m["accept_len"] for m in last) / len(last) > 1.25
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heldout_accept_len"] >= 1.5  # on sequences never trained on, against the target

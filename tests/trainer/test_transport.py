@@ -87,6 +87,30 @@ def _phase(rank: int, topo: Topology, steps: int, dtype: torch.dtype, in_flight:
     return out
 
 
+def _heldout_phase(rank: int, topo: Topology) -> dict:
+    """One target, two drafters: training batches 0-1, held-out batches 0-1 (with target_ids), then 2-3."""
+    if topo.is_target(rank):
+        sender = BatchSender(topo, 2, torch.device("cpu"))
+        for index in (0, 1):
+            sender.send(make_batch(index, torch.float32))
+        for j in (0, 1):
+            held = make_batch(100 + j, torch.float32)
+            sender.send(CapturedBatch(held.input_ids, held.loss_mask, held.hidden, j, held.input_ids + 1))
+        for index in (2, 3):
+            sender.send(make_batch(index, torch.float32))
+        sender.close()
+        return {}
+    d = topo.drafter_index(rank)
+    receiver = BatchReceiver(topo, d, torch.device("cpu"))
+    first = receiver.receive(0)
+    held = receiver.receive_eval(d)
+    second = receiver.receive(1)
+    receiver.expect_end()
+    assert first.target_ids is None and held.target_ids is not None
+    assert torch.equal(held.target_ids, held.input_ids + 1) and int(held.input_ids[0, 0]) == 100 + d
+    return {"got": [first.index, held.index, second.index]}
+
+
 def _worker(rank: int, world: int, folder: str) -> None:
     result: dict = {}
     try:
@@ -106,6 +130,8 @@ def _worker(rank: int, world: int, folder: str) -> None:
         result["two_to_one"] = _phase(
             rank, Topology(2, 1), steps=8, dtype=torch.bfloat16, in_flight=3, sent=8
         )
+        dist.barrier()
+        result["heldout"] = _heldout_phase(rank, Topology(1, 2))
         dist.barrier()
         # phase 3 (last: target 1's END stays unread, so no collective may follow): the targets stop
         # after 4 batches while the drafter expects 6
@@ -139,6 +165,13 @@ def test_two_targets_one_drafter_in_order(three_ranks: list[dict]) -> None:
     assert drafter["got"] == list(range(8))  # interleaved from two producers, consumed in index order
     assert "error" not in drafter
     assert t0["bound_held"] and t1["bound_held"]
+
+
+def test_heldout_batches_travel_between_training_batches_with_the_targets_tokens(
+    three_ranks: list[dict],
+) -> None:
+    assert three_ranks[1]["heldout"]["got"] == [0, 0, 2]  # drafter 0: batch 0, held-out 0, batch 2
+    assert three_ranks[2]["heldout"]["got"] == [1, 1, 3]
 
 
 def test_early_end_of_stream_is_a_clear_error(three_ranks: list[dict]) -> None:

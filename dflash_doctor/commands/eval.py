@@ -1,0 +1,60 @@
+"""`dflash-doctor eval --export DIR --config RUN.toml`: real greedy speculative decoding with the drafter.
+
+Exit codes: 0 the speculative output equals target-only greedy decoding; 1 it does not (a bug to report);
+2 bad usage, a bad config, export or prompts file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from dflash_doctor.commands.options import JsonOption
+
+
+def eval_command(
+    export: str = typer.Option(
+        ..., "--export", help="The drafter's export folder (config.json + safetensors)."
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        help="The run's config: its target, seed and held-out sequences (the default prompts).",
+    ),
+    target: str | None = typer.Option(
+        None, "--target", help="The target (default: the config's target.path)."
+    ),
+    prompts: str | None = typer.Option(
+        None, "--prompts", help='A JSONL of {"prompt"}, {"messages"} or {"input_ids"} records.'
+    ),
+    num_prompts: int = typer.Option(16, "--num-prompts", help="Prompts to decode (the first N)."),
+    prompt_len: int = typer.Option(32, "--prompt-len", help="Held-out prompts: the tokens of each kept."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="New tokens per prompt."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set data.seq_len=256."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Decode prompts with the target alone and with the drafter proposing blocks; compare."""
+    from trainer.eval import format_report, run_eval
+
+    progress = Progress(
+        TextColumn("[bold]decoding"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True), disable=not sys.stderr.isatty(),
+    )  # fmt: skip
+    task = progress.add_task("eval", total=None)
+    with progress:
+        report = run_eval(
+            export, config, target, prompts, num_prompts, prompt_len, max_new_tokens, device, overrides,
+            on_prompt=lambda done: progress.update(task, completed=done),
+            on_start=lambda total: progress.update(task, total=total),
+        )  # fmt: skip
+    typer.echo(json.dumps(report.to_json(), indent=2) if json_out else format_report(report))
+    raise typer.Exit(0 if report.identical else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)

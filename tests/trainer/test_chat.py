@@ -1,0 +1,122 @@
+"""Chat supervision: exactly the assistant turns as the template renders them, nothing of the other roles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_doctor.errors import ConfigError
+from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
+from trainer.chat import TemplateMarks, chat_tokens_and_mask
+from trainer.config import parse_config
+from trainer.data import TokenizedSource
+
+TWO_TURNS = [
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Bye"},
+    {"role": "assistant", "content": "See you."},
+]
+
+
+def _supervised(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> list[str]:
+    tokenizer = byte_tokenizer(template)
+    ids, mask = chat_tokens_and_mask(tokenizer, messages, kwargs)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+    rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+    assert ids == list(rendered)  # the ids are exactly the template's tokenisation
+    return supervised_text(tokenizer, ids, mask)
+
+
+def test_qwen3_like_two_turns_supervise_each_answer_and_its_end_of_turn() -> None:
+    # the old span arithmetic supervised "Hello!<|im_end|>\n<|im_start|>user\n" here
+    assert _supervised(QWEN3_LIKE, TWO_TURNS) == [
+        "Hello!<|im_end|>",
+        "<think>\n\n</think>\n\nSee you.<|im_end|>",
+    ]
+
+
+def test_qwen3_like_reasoning_keeps_the_last_think_block_and_never_the_user_turn() -> None:
+    got = _supervised(QWEN3_LIKE, REASONING)
+    assert got == ["A1<|im_end|>", "<think>\nR2\n</think>\n\nA2<|im_end|>"]
+    assert not any("Q2" in run or "Be brief" in run or "user" in run for run in got)
+
+
+def test_enable_thinking_false_leaves_the_servers_empty_think_block_unsupervised() -> None:
+    got = _supervised(QWEN3_LIKE, TWO_TURNS, enable_thinking=False)
+    assert got == ["Hello!<|im_end|>", "See you.<|im_end|>"]
+
+
+def test_tool_turns_supervise_the_call_and_never_the_tool_response() -> None:
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [{"name": "weather", "arguments": '{"city": "Oslo"}'}],
+        },
+        {"role": "tool", "content": "rain"},
+        {"role": "assistant", "content": "It rains."},
+    ]
+    got = _supervised(QWEN3_LIKE, messages)
+    first, second = got
+    assert first.startswith("Let me look.\n<tool_call>") and first.endswith("</tool_call><|im_end|>")
+    assert second == "<think>\n\n</think>\n\nIt rains.<|im_end|>"
+    assert not any("rain<" in run or "tool_response" in run for run in got)
+
+
+def test_plain_template_multi_turn_with_a_system_prompt() -> None:
+    messages = [{"role": "system", "content": "Sys"}, *TWO_TURNS]
+    assert _supervised(PLAIN, messages) == ["Hello! <|endoftext|>", "See you. <|endoftext|>"]
+
+
+def test_template_marks_are_read_off_the_template() -> None:
+    marks = TemplateMarks.of(byte_tokenizer(QWEN3_LIKE), {"enable_thinking": False})
+    assert marks.header == "<|im_start|>assistant\n"
+    assert marks.generation_prompt == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert marks.end_of_turn == "<|im_end|>"
+
+
+def test_an_assistant_text_the_rendering_lacks_is_an_error_naming_the_line(tmp_path: Path) -> None:
+    tokenizer = byte_tokenizer(QWEN3_LIKE)
+    dropping = QWEN3_LIKE.replace(
+        "{{ content }}", "{{ content.replace('Hello', 'Howdy') }}"
+    )  # rewrites answers
+    tokenizer.chat_template = dropping
+    data = tmp_path / "chat.jsonl"
+    data.write_text(
+        json.dumps({"messages": TWO_TURNS[:2]}) + "\n" + json.dumps({"messages": TWO_TURNS}) + "\n"
+    )
+    source = TokenizedSource(str(data), "chat", tokenizer, 64)
+    with pytest.raises(ConfigError, match=r"chat\.jsonl line 1: assistant message 2: its text is not"):
+        source.get(0)
+
+
+def test_malformed_messages_name_the_line(tmp_path: Path) -> None:
+    data = tmp_path / "chat.jsonl"
+    data.write_text(
+        json.dumps({"messages": TWO_TURNS}) + "\n" + json.dumps({"messages": [{"content": "x"}]}) + "\n"
+    )
+    source = TokenizedSource(str(data), "chat", byte_tokenizer(QWEN3_LIKE), 64)
+    source.get(0)
+    with pytest.raises(ConfigError, match=r"line 2: message 1 must be an object with a string \"role\""):
+        source.get(1)
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
+    chat = {"kind": "chat", "path": "chat.jsonl", "chat_template_kwargs": {"enable_thinking": False}}
+    cfg = parse_config({"target": {"path": "/models/x"}, "data": chat, "optim": {"steps": 1}})
+    assert cfg.data.chat_template_kwargs == {"enable_thinking": False}
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": TWO_TURNS}) + "\n")
+    tokenizer = byte_tokenizer(QWEN3_LIKE)
+    source = TokenizedSource(str(data), "chat", tokenizer, 96, cfg.data.chat_template_kwargs)
+    ids, mask = source.tokens(0)
+    assert supervised_text(tokenizer, ids, mask) == ["Hello!<|im_end|>", "See you.<|im_end|>"]
+    with pytest.raises(ConfigError, match=r"data\.chat_template_kwargs: must be a table"):
+        parse_config({"data": {"chat_template_kwargs": "enable_thinking"}, "optim": {"steps": 1}})
+    with pytest.raises(ConfigError, match=r'data\.chat_template_kwargs: only for data.kind = "chat"'):
+        parse_config({"data": {"chat_template_kwargs": {"enable_thinking": False}}, "optim": {"steps": 1}})

@@ -1,0 +1,86 @@
+"""Held-out evaluation: the split, the target ranks' schedule, greedy tokens, and the acceptance rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_doctor.errors import ConfigError
+from trainer.config import parse_config
+from trainer.data import RunPlan, evaluates_after, split_data, target_work
+from trainer.heldout import acceptance_hits, leading_run
+from trainer.target import CaptureTarget
+from trainer.tiny import build_embedded_target
+
+
+def _cfg(**data: object) -> object:
+    return parse_config({"data": {"num_samples": 100, **data}, "optim": {"steps": 1, "batch_size": 4}})
+
+
+def test_eval_fraction_holds_out_a_fixed_disjoint_share() -> None:
+    split = split_data(_cfg(eval_fraction=0.1))
+    assert len(split.eval_ids) == 10 and len(split.train_ids) == 90
+    assert not set(split.eval_ids) & set(split.train_ids)
+    assert split_data(_cfg(eval_fraction=0.1)).eval_ids == split.eval_ids  # a function of the seed
+    assert split.eval_batches == 2 and split.eval_sequence_ids(1) == split.eval_ids[4:8]
+    assert split_data(_cfg()).eval_ids == []  # no held-out data: no evaluation
+    with pytest.raises(
+        ConfigError, match=r"data\.eval_fraction: holds out 2 of 100 sequences, fewer than one"
+    ):
+        split_data(_cfg(eval_fraction=0.02))
+
+
+def test_eval_keys_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"data\.eval_fraction: must be a number >= 0.0 <= 0.5"):
+        _cfg(eval_fraction=0.9)
+    with pytest.raises(ConfigError, match=r"data\.eval_path: needs data.kind"):
+        _cfg(eval_path="x.jsonl")
+    with pytest.raises(ConfigError, match="not both"):
+        parse_config(
+            {
+                "data": {"kind": "jsonl", "path": "a", "eval_path": "b", "eval_fraction": 0.1},
+                "optim": {"steps": 1},
+            }
+        )
+
+
+def test_evaluation_steps() -> None:
+    assert [s for s in range(1, 11) if evaluates_after(s, 10, 4)] == [4, 8, 10]
+    assert [s for s in range(1, 11) if evaluates_after(s, 10, 0)] == [10]
+
+
+def test_target_schedule_puts_each_steps_heldout_batches_after_its_training_batches() -> None:
+    plan = RunPlan(batches_per_epoch=100, total_steps=4, drafters=2, accum=2)
+    work = {t: list(target_work(t, 2, plan, 1, eval_every=2, eval_batches=3)) for t in range(2)}
+    train = sorted(i for t in work for kind, i in work[t] if kind == "train")
+    assert train == list(range(1 * 4, 4 * 4))  # from the resume step on, accum x drafters per step
+    assert [j for kind, j in work[0] if kind == "eval"] == [0, 2, 0, 2]  # after steps 2 and 4
+    assert [j for kind, j in work[1] if kind == "eval"] == [1, 1]
+    first_eval = work[0].index(("eval", 0))
+    assert all(i < 8 for kind, i in work[0][:first_eval]) and work[0][first_eval + 2] == ("train", 8)
+
+
+def test_greedy_capture_equals_the_full_models_argmax() -> None:
+    model = build_embedded_target("tiny", seed=0)
+    ids = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids).logits.argmax(-1)
+    target = CaptureTarget(build_embedded_target("tiny", seed=0), [1, 2], keep_head=True)
+    batch = target.capture_with_greedy(ids, torch.ones_like(ids, dtype=torch.bool), 0, chunk=5)
+    plain = target.capture(ids, torch.ones_like(ids, dtype=torch.bool), 0)
+    assert torch.equal(batch.target_ids, expected)
+    assert torch.equal(batch.hidden, plain.hidden) and plain.target_ids is None
+
+
+def test_acceptance_counts_the_bonus_token_and_stops_where_the_data_leave_the_greedy_path() -> None:
+    # sequence x, target greedy g (g[p] = the target's choice for position p + 1), one anchor at 0
+    x = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    g = torch.tensor([[11, 12, 99, 14, 15, 16]])  # the data leave the greedy path at position 3
+    anchors = torch.tensor([[0]])
+    supervised = torch.ones(1, 1, 5, dtype=torch.bool)
+    supervised[..., 0] = False
+    draft = torch.tensor([[[11, 12, 99, 14]]])  # follows the target's greedy choices
+    vs_target, vs_labels = acceptance_hits(draft, x, g, anchors, supervised)
+    assert vs_target.tolist() == [[[True, True, True, False]]]  # slot 4: the target's context is unknown
+    assert vs_labels.tolist() == [[[True, True, False, True]]]
+    assert (1 + leading_run(vs_target)).item() == 4 and (1 + leading_run(vs_labels)).item() == 3
