@@ -7,11 +7,12 @@ story's crash), so a compatible snapshot is worth restoring before a launch.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator
 
 from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
-from dflash_doctor.cache.inspection import volatility
-from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir
+from dflash_doctor.cache.inspection import SAMPLE, FolderReport, volatility
+from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir, snapshots_dir
 from dflash_doctor.cache.status import CacheStatus, gather_status, warmth_of
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
@@ -60,10 +61,33 @@ def cache_location(ctx: CheckContext) -> Iterator[Finding]:
             yield ok("cache.location", f"{folder.label} cache at {folder.path}", **facts)
 
 
+def _parent_findings(folder: FolderReport) -> Iterator[Finding]:
+    """The folder that holds the cache: whoever can write it can rename the cache or plant names beside it."""
+    parent = folder.path.parent
+    mode = f"{folder.parent_mode:04o}" if folder.parent_mode is not None else "unknown"
+    if folder.parent_exposure == "open":
+        yield fail(
+            "cache.parent_writable",
+            f"the {folder.label} cache's folder {parent} (mode {mode}, uid {folder.parent_uid}) lets others "
+            "rename or replace the cache itself: code in it gets loaded and executed",
+            remedy=f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache in a folder only you own",
+            parent=str(parent),
+        )
+    elif folder.parent_exposure == "shared":
+        yield warn(
+            "cache.parent_shared",
+            f"the {folder.label} cache sits in {parent} (mode {mode}), where every user can create names: "
+            "one can take the cache's path before you, or plant files beside it",
+            remedy=f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache in a folder only you own",
+            parent=str(parent),
+        )
+
+
 @check("cache.permissions", "compile cache")
 def cache_permissions(ctx: CheckContext) -> Iterator[Finding]:
     status = cache_status(ctx)
     for folder in status.folders:
+        yield from _parent_findings(folder)
         if not folder.exists:
             yield skip("cache.permissions", f"{folder.label} cache {folder.path} does not exist yet")
             continue
@@ -92,6 +116,36 @@ def cache_permissions(ctx: CheckContext) -> Iterator[Finding]:
                 f"{folder.label} cache owned by you, not writable by others",
                 mode=f"{folder.mode:04o}" if folder.mode is not None else "unknown",
             )
+
+
+@check("cache.store", "compile cache")
+def cache_store(ctx: CheckContext) -> Iterator[Finding]:
+    """The snapshot store holds code a restore installs: it must be yours and private, like the cache."""
+    status = cache_status(ctx)
+    store = snapshots_dir()
+    if status.store_distrust:
+        yield fail(
+            "cache.store_permissions",
+            f"{status.store_distrust}: another user could put an archive there that a restore installs as yours",
+            remedy=f"chmod go-w {store}",
+        )
+    untrusted = [s for s in status.snapshots if s.untrusted and not status.store_distrust]
+    if untrusted:
+        yield fail(
+            "cache.store_untrusted",
+            f"{len(untrusted)} archive(s) in {store} are not yours or are writable by others; "
+            "they are never restored by name",
+            remedy="rm -i -- " + " ".join(shlex.quote(str(s.path)) for s in untrusted[:SAMPLE]),
+            examples=[f"{s.path}: {s.untrusted}" for s in untrusted[:SAMPLE]],
+        )
+    if not status.store_distrust and not untrusted:
+        if store.is_dir():
+            yield ok(
+                "cache.store",
+                f"snapshot store {store}: {len(status.snapshots)} archive(s), yours and private",
+            )
+        else:
+            yield skip("cache.store", f"no snapshot store yet at {store}")
 
 
 @check("cache.warm", "compile cache")

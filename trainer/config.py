@@ -20,6 +20,7 @@ import tomllib
 from dflash_doctor.errors import ConfigError
 from trainer.data_files import check_data_file
 from trainer.mask_token import resolve_mask_token
+from trainer.metric_sinks import require_extra
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -119,6 +120,10 @@ class CheckpointSection:
 class OutputSection:
     dir: str = "runs/dflash"
     export_dtype: str = "bf16"  # the export's weights: bf16 (what engines serve) | fp32 (the master weights)
+    tensorboard: bool = False  # event files in <dir>/tensorboard (the `tensorboard` extra)
+    wandb: str | None = (
+        None  # a Weights & Biases project to log to (the `wandb` extra; WANDB_MODE=offline works)
+    )
 
 
 @dataclass(frozen=True)
@@ -450,7 +455,10 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
     ),
     "precision": (PrecisionSection, {"autocast": choice("auto", "bf16", "off")}),
     "checkpoint": (CheckpointSection, {"every": integer(0), "keep": integer(1)}),
-    "output": (OutputSection, {"dir": text(), "export_dtype": choice("bf16", "fp32")}),
+    "output": (
+        OutputSection,
+        {"dir": text(), "export_dtype": choice("bf16", "fp32"), "tensorboard": boolean(), "wandb": text()},
+    ),
     "run": (
         RunSection,
         {
@@ -490,6 +498,10 @@ def parse_config(raw: dict[str, Any]) -> TrainConfig:
 def _check_relations(cfg: TrainConfig) -> None:
     """Rules that tie several fields together."""
     o, d = cfg.optim, cfg.data
+    if cfg.output.tensorboard:
+        require_extra("tensorboard", "output.tensorboard")
+    if cfg.output.wandb:
+        require_extra("wandb", "output.wandb")
     if (o.steps is None) == (o.epochs is None):
         raise ConfigError("optim.steps: set exactly one of optim.steps and optim.epochs")
     if d.kind in ("jsonl", "text", "chat") and d.path is None:

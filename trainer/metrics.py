@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from dflash_doctor.atomic import write_bytes_atomic, write_json_atomic
+from trainer.metric_sinks import MetricSink, scalars_of
 
 
 @dataclass
@@ -53,19 +55,26 @@ def real_token_count(input_ids: Any, loss_mask: Any) -> int:
 class MetricsLog:
     """Append-only JSONL. On resume it first drops lines past the resume step, so each step appears once."""
 
-    def __init__(self, path: Path, resume_step: int) -> None:
+    def __init__(self, path: Path, resume_step: int, sinks: Sequence[MetricSink] = ()) -> None:
         self.path = path
+        self.sinks = list(sinks)  # TensorBoard, W&B: the same numbers as each JSONL line
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
         write_bytes_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
         self._handle = open(path, "a")  # noqa: SIM115  (held for the run, closed in close())
 
     def write(self, m: StepMetrics) -> None:
-        self._handle.write(json.dumps(asdict(m)) + "\n")
+        row = asdict(m)
+        self._handle.write(json.dumps(row) + "\n")
         self._handle.flush()
+        scalars = scalars_of(row)
+        for sink in self.sinks:
+            sink.write(m.step, scalars)
 
     def close(self) -> None:
         self._handle.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -53,6 +53,7 @@ from trainer.drafter import DFlashDrafter
 from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.heldout import HeldoutSums, evaluate_heldout
 from trainer.loss import LossOutput, expected_acceptance_length
+from trainer.metric_sinks import open_sinks
 from trainer.metrics import (
     MetricsLog,
     Progress,
@@ -234,7 +235,11 @@ def run_drafter(
     if resume_step:
         restore(cfg, model, optimizer, scheduler, anchor_gen, index, topology, resume_step, device)
 
-    log = MetricsLog(cfg.output_dir / "metrics.jsonl", resume_step) if is_first else None
+    log = (
+        MetricsLog(cfg.output_dir / "metrics.jsonl", resume_step, metric_sinks(cfg, resume_step))
+        if is_first
+        else None
+    )
     progress = Progress(plan.total_steps, resume_step, cfg.run.log_every) if is_first else None
     if is_first:
         print(
@@ -533,3 +538,11 @@ def restore(
         torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
     anchor_gen.set_state(rng["anchor"].cpu())
     random.setstate(rng["python"])
+
+
+def metric_sinks(cfg: TrainConfig, resume_step: int) -> list[Any]:
+    """TensorBoard and W&B, when `[output]` asks for them (first drafter rank only)."""
+    o = cfg.output
+    if not (o.tensorboard or o.wandb):
+        return []
+    return open_sinks(cfg.output_dir, o.tensorboard, o.wandb, cfg.to_dict(), resume_step)

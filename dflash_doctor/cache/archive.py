@@ -13,14 +13,25 @@ import os
 import stat
 import struct
 import tarfile
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
 from dflash_doctor.cache.frames import FramedWriter
+from dflash_doctor.cache.fsops import rename_noreplace
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
-from dflash_doctor.cache.manifest import MANIFEST_MEMBER, MARKER_NAME, ArchiveError, CacheManifest, FileEntry
+from dflash_doctor.cache.manifest import (
+    BACKUP_OWNER_NAME,
+    MANIFEST_MEMBER,
+    MARKER_NAME,
+    ArchiveError,
+    CacheManifest,
+    FileEntry,
+)
+from dflash_doctor.errors import DoctorError
 
 __all__ = [
     "ARCHIVE_SUFFIX",
@@ -34,6 +45,7 @@ __all__ = [
 ]
 
 ARCHIVE_SUFFIX = ".tar.zst"
+PARTIAL_TAG = ".partial-"  # `.<name>.tar.zst.partial-<random>`: an archive being written
 READ_CHUNK = 4 << 20  # bytes per read when hashing and archiving files
 
 
@@ -63,6 +75,14 @@ def collect_files(roots: dict[str, Path]) -> tuple[list[SourceFile], list[str]]:
     return files, skipped
 
 
+def is_our_record(name: str) -> bool:
+    """Our files at a cache folder's top: the marker, a backup's ownership record, and the temp file
+    a record is written to (`.<record>.<random>.tmp`, left by a process killed while writing it)."""
+    return name in (MARKER_NAME, BACKUP_OWNER_NAME) or (
+        name.endswith(".tmp") and name.startswith((f".{MARKER_NAME}.", f".{BACKUP_OWNER_NAME}."))
+    )
+
+
 def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str]) -> None:
     try:
         with os.scandir(folder) as found:
@@ -85,7 +105,7 @@ def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipp
             else:
                 subfolders.append(entry)
             continue
-        if top and name == MARKER_NAME:
+        if top and is_our_record(name):
             continue
         info = entry.stat(follow_symlinks=False)
         if not stat.S_ISREG(info.st_mode):
@@ -183,10 +203,16 @@ def write_archive(
 
     The tar stream is written here (headers as tarfile writes them, tar_header): tarfile's own
     writer spent 0.4 s of a 1.5 s snapshot of 9000 files in per-member Python."""
-    partial = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    # A name nobody can guess, created new (O_EXCL, no link followed): the folder may be shared.
+    fd, partial_name = tempfile.mkstemp(prefix=f".{dest.name}{PARTIAL_TAG}", dir=dest.parent)
+    partial = Path(partial_name)
     by_path = manifest.by_path()
     try:
-        with open(partial, "wb") as raw, FramedWriter(raw, level=level, threads=threads) as out:
+        with (
+            os.fdopen(fd, "wb") as raw,
+            FramedWriter(raw, level=level, threads=threads) as out,
+            _Rehasher() as rehasher,
+        ):
             manifest_bytes = manifest.to_bytes()
             out.write(tar_header(MANIFEST_MEMBER, len(manifest_bytes), 0o644, manifest.created))
             out.write(manifest_bytes)
@@ -199,23 +225,72 @@ def write_archive(
                         raise _changed(source)
                     out.write(tar_header(entry.path, entry.size, entry.mode, entry.mtime))
                     left = entry.size
+                    chunks = []
                     while left:
                         chunk = handle.read(min(left, READ_CHUNK))
                         if not chunk:
                             raise _changed(source)
+                        chunks.append(chunk)
                         out.write(chunk)
                         left -= len(chunk)
+                    rehasher.submit(source, entry.sha256, chunks)
                 out.write(_ZEROS[: -entry.size % tarfile.BLOCKSIZE])
             out.write(_ZEROS[: 2 * tarfile.BLOCKSIZE])  # the end-of-archive marker
             out.write(_ZEROS[: -out.written % tarfile.RECORDSIZE])  # whole records, as tar writes
             out.close()  # the last frame and the seek table
+            rehasher.finish()
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(partial, dest)
+        try:
+            rename_noreplace(partial, dest)  # never over a file planted at dest meanwhile
+        except FileExistsError:
+            raise DoctorError(f"{dest} already exists", hint="choose another --name or --out") from None
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     return dest.stat().st_size
+
+
+class _Rehasher:
+    """Checks, on a thread of its own, that the bytes archived are those the manifest's sha256 promises:
+    a file rewritten in place between the hashing and the archiving (same inode, size and mtime) would
+    otherwise make a snapshot that can never be restored. At most MAX_PENDING bytes wait for it."""
+
+    MAX_PENDING = 64 << 20
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-snapshot-rehash")
+        self._pending: deque[tuple[Future[bool], SourceFile, int]] = deque()
+        self._bytes = 0
+
+    @staticmethod
+    def _matches(chunks: list[bytes], expected: str) -> bool:
+        digest = hashlib.sha256()
+        for chunk in chunks:
+            digest.update(chunk)
+        return digest.hexdigest() == expected
+
+    def _settle_oldest(self) -> None:
+        future, source, size = self._pending.popleft()
+        self._bytes -= size
+        if not future.result():
+            raise _changed(source)
+
+    def submit(self, source: SourceFile, expected: str, chunks: list[bytes]) -> None:
+        self._pending.append((self._pool.submit(self._matches, chunks, expected), source, source.size))
+        self._bytes += source.size
+        while self._bytes > self.MAX_PENDING and self._pending:
+            self._settle_oldest()
+
+    def finish(self) -> None:
+        while self._pending:
+            self._settle_oldest()
+
+    def __enter__(self) -> _Rehasher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _changed(source: SourceFile) -> ArchiveError:

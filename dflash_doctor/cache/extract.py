@@ -21,6 +21,7 @@ all threads and raises ArchiveError; the caller owns the destination folders and
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import queue
@@ -30,12 +31,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import zstandard
 
 from dflash_doctor.cache.frames import FrameBlocks, read_seek_table
-from dflash_doctor.cache.manifest import MANIFEST_MEMBER, ArchiveError, CacheManifest
+from dflash_doctor.cache.fsops import open_regular, printable
+from dflash_doctor.cache.manifest import (
+    BACKUP_OWNER_NAME,
+    MANIFEST_MEMBER,
+    MANIFEST_SCHEMA,
+    MARKER_NAME,
+    ArchiveError,
+    CacheManifest,
+)
 from dflash_doctor.cache.tarstream import (
     BLOCK_TYPE,
     CHAR_TYPE,
@@ -46,6 +55,7 @@ from dflash_doctor.cache.tarstream import (
     Member,
     TarReader,
 )
+from dflash_doctor.errors import DoctorError
 
 # Sizes measured on 346 MB / 9112 files, 2 cores. A framed archive's blocks are its 2 MiB frames;
 # a v1 stream was cut into 1 MiB blocks (0.39 s against 0.41 s for 4 MiB, and a quarter of the memory).
@@ -60,6 +70,8 @@ BATCHES_TO_HASH = 3  # written batches queued for the hash thread
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
+_RESERVED = frozenset({MARKER_NAME, BACKUP_OWNER_NAME})
+
 # Write operations: a batch of them produced by _plan, then carried out by _execute (one thread).
 _MKDIRS, _FILE, _OPEN, _PIECE, _CLOSE = range(5)
 
@@ -72,6 +84,17 @@ class ReadLimits:
     max_total_bytes: int = 512 << 30
     max_manifest_bytes: int = 256 << 20
     max_members: int = 2_000_000
+    # What the manifest may declare against the archive's size: a real cache compresses 2-10x; a
+    # 0.05 MB archive declaring a 1 GiB member is a bomb whose sha256 fails only once all of it is written.
+    max_expansion: int = 1000
+    expansion_slack_bytes: int = 64 << 20
+
+    def check_expansion(self, declared: int, archive_bytes: int, where: str) -> None:
+        if declared > archive_bytes * self.max_expansion + self.expansion_slack_bytes:
+            raise ArchiveError(
+                f"{where}: the manifest declares {declared} bytes for an archive of {archive_bytes}: "
+                f"more than {self.max_expansion}x, not a compile cache"
+            )
 
 
 class _Blocks:
@@ -126,12 +149,32 @@ def _read_manifest_member(reader: TarReader, where: str, limits: ReadLimits) -> 
     return CacheManifest.from_bytes(reader.read_data(first))
 
 
+def open_archive(path: Path) -> BinaryIO:
+    """The archive file, opened only when it is a regular file (a FIFO in the store would hang us)."""
+    try:
+        return open_regular(path, "snapshot archive")
+    except ArchiveError:
+        raise
+    except DoctorError as exc:
+        raise ArchiveError(exc.message) from None
+
+
 def read_manifest(path: Path, limits: ReadLimits | None = None) -> CacheManifest:
-    """Only the manifest (decompresses the first block or so, not the archive)."""
-    with open(path, "rb") as raw:
-        return _read_manifest_member(
-            TarReader(_Blocks(raw, str(path)), str(path)), str(path), limits or ReadLimits()
-        )
+    """The manifest, and the cheap checks of the whole file: a v2 archive must end with its seek
+    table (a truncated copy does not), whose frames must hold what the manifest declares."""
+    where = str(path)
+    limits = limits or ReadLimits()
+    with open_archive(path) as raw:
+        frames = read_seek_table(raw, where)
+        manifest = _read_manifest_member(TarReader(_Blocks(raw, where), where), where, limits)
+        size = os.fstat(raw.fileno()).st_size
+    if manifest.schema == MANIFEST_SCHEMA:
+        if frames is None:
+            raise ArchiveError(f"{where}: truncated archive: the seek table at its end is missing")
+        if sum(d for _, d in frames) < manifest.total_bytes:
+            raise ArchiveError(f"{where}: truncated archive: its frames hold less than the manifest lists")
+    limits.check_expansion(manifest.total_bytes, size, where)
+    return manifest
 
 
 def split_member_name(name: str, roots: set[str]) -> tuple[str, str]:
@@ -236,6 +279,8 @@ def _plan(
                 continue
             if not inner:
                 raise ArchiveError(f"member {name!r}: a file where the cache folder itself belongs")
+            if inner in _RESERVED:
+                raise ArchiveError(f"member {name!r}: a name dflash-doctor keeps for its own records")
             key = f"{label}/{inner}"
             parent = target.rpartition("/")[0]
             if parent not in made:
@@ -315,6 +360,7 @@ def _execute(
     jobs: list[tuple[Any, str, str]] = []
     pieces: list[memoryview] | None = None  # the member being written in pieces, to be verified
     expected = ""
+    target = ""
     try:
         for batch in batches:
             if jobs:
@@ -344,7 +390,8 @@ def _execute(
                     while view:
                         view = view[write(fd, view) :]
                 elif kind == _MKDIRS:
-                    os.makedirs(op[1], mode=0o755, exist_ok=True)
+                    target = op[1]
+                    _make_folders(target)
                 elif kind == _OPEN:
                     _, target, mode, chmod, check = op
                     fd = open_(target, _WRITE_FLAGS, mode)
@@ -364,9 +411,38 @@ def _execute(
         if jobs:
             assert verifier is not None
             verifier.submit(jobs)
+    except OSError as exc:
+        raise _write_error(exc, target) from None
     finally:
         if fd >= 0:
             close(fd)
+
+
+def _make_folders(path: str) -> None:
+    """`os.makedirs(path, 0o755, exist_ok=True)`, but every folder made 0o755 at most: makedirs makes
+    the intermediate ones 0o777 less the umask, world-writable under `umask 000`."""
+    try:
+        os.mkdir(path, 0o755)
+    except FileNotFoundError:
+        _make_folders(os.path.dirname(path))
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        if os.path.islink(path) or not os.path.isdir(path):
+            raise
+
+
+def _write_error(exc: OSError, target: str) -> DoctorError:
+    """A failed write as a message: the disk, or a member that cannot exist beside another."""
+    where = printable(str(exc.filename or target))
+    if exc.errno == errno.ENOSPC:
+        return DoctorError(
+            f"no space left on the device while writing {where}", hint="free some space, then restore again"
+        )
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        return ArchiveError(f"{where}: the archive holds a file and a folder of the same name")
+    if exc.errno == errno.ENAMETOOLONG:
+        return ArchiveError(f"{where}: a name longer than this filesystem allows")
+    return DoctorError(f"could not write {where}: {exc.strerror}")
 
 
 class _Failed:
@@ -512,7 +588,7 @@ def extract_verified(
     limits = limits or ReadLimits()
     where = str(path)
     with contextlib.ExitStack() as stack:
-        raw = stack.enter_context(open(path, "rb"))
+        raw = stack.enter_context(open_archive(path))
         frames = read_seek_table(raw, where)
         blocks: Iterator[bytes | memoryview] = (
             _Blocks(raw, where) if frames is None else FrameBlocks(raw, frames, where)
@@ -521,6 +597,7 @@ def extract_verified(
             blocks = stack.enter_context(_Ahead("dflash-restore-unzstd", BLOCKS_AHEAD).run(blocks))
         reader = TarReader(blocks, where)
         manifest = _read_manifest_member(reader, where, limits)
+        limits.check_expansion(manifest.total_bytes, os.fstat(raw.fileno()).st_size, where)
         if accept is not None:
             accept(manifest)
         if callable(destinations):

@@ -88,3 +88,17 @@ def snapshots_dir() -> Path:
 def managed_inductor_dir() -> Path:
     """Where we advise pointing `TORCHINDUCTOR_CACHE_DIR`: persistent, private to the user."""
     return paths.cache_root() / "inductor"
+
+
+MANAGED_SOURCE = "managed"
+
+
+def command_locations(environ: Mapping[str, str]) -> CacheLocations:
+    """The folders `cache snapshot|restore|warm` act on: the cache `train` uses. With
+    TORCHINDUCTOR_CACHE_DIR set, that folder (and TRITON_CACHE_DIR); unset, the managed cache, as
+    `train` sets it for its workers (TRITON_CACHE_DIR dropped: Triton's kernels live inside it) -- never
+    the machine-wide `/tmp/torchinductor_<user>` other processes are using."""
+    if environ.get(INDUCTOR_VARIABLE):
+        return resolve_locations(environ)
+    default = resolve_locations({})
+    return CacheLocations(managed_inductor_dir(), MANAGED_SOURCE, None, default.triton_user)

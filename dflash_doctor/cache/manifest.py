@@ -8,10 +8,14 @@ file's bytes, and can refuse a member the manifest does not list. Paths are arch
 from __future__ import annotations
 
 import json
+import math
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.fsops import printable
 from dflash_doctor.errors import DoctorError
 
 # v2: the archive is zstd frames with a seek table at the end (frames.py); v1 archives (one zstd
@@ -23,6 +27,9 @@ MANIFEST_MEMBER = "MANIFEST.json"
 # Our own marker written at the root of every cache folder we restore or warm: the build it is for.
 MARKER_NAME = ".dflash-doctor.json"
 MARKER_SCHEMA = "dflash-doctor/cache-marker/v1"
+# The ownership record in a backup of a previous cache (`<name>.bak-<id>`): ours to delete.
+BACKUP_OWNER_NAME = ".dflash-doctor-backup.json"
+BACKUP_SCHEMA = "dflash-doctor/cache-backup/v1"
 
 
 class ArchiveError(DoctorError):
@@ -78,38 +85,133 @@ class CacheManifest:
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> CacheManifest:
-        """Parse and validate; every defect is an ArchiveError naming what is wrong."""
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ArchiveError(f"the manifest is not valid JSON ({exc})") from exc
+        """Parse and validate; every defect is an ArchiveError naming what is wrong.
+
+        The manifest comes from an archive anyone may have made: numbers must be finite and in range,
+        text printable (no escape sequences reach a terminal), paths short enough to create."""
+        data = _load_json(raw, "the manifest")
         if not isinstance(data, dict) or data.get("schema") not in READABLE_SCHEMAS:
             found = data.get("schema") if isinstance(data, dict) else type(data).__name__
             raise ArchiveError(
-                f"unknown manifest schema {found!r} (expected one of {', '.join(READABLE_SCHEMAS)})",
+                f"unknown manifest schema {_shown(found)} (expected one of {', '.join(READABLE_SCHEMAS)})",
                 hint="a snapshot from a newer dflash-doctor: upgrade, or take a new snapshot here",
             )
         try:
-            files = [FileEntry(str(p), int(s), str(h), int(m), float(t)) for p, s, h, m, t in data["files"]]
+            files = [_file_entry(item) for item in _list(data, "files")]
+            origins = data["origins"]
+            if not isinstance(origins, dict):
+                raise ValueError("origins must be an object")
             manifest = cls(
-                name=str(data["name"]),
-                created=float(data["created"]),
-                fingerprint=BuildFingerprint.from_json(data["fingerprint"]),
-                origins={str(k): str(v) for k, v in dict(data["origins"]).items()},
+                name=_text(data["name"], "name"),
+                created=_time(data["created"], "created"),
+                fingerprint=fingerprint_from_json(data["fingerprint"]),
+                origins={_text(k, "origins"): _text(v, "origins") for k, v in origins.items()},
                 files=files,
-                skipped=[str(s) for s in data.get("skipped", [])],
-                tool_version=str(data.get("tool_version", "")),
+                skipped=[_text(s, "skipped") for s in _list(data, "skipped", required=False)],
+                tool_version=_text(data.get("tool_version", ""), "tool_version", empty=True),
                 schema=str(data["schema"]),
                 warm_records=_dicts(data.get("warm_records")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArchiveError(f"the manifest is malformed ({type(exc).__name__}: {exc})") from exc
+        except KeyError as exc:
+            raise ArchiveError(f"the manifest is malformed (field {exc} is missing)") from None
+        except (TypeError, ValueError) as exc:
+            raise ArchiveError(f"the manifest is malformed ({printable(str(exc))})") from None
         if len(manifest.by_path()) != len(files):
             raise ArchiveError("the manifest lists a file twice")
-        for entry in files:
-            if entry.size < 0 or len(entry.sha256) != 64:
-                raise ArchiveError(f"the manifest entry for {entry.path!r} has a bad size or sha256")
         return manifest
+
+
+# Times: 0 to the year 2400 (a NaN, 1e300 or a negative time is a crafted archive, not a clock).
+MAX_TIME = 13_569_465_600.0
+MAX_FILE_BYTES = 1 << 44
+MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
+MAX_PATH_BYTES = 3000  # inside the cache folder, leaving room for its own path under PATH_MAX
+_HEX = frozenset("0123456789abcdef")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _load_json(raw: bytes, what: str) -> Any:
+    """json.loads that refuses NaN/Infinity and turns deep nesting into an error, not a traceback."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise ArchiveError(f"{what} is not valid JSON ({printable(str(exc))})") from None
+    except RecursionError:
+        raise ArchiveError(f"{what} is nested too deeply to be ours") from None
+
+
+def _shown(value: object) -> str:
+    return printable(repr(value), 80)
+
+
+def _list(data: dict[str, Any], key: str, required: bool = True) -> list[Any]:
+    value = data[key] if required else data.get(key, [])
+    if not isinstance(value, list):
+        raise ValueError(f"{key} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _text(value: object, field_name: str, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not empty):
+        raise ValueError(f"{field_name} must be a non-empty string, not {_shown(value)}")
+    if not value.isprintable() or len(value) > 4096:
+        raise ValueError(f"{field_name} {_shown(value)} holds control characters or is too long")
+    return value
+
+
+def _integer(value: object, field_name: str, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+        raise ValueError(f"{field_name} must be an integer from 0 to {high}, not {_shown(value)}")
+    return value
+
+
+def _time(value: object, field_name: str) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_TIME
+    ):
+        raise ValueError(f"{field_name} must be a time from 1970 to 2400, not {_shown(value)}")
+    return float(value)
+
+
+def _file_entry(item: object) -> FileEntry:
+    if not isinstance(item, list) or len(item) != 5:
+        raise ValueError(f"a file entry must be [path, size, sha256, mode, mtime], not {_shown(item)}")
+    path, size, digest, mode, mtime = item
+    path = _text(path, "a file path")
+    encoded = path.encode("utf-8", "surrogateescape")
+    if len(encoded) > MAX_PATH_BYTES or any(len(part) > MAX_NAME_BYTES for part in encoded.split(b"/")):
+        raise ValueError(f"the path {_shown(path)} is longer than a filesystem allows")
+    if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
+        raise ValueError(f"the sha256 of {_shown(path)} is not 64 hex digits")
+    return FileEntry(
+        path,
+        _integer(size, f"the size of {path}", MAX_FILE_BYTES),
+        digest,
+        _integer(mode, f"the mode of {path}", 0o7777),
+        _time(mtime, f"the mtime of {path}"),
+    )
+
+
+def fingerprint_from_json(value: object) -> BuildFingerprint:
+    """A fingerprint read from an archive or a marker: an object whose texts are printable."""
+    if not isinstance(value, dict):
+        raise ValueError(f"fingerprint must be an object, not {_shown(value)}")
+    for key in ("torch_version", "torch_git", "cuda", "triton_version", "python"):
+        if value.get(key) is not None:
+            _text(value[key], f"fingerprint.{key}", empty=True)
+    gpus = value.get("gpu_names")
+    if gpus is not None:
+        if not isinstance(gpus, list):
+            raise ValueError("fingerprint.gpu_names must be a list")
+        for gpu in gpus:
+            _text(gpu, "fingerprint.gpu_names")
+    return BuildFingerprint.from_json(value)
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
@@ -118,22 +220,70 @@ def _dicts(value: Any) -> list[dict[str, Any]]:
 
 
 def marker_bytes(
-    fingerprint: BuildFingerprint, origin: str, snapshot: str | None, restore_id: str | None
+    fingerprint: BuildFingerprint,
+    origin: str,
+    snapshot: str | None,
+    restore_id: str | None,
+    created: float | None = None,
 ) -> bytes:
-    """The marker file we leave in a cache folder: which build it holds, and where it came from."""
+    """The marker file we leave in a cache folder: which build it holds, where it came from, and (in a
+    restore's staging folder) which restore made it, as whom and when: what recovery needs to prove a
+    staging folder is ours before it moves or deletes it."""
     data = {
         "schema": MARKER_SCHEMA,
         "fingerprint": fingerprint.to_json(),
         "origin": origin,
         "snapshot": snapshot,
         "restore_id": restore_id,
+        "uid": os.getuid(),
+        "created": time.time() if created is None else created,
     }
     return json.dumps(data, indent=1).encode()
 
 
 def read_marker(raw: bytes) -> dict[str, Any] | None:
+    """Our marker, or None when the bytes are not one (damaged, foreign, or nested to no end)."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    return data if isinstance(data, dict) and data.get("schema") == MARKER_SCHEMA else None
+    if not isinstance(data, dict) or data.get("schema") != MARKER_SCHEMA:
+        return None
+    try:
+        fingerprint_from_json(data.get("fingerprint"))
+    except ValueError:
+        return None
+    return data
+
+
+def backup_owner_bytes(restore_id: str, target: str, created: float, not_a_cache: bool = False) -> bytes:
+    """The ownership record a restore puts in the previous cache when it becomes `<name>.bak-...`:
+    retention deletes only folders carrying one, and sorts them by `created`, never by name."""
+    data = {
+        "schema": BACKUP_SCHEMA,
+        "restore_id": restore_id,
+        "uid": os.getuid(),
+        "created": created,
+        "target": target,
+        "not_a_cache": not_a_cache,
+    }
+    return json.dumps(data, indent=1).encode()
+
+
+def read_backup_owner(raw: bytes | None) -> dict[str, Any] | None:
+    """The ownership record if it is ours (this uid), well-formed, with a finite creation time."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != BACKUP_SCHEMA or data.get("uid") != os.getuid():
+        return None
+    try:
+        _time(data.get("created"), "created")
+        _text(data.get("restore_id"), "restore_id")
+        _text(data.get("target"), "target")
+    except ValueError:
+        return None
+    return data

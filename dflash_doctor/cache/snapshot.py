@@ -9,9 +9,16 @@ from pathlib import Path
 
 from dflash_doctor import __version__
 from dflash_doctor.atomic import write_bytes_atomic
-from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, collect_files, hash_files, write_archive
+from dflash_doctor.cache.archive import (
+    ARCHIVE_SUFFIX,
+    collect_files,
+    hash_files,
+    write_archive,
+)
 from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, marker_bytes
+from dflash_doctor.cache.restore import recover_interrupted, remove_torn_records
 from dflash_doctor.cache.warm_record import WarmRecords
 from dflash_doctor.errors import DoctorError
 
@@ -30,17 +37,30 @@ def write_marker(folder: Path, fingerprint: BuildFingerprint, origin: str, snaps
 
 
 def archive_destination(store_root: Path, name: str, out: Path | None) -> Path:
-    """`--out` may name the archive file or a folder to put `<name>.tar.zst` in."""
+    """`--out` names a folder to put `<name>.tar.zst` in, or the archive file itself: a new path ending
+    in `.tar.zst`. Never another name than the one given (no `/dev/null.tar.zst`), never over a file."""
     if out is None:
         dest = store_root / f"{name}{ARCHIVE_SUFFIX}"
     elif out.is_dir():
         dest = out / f"{name}{ARCHIVE_SUFFIX}"
+    elif os.path.lexists(out):
+        raise DoctorError(
+            f"--out {out} already exists and is not a folder: a snapshot never overwrites a file",
+            hint=f"give a folder, or a new file name ending in {ARCHIVE_SUFFIX}",
+        )
+    elif not out.name.endswith(ARCHIVE_SUFFIX):
+        raise DoctorError(
+            f"--out {out}: an archive's name must end in {ARCHIVE_SUFFIX}",
+            hint=f"--out {out.with_name(out.name + ARCHIVE_SUFFIX)}, or a folder to put {name}{ARCHIVE_SUFFIX} in",
+        )
     else:
-        dest = out if out.name.endswith(ARCHIVE_SUFFIX) else out.with_name(out.name + ARCHIVE_SUFFIX)
-    if dest.exists():
+        dest = out
+    if os.path.lexists(dest):
         raise DoctorError(f"{dest} already exists", hint="choose another --name, or prune the old one first")
     if not dest.parent.is_dir():
         raise DoctorError(f"--out: folder {dest.parent} does not exist")
+    if not os.access(dest.parent, os.W_OK | os.X_OK):
+        raise DoctorError(f"--out: folder {dest.parent} is not writable by you")
     return dest
 
 
@@ -52,10 +72,29 @@ def take_snapshot(
     level: int = 3,
     now: float | None = None,
     records: WarmRecords | None = None,
+    lock_timeout: float = TIMEOUT_S,
 ) -> SnapshotResult:
-    """Archive the cache folders `roots` (label -> folder) to `dest`. The caller holds the store lock.
+    """Archive the cache folders `roots` (label -> folder) to `dest`, holding each folder's lock (a
+    restore from any home waits); an interrupted restore is finished first, so a half-swapped pair of
+    roots is never archived. The caller holds the store lock when `dest` is in the store.
 
     `records`: the warm-up records to carry, those whose files the snapshot holds (warm_record.py)."""
+    with folder_locks(roots.values(), lock_timeout):
+        for path in roots.values():
+            recover_interrupted(path)
+            remove_torn_records(path)
+        return _snapshot_locked(roots, fingerprint, name, dest, level, now, records)
+
+
+def _snapshot_locked(
+    roots: dict[str, Path],
+    fingerprint: BuildFingerprint,
+    name: str,
+    dest: Path,
+    level: int,
+    now: float | None,
+    records: WarmRecords | None,
+) -> SnapshotResult:
     start = time.perf_counter()
     files, skipped = collect_files(roots)
     if not files:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.inspection import FolderReport, inspect_folder, read_mounts
 from dflash_doctor.cache.locations import CacheLocations, resolve_locations, snapshots_dir
-from dflash_doctor.cache.store import SnapshotInfo, SnapshotStore
+from dflash_doctor.cache.restore import pending_restore
+from dflash_doctor.cache.store import SnapshotInfo, SnapshotStore, folder_distrust
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Warmth:
 
 def warmth_of(folder: FolderReport, current: BuildFingerprint) -> Warmth:
     """Judge from our marker: the Inductor entries themselves are pickles we must not load."""
+    if folder.pending:
+        return Warmth("cold", [f"{folder.pending}: the next restore or snapshot finishes it"])
     if not folder.exists or not folder.has_entries:
         return Warmth("cold", ["empty" if folder.exists else "missing"])
     made_for = folder.made_for
@@ -38,6 +41,7 @@ class CacheStatus:
     folders: list[FolderReport]
     current: BuildFingerprint
     snapshots: list[SnapshotInfo]
+    store_distrust: str | None = None  # why the store folder itself cannot be trusted
 
     @property
     def main(self) -> FolderReport:
@@ -53,6 +57,8 @@ class CacheStatus:
             "folders": [f.to_json() for f in self.folders],
             "warmth": {"state": warmth.state, "reasons": warmth.reasons},
             "snapshots_dir": str(snapshots_dir()),
+            "store_distrust": self.store_distrust,
+            "untrusted_snapshots": [s.name for s in self.snapshots if s.untrusted],
             "compatible_snapshots": [s.name for s in self.compatible_snapshots()],
         }
 
@@ -63,5 +69,7 @@ def gather_status(current: BuildFingerprint, environ: Mapping[str, str] | None =
     folders = [inspect_folder("inductor", locations.inductor, mounts=mounts)]
     if locations.triton is not None:
         folders.append(inspect_folder("triton", locations.triton, mounts=mounts))
-    snapshots = SnapshotStore(snapshots_dir()).snapshots()
-    return CacheStatus(locations, folders, current, snapshots)
+    for folder in folders:  # a journal beside the first root speaks for all of them
+        folder.pending = pending_restore(folder.path) or pending_restore(locations.inductor)
+    store = SnapshotStore(snapshots_dir())
+    return CacheStatus(locations, folders, current, store.snapshots(), folder_distrust(store.root))

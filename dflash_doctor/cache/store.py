@@ -1,13 +1,19 @@
 """The snapshot store: a folder of `<name>.tar.zst` archives, one lock, list and prune.
 
-Every operation that writes to the store or to a cache folder takes the store's lock, so a snapshot,
-a restore and a prune never interleave, across processes too (filelock: a POSIX `flock`).
+Every operation that writes to the store takes the store's lock, so a snapshot, a restore and a prune
+of one home never interleave, across processes too (filelock: a POSIX `flock`); each cache folder has
+its own lock besides (folder_lock.py), for commands from other homes.
+
+The archives hold code that a restore installs: an archive is trusted only when it is a regular file
+of this user (or root) in a store folder no one else can write. Another user's archive, or any archive
+in a folder others can write, is listed as untrusted, never recommended and never restored by name.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,10 +22,12 @@ from pathlib import Path
 
 import filelock
 
-from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, read_manifest
+from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, PARTIAL_TAG, read_manifest
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
-from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
+from dflash_doctor.cache.fsops import printable
+from dflash_doctor.cache.manifest import CacheManifest
 from dflash_doctor.errors import DoctorError
+from dflash_doctor.paths import HOME_ENV
 
 LOCK_NAME = ".store.lock"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -36,15 +44,56 @@ class SnapshotInfo:
     size_bytes: int
     manifest: CacheManifest | None
     error: str | None = None
+    mtime: float = 0.0
+    untrusted: str | None = None  # why this archive must not be restored by name
+    owner_uid: int | None = None
+
+    @property
+    def ours(self) -> bool:
+        """A regular file of this user: what `cache prune` may delete (never another user's)."""
+        return self.owner_uid == os.getuid()
 
     @property
     def created(self) -> float:
-        return self.manifest.created if self.manifest else os.stat(self.path).st_mtime
+        return self.manifest.created if self.manifest else self.mtime
 
     def incompatible_with(self, current: BuildFingerprint) -> list[str]:
+        if self.untrusted is not None:
+            return [f"untrusted: {self.untrusted}"]
         if self.manifest is None:
             return [f"unreadable: {self.error}"]
         return incompatibilities(self.manifest.fingerprint, current)
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.getuid(), 0)
+
+
+def folder_distrust(folder: Path) -> str | None:
+    """Why archives in `folder` cannot be trusted (None: they can): another user's folder, or one that
+    others can write (they could replace any archive in it)."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return f"the store {folder} is a symbolic link"
+    if not _trusted_owner(info.st_uid):
+        return f"the store {folder} belongs to uid {info.st_uid}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"the store {folder} is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def archive_distrust(info: os.stat_result) -> str | None:
+    """Why one archive cannot be trusted (None: it can)."""
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if not _trusted_owner(info.st_uid):
+        return f"it belongs to uid {info.st_uid}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"it is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
 
 
 def check_name(name: str) -> str:
@@ -98,18 +147,64 @@ class SnapshotStore:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def check_usable(self) -> None:
+        """A DoctorError when the store's path runs into a file (a home or `cache/snapshots` that is a
+        file): a reader would otherwise say "no snapshots" of a store it cannot see."""
+        for folder in (self.root, *self.root.parents):
+            if os.path.lexists(folder):
+                if not folder.is_dir():
+                    raise DoctorError(
+                        f"{folder} is a file, not a folder: the snapshot store {self.root} cannot be there",
+                        hint=f"move {folder} away, or set {HOME_ENV} to another folder",
+                    )
+                return
+
+    def ensure(self) -> None:
+        """Make the store folder (private), or say plainly why it cannot be."""
+        self.check_usable()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except FileExistsError:
+            raise DoctorError(
+                f"the snapshot store {self.root} (or a folder above it) is a file, not a folder",
+                hint=f"move it away, or set {HOME_ENV} to another folder",
+            ) from None
+        except NotADirectoryError:
+            raise DoctorError(
+                f"a part of the snapshot store's path {self.root} is a file, not a folder",
+                hint=f"move it away, or set {HOME_ENV} to another folder",
+            ) from None
+        except PermissionError:
+            raise DoctorError(
+                f"cannot create the snapshot store {self.root}: permission denied",
+                hint=f"set {HOME_ENV} to a folder you can write",
+            ) from None
+        if not self.root.is_dir():
+            raise DoctorError(f"the snapshot store {self.root} is not a folder", hint="move it away")
+
     @contextmanager
     def locked(self, timeout: float = 600.0) -> Iterator[None]:
         """Hold the store lock; a clear error, not a hang, when another operation holds it too long."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = filelock.FileLock(str(self.root / LOCK_NAME), timeout=timeout)
+        self.ensure()
+        lock_file = self.root / LOCK_NAME
+        if lock_file.is_symlink() or (lock_file.exists() and not lock_file.is_file()):
+            raise DoctorError(
+                f"the store lock {lock_file} is not a regular file",
+                hint=f"remove {lock_file}, then try again",
+            )
+        lock = filelock.FileLock(str(lock_file), timeout=timeout)
         try:
             with lock:
                 yield
         except filelock.Timeout as exc:
             raise DoctorError(
-                f"another dflash-doctor cache operation holds {self.root / LOCK_NAME}",
+                f"another dflash-doctor cache operation holds {lock_file}",
                 hint="wait for it to finish, then try again",
+            ) from exc
+        except PermissionError as exc:
+            raise DoctorError(
+                f"cannot take the store lock {lock_file}: permission denied",
+                hint=f"set {HOME_ENV} to a folder you can write",
             ) from exc
 
     def path_for(self, name: str) -> Path:
@@ -123,9 +218,18 @@ class SnapshotStore:
                 return candidate
             raise DoctorError(f"{name_or_path}: no such archive")
         path = self.path_for(name_or_path)
-        if not path.is_file():
+        try:
+            info = os.lstat(path)
+        except OSError:
             raise DoctorError(
                 f"no snapshot named {name_or_path!r} in {self.root}", hint="see `dflash-doctor cache list`"
+            ) from None
+        distrust = folder_distrust(self.root) or archive_distrust(info)
+        if distrust:
+            raise DoctorError(
+                f"snapshot {name_or_path!r} is not trusted: {distrust}; its code would run as yours",
+                hint=f"chmod go-w {self.root} and remove archives you did not make; "
+                "an archive you trust can be restored by its path",
             )
         return path
 
@@ -134,16 +238,27 @@ class SnapshotStore:
         if not self.root.is_dir():
             return []
         found = []
+        store_distrust = folder_distrust(self.root)
         for path in self.root.glob(f"*{ARCHIVE_SUFFIX}"):
             if path.name.startswith("."):
                 continue  # a partial write in progress or left by a crash
-            name = path.name[: -len(ARCHIVE_SUFFIX)]
+            name = printable(path.name[: -len(ARCHIVE_SUFFIX)])
             try:
-                found.append(SnapshotInfo(name, path, path.stat().st_size, read_manifest(path)))
-            except ArchiveError as exc:
-                found.append(SnapshotInfo(name, path, path.stat().st_size, None, exc.message))
+                info = os.lstat(path)
             except OSError as exc:
                 found.append(SnapshotInfo(name, path, 0, None, str(exc)))
+                continue
+            untrusted = store_distrust or archive_distrust(info)
+            try:
+                manifest, error = read_manifest(path), None
+            except DoctorError as exc:  # ArchiveError, or a link/FIFO/device refused unopened
+                manifest, error = None, exc.message
+            except OSError as exc:
+                manifest, error = None, str(exc)
+            owner = info.st_uid if stat.S_ISREG(info.st_mode) else None
+            found.append(
+                SnapshotInfo(name, path, info.st_size, manifest, error, info.st_mtime, untrusted, owner)
+            )
         return sorted(found, key=lambda s: s.created, reverse=True)
 
     def compatible(self, current: BuildFingerprint) -> list[SnapshotInfo]:
@@ -152,7 +267,12 @@ class SnapshotStore:
     def remove_partials(self) -> list[Path]:
         """Archives a crashed snapshot left half-written (never visible under their final name)."""
         removed = []
-        for path in self.root.glob(f".*{ARCHIVE_SUFFIX}.partial-*"):
-            path.unlink(missing_ok=True)
-            removed.append(path)
+        for path in self.root.glob(f".*{ARCHIVE_SUFFIX}{PARTIAL_TAG}*"):
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():  # only ours
+                path.unlink(missing_ok=True)
+                removed.append(path)
         return removed

@@ -20,8 +20,12 @@ from dflash_doctor.cache.manifest import ArchiveError
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
-# Extension records (pax headers, GNU long names) are read whole into memory: bound them.
+# Extension records (pax headers, GNU long names) are read whole into memory: bound them, one by one
+# and together per member (1,000 pax headers of 1 MiB before one member once took 3.6 GB), and keep
+# only the pax keys we use (a record's other keys are parsed, checked and dropped).
 MAX_EXTENSION_BYTES = 1 << 20
+MAX_EXTENSIONS_PER_MEMBER = 4
+PAX_KEYS = frozenset({"path", "linkpath", "size"})
 
 REGULAR_TYPES = frozenset(b"07\0")  # regular, contiguous (a regular file to every tar), old-style regular
 DIR_TYPE = ord("5")
@@ -101,7 +105,11 @@ def parse_pax(data: bytes, where: str) -> dict[str, str]:
         key, equals, value = record[:-1].partition(b"=")
         if not equals:
             raise ArchiveError(f"{where}: corrupt pax header")
-        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        name = key.decode("utf-8", "surrogateescape")
+        if name in PAX_KEYS:
+            records[name] = value.decode("utf-8", "surrogateescape")
+        elif name.startswith("GNU.sparse"):
+            records[name] = ""  # only its presence matters: a sparse member is refused
         pos += length
     return records
 
@@ -171,6 +179,7 @@ class TarReader:
         long_name = long_link = None
         pax: dict[str, str] = {}
         where = self._where
+        extensions = extension_bytes = 0
         while True:
             pos, buf = self._pos, self._buf
             if pos + BLOCK <= len(buf):  # the usual case: the header lies in the current block
@@ -200,8 +209,17 @@ class TarReader:
             if kind == PAX_GLOBAL_TYPE:  # it would change every later member: never written by us
                 raise ArchiveError(f"{where}: unsupported member type 'g' (a pax global header)")
             if kind in (PAX_TYPE, GNU_LONGNAME, GNU_LONGLINK):
-                if not 0 <= size <= MAX_EXTENSION_BYTES:
-                    raise ArchiveError(f"{where}: a tar extension header of {size} bytes, outside the limits")
+                extensions += 1
+                extension_bytes += size
+                if not 0 <= size <= MAX_EXTENSION_BYTES or extension_bytes > MAX_EXTENSION_BYTES:
+                    raise ArchiveError(
+                        f"{where}: tar extension headers of {extension_bytes} bytes before one member, "
+                        f"over the {MAX_EXTENSION_BYTES} limit"
+                    )
+                if extensions > MAX_EXTENSIONS_PER_MEMBER:
+                    raise ArchiveError(
+                        f"{where}: more than {MAX_EXTENSIONS_PER_MEMBER} tar extension headers before one member"
+                    )
                 data = self._take(size, "an extension header")
                 self._skip(-size % BLOCK, "an extension header")
                 if kind == PAX_TYPE:
@@ -226,7 +244,7 @@ class TarReader:
                     linkname = pax.get("linkpath", linkname)
                 if "size" in pax:
                     try:
-                        size = int(pax["size"])
+                        size = int(pax["size"]) if len(pax["size"]) <= 20 else -1
                     except ValueError:
                         raise ArchiveError(f"{where}: corrupt pax header (size {pax['size']!r})") from None
                 if any(key.startswith("GNU.sparse") for key in pax):

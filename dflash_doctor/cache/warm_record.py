@@ -44,6 +44,7 @@ from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.locations import snapshots_dir
+from dflash_doctor.errors import DoctorError
 
 SCHEMA = "dflash-doctor/warm-records/v1"
 RECORDS_FILE = "warm-records.json"  # in the dflash-doctor home, beside the snapshots folder
@@ -232,10 +233,18 @@ class WarmRecords:
         Read, merge and rename under a lock beside the file: two launches from one home at once would
         otherwise each write what it read, and one record would be lost (a needless child later)."""
         keys = {e["key"] for e in new}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
-            kept = [r for r in self._load() if r.get("key") not in keys] + new
-            write_json_atomic(self.path, {"schema": SCHEMA, "records": kept[-KEEP_RECORDS:]})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.is_dir() or self.path.is_symlink():
+                raise IsADirectoryError(21, "not a regular file", str(self.path))
+            with filelock.FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
+                kept = [r for r in self._load() if r.get("key") not in keys] + new
+                write_json_atomic(self.path, {"schema": SCHEMA, "records": kept[-KEEP_RECORDS:]})
+        except (OSError, filelock.Timeout) as exc:
+            raise DoctorError(
+                f"cannot write the warm-up records {self.path}: {getattr(exc, 'strerror', None) or exc}",
+                hint=f"move {self.path} away if it is not a file of warm-up records; it is re-created",
+            ) from None
 
 
 def default_records() -> WarmRecords:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
-from dflash_doctor.cache.locations import resolve_locations, snapshots_dir
+from dflash_doctor.cache.folder_lock import folder_locks
+from dflash_doctor.cache.fsops import printable
+from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, MANAGED_SOURCE, command_locations, snapshots_dir
 from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
@@ -33,13 +37,54 @@ OutOption = typer.Option(None, "--out", help="Write the archive here (a file or 
 ConfigOption = typer.Option(
     None, "--config", help="A training config (run.toml): use its warm-up and shapes."
 )
+ReplaceNonCacheOption = typer.Option(
+    False,
+    "--replace-non-cache",
+    help="Move the target aside even when it does not look like a compile cache (kept, never pruned).",
+)
 cache_app = typer.Typer(
     help="The compile cache: status, fingerprinted snapshots, crash-safe restore, warm-up."
 )
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    return Console(highlight=False, soft_wrap=True)  # paths and names whole, in a pipe or at 80 columns
+
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def named_os_errors(command: Command) -> Command:
+    """A file system error (a home that is a file, a read-only folder, a full disk) as a message and
+    exit 2, naming the path, not a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except OSError as exc:
+            where = printable(str(exc.filename)) if exc.filename else "a file"
+            why = {
+                errno.ENOSPC: "no space left on the device",
+                errno.EACCES: "permission denied",
+                errno.EPERM: "not permitted",
+                errno.EROFS: "read-only file system",
+                errno.ENOTDIR: "a part of the path is a file, not a folder",
+                errno.EEXIST: "it already exists",
+                errno.EISDIR: "it is a folder",
+            }.get(exc.errno or 0, exc.strerror or str(exc))
+            raise DoctorError(
+                f"cannot use {where}: {why}",
+                hint="check that path (or DFLASH_DOCTOR_HOME / TORCHINDUCTOR_CACHE_DIR), then try again",
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _where(locations_source: str) -> str:
+    if locations_source == MANAGED_SOURCE:
+        return f" (the managed cache `train` uses: {INDUCTOR_VARIABLE} is unset)"
+    return ""
 
 
 def _current(python: str | None) -> tuple[Environment, BuildFingerprint]:
@@ -60,6 +105,7 @@ def _emit(kind: str, data: dict[str, Any]) -> None:
 
 
 @cache_app.command("status")
+@named_os_errors
 def status_command(
     python: str | None = PythonOption,
     json_out: bool = JsonOption,
@@ -76,28 +122,28 @@ def status_command(
         _emit("status", {**status.to_json(), "findings": [f.to_json() for f in findings]})
         raise typer.Exit(exit_code(findings))
     console = _console()
-    table = Table(title=f"compile cache · build {escape(status.current.describe())}", title_justify="left")
-    for column in ("folder", "path", "size", "files", "filesystem", "owner/mode", "made for", "state"):
-        table.add_column(column)
+    console.print(f"compile cache · build {escape(status.current.describe())}")
     for folder in status.folders:
         made_for = folder.made_for
         state = warmth_of(folder, status.current).state if folder.label == "inductor" else ""
-        table.add_row(
-            folder.label,
-            escape(str(folder.path)),
+        facts = [
             _mb(folder.size_bytes) if folder.exists else "missing",
-            str(folder.files),
+            f"{folder.files} files",
             (folder.fs_type or "?") + (" (volatile)" if folder.volatile else ""),
-            f"uid {folder.owner_uid} {folder.mode:04o}" if folder.mode is not None else "",
-            escape(made_for.describe()) if made_for else "unknown",
-            state,
-        )
-    console.print(table)
+        ]
+        if folder.mode is not None:
+            facts.append(f"uid {folder.owner_uid} {folder.mode:04o}")
+        facts.append(f"made for {made_for.describe()}" if made_for else "made for: unknown")
+        if state:
+            facts.append(state)
+        console.print(f"{folder.label}: {escape(printable(str(folder.path), 4096))}")
+        console.print(f"  {escape(', '.join(facts))}")
     render(runs, console, verbose)
     raise typer.Exit(exit_code(findings))
 
 
 @cache_app.command("snapshot")
+@named_os_errors
 def snapshot_command(
     name: str | None = typer.Option(
         None, "--name", help="Snapshot name (default: torch version, GPU, time)."
@@ -111,10 +157,12 @@ def snapshot_command(
 ) -> None:
     """Archive the Inductor (and Triton) cache, fingerprinted, into the store."""
     _, current = _current(python)
-    locations = resolve_locations(os.environ)
+    locations = command_locations(os.environ)
     now = time.time()
     snap_name = check_name(name) if name else default_name(current, now)
     store = SnapshotStore(snapshots_dir())
+    if out is not None:
+        archive_destination(store.root, snap_name, out)  # a bad --out refused before the store is made
     with store.locked():
         store.remove_partials()
         dest = archive_destination(store.root, snap_name, out)
@@ -145,27 +193,40 @@ def snapshot_command(
         f"{_mb(manifest.total_bytes)} -> {_mb(result.archive_bytes)} in {result.seconds:.2f} s"
     )
     console.print(f"  {escape(str(result.path))}\n  for {escape(manifest.fingerprint.describe())}")
+    console.print(f"  from {escape(', '.join(manifest.origins.values()))}{_where(locations.inductor_source)}")
     if manifest.skipped:
         console.print(f"  [yellow]skipped {len(manifest.skipped)} link(s) or special file(s)[/]")
 
 
 @cache_app.command("restore")
+@named_os_errors
 def restore_command(
     snapshot: str = typer.Argument(..., help="A snapshot name from `cache list`, or a path to an archive."),
     force: bool = typer.Option(False, "--force", help="Restore even when made for another build."),
+    replace_non_cache: bool = ReplaceNonCacheOption,
     python: str | None = PythonOption,
     json_out: bool = JsonOption,
 ) -> None:
-    """Verify a snapshot and swap it in atomically; the previous cache is kept as a backup."""
+    """Verify a snapshot and swap it in atomically; the previous cache is kept as a backup.
+
+    Restores where `train` looks: TORCHINDUCTOR_CACHE_DIR when set, else the managed cache."""
     _, current = _current(python)
-    locations = resolve_locations(os.environ)
+    locations = command_locations(os.environ)
     store = SnapshotStore(snapshots_dir())
     with store.locked():
         archive = store.resolve(snapshot)
-        result = restore_snapshot(archive, locations.roots(), current, force=force)
+        result = restore_snapshot(
+            archive, locations.roots(), current, force=force, replace_non_cache=replace_non_cache
+        )
     manifest = result.manifest
     # A forced restore is for another build: its warm-up records could never match here.
-    adopted = 0 if result.forced_over else default_records().adopt(manifest.warm_records, manifest.name)
+    warnings = list(result.left_alone)
+    adopted = 0
+    if not result.forced_over:
+        try:
+            adopted = default_records().adopt(manifest.warm_records, manifest.name)
+        except DoctorError as exc:  # the cache is restored; only the records could not be kept
+            warnings.append(exc.message)
     if json_out:
         _emit(
             "restore",
@@ -178,6 +239,7 @@ def restore_command(
                 "backups": {k: str(v) for k, v in result.backups.items()},
                 "forced_over": result.forced_over,
                 "recovered": result.recovered,
+                "warnings": warnings,
                 "warm_records": adopted,
                 "seconds": round(result.seconds, 3),
             },
@@ -186,6 +248,8 @@ def restore_command(
     console = _console()
     for action in result.recovered:
         console.print(f"  [yellow]recovered:[/] {escape(action)}")
+    for warning in warnings:
+        console.print(f"  [yellow]note:[/] {escape(warning)}")
     if result.forced_over:
         console.print(f"  [yellow]--force: restored despite {escape('; '.join(result.forced_over))}[/]")
     console.print(
@@ -195,7 +259,8 @@ def restore_command(
     for label, target in result.targets.items():
         backup = result.backups.get(label)
         kept = f" (previous kept as {backup})" if backup else ""
-        console.print(f"  {label}: {escape(str(target))}{escape(kept)}")
+        where = _where(locations.inductor_source) if label == "inductor" else ""
+        console.print(f"  {label}: {escape(str(target))}{escape(kept)}{escape(where)}")
     if adopted:
         console.print(
             f"  {adopted} warm-up record(s) came with it: `train` with the same build and config skips its warm-up"
@@ -203,10 +268,13 @@ def restore_command(
 
 
 @cache_app.command("list")
+@named_os_errors
 def list_command(python: str | None = PythonOption, json_out: bool = JsonOption) -> None:
     """Snapshots in the store: name, size, created, build, compatible with this environment or why not."""
     _, current = _current(python)
-    snapshots = SnapshotStore(snapshots_dir()).snapshots()
+    store = SnapshotStore(snapshots_dir())
+    store.check_usable()
+    snapshots = store.snapshots()
     rows = []
     for snap in snapshots:
         reasons = snap.incompatible_with(current)
@@ -228,6 +296,7 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
                         "fingerprint": s.manifest.fingerprint.to_json() if s.manifest else None,
                         "compatible": not reasons,
                         "incompatible_because": reasons,
+                        "untrusted": s.untrusted,
                     }
                     for s, reasons in rows
                 ],
@@ -240,17 +309,19 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
             f"no snapshots in {escape(str(snapshots_dir()))} (make one with `dflash-doctor cache snapshot`)"
         )
         return
-    table = Table(title=f"snapshots in {escape(str(snapshots_dir()))}", title_justify="left")
-    for column in ("name", "size", "created", "made for", "compatible"):
-        table.add_column(column)
+    console.print(f"snapshots in {escape(str(snapshots_dir()))} (name, size, created, made for, compatible):")
     for snap, reasons in rows:
         made_for = snap.manifest.fingerprint.describe() if snap.manifest else "unreadable"
-        verdict = "[green]yes[/]" if not reasons else f"[yellow]no[/]: {escape('; '.join(reasons))}"
-        table.add_row(escape(snap.name), _mb(snap.size_bytes), _when(snap.created), escape(made_for), verdict)
-    console.print(table)
+        verdict = (
+            "[green]yes[/]" if not reasons else f"[yellow]no[/]: {escape(printable('; '.join(reasons), 400))}"
+        )
+        console.print(
+            f"{escape(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {escape(made_for)}  {verdict}"
+        )
 
 
 @cache_app.command("prune")
+@named_os_errors
 def prune_command(
     keep: int | None = typer.Option(None, "--keep", min=0, help="Keep the newest N snapshots."),
     older_than: str | None = typer.Option(
@@ -267,7 +338,8 @@ def prune_command(
     age = parse_duration(older_than) if older_than else None
     store = SnapshotStore(snapshots_dir())
     with store.locked():
-        doomed = choose_prunable(store.snapshots(), keep, age, time.time())
+        ours = [snap for snap in store.snapshots() if snap.ours]  # another user's archive is never deleted
+        doomed = choose_prunable(ours, keep, age, time.time())
         if not dry_run:
             for snap in doomed:
                 snap.path.unlink(missing_ok=True)
@@ -282,6 +354,7 @@ def prune_command(
 
 
 @cache_app.command("warm")
+@named_os_errors
 def warm_command(
     config: Path | None = ConfigOption,
     device: str = typer.Option("cpu", "--device", help="cpu or cuda (cuda:N)."),
@@ -304,10 +377,11 @@ def warm_command(
     env, current = _current(python)
     if env.torch is None:
         raise DoctorError(f"torch is not installed for {env.interpreter.executable}", hint="nothing to warm")
-    locations = resolve_locations(os.environ)
+    locations = command_locations(os.environ)
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
-    result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
+    with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles
+        result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
     misses, hits = compile_count(result)
     snapshot: dict[str, Any] | None = None
     if not no_snapshot:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -16,10 +17,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.errors import DoctorError
+from dflash_doctor.launch.run_curves import curves_of, plot_curves, sparkline_rows
 from dflash_doctor.launch.runs import RunRecord, RunStore, age, describe_age
 
 RUNS_SCHEMA = "dflash-doctor/runs/v1"
 RUN_SHOW_SCHEMA = "dflash-doctor/run-show/v1"
+RUN_COMPARE_SCHEMA = "dflash-doctor/run-compare/v1"
 TABLE_MIN_WIDTH = 120  # narrower than this (or not a terminal): one plain line per run
 METRIC_LABELS = {
     "steps": "steps",
@@ -128,10 +132,15 @@ def environment_changes(record: RunRecord, baseline: RunRecord) -> list[dict[str
 def show_run(
     run_id: str = typer.Argument(..., help="A run id (a unique prefix is enough)."),
     json_out: bool = JsonOption,
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Draw the run's curves (loss, acceptance, tok/s over steps) into FILE.png."
+    ),
 ) -> None:
     """Show one run; for a failed, refused or slow run, the environment diff against the last good one."""
     store = RunStore()
     record = store.load(run_id)
+    if plot is not None:
+        typer.echo(f"wrote {plot_curves([curves_of(record)], plot)}")
     baseline = store.last_successful(before=record)
     changes = environment_changes(record, baseline) if baseline is not None else []
     if json_out:
@@ -157,8 +166,14 @@ def show_run(
     failing = [f for f in record.findings if f.get("severity") in ("fail", "warn")]
     for finding in failing:
         console.print(escape(f"  {finding.get('severity')}: {finding.get('id')}: {finding.get('summary')}"))
-    for line in metric_lines(record.metrics):
-        console.print(escape(line))
+    summary = Table(title="summary", title_justify="left", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", overflow="fold")
+    for label, value in metric_rows(record.metrics):
+        summary.add_row(escape(label), escape(value))
+    if summary.row_count:
+        console.print(summary)
+    _print_sparklines(console, record)
     for note in record.notes:
         console.print(f"note: {escape(note)}")
     if record.stderr_tail:
@@ -183,23 +198,68 @@ def show_run(
     console.print(table)
 
 
-def metric_lines(metrics: dict[str, Any]) -> list[str]:
-    """`final loss: 2.31`, one per line, the way a person reads them (not a Python dict)."""
-    lines = []
+def metric_rows(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) the way a person reads them (not a Python dict), for the summary table."""
+    rows = []
     for key, label in METRIC_LABELS.items():
         value = metrics.get(key)
         if value is not None:
-            lines.append(f"{label}: {_metric(value)}")
+            rows.append((label, _metric(value)))
     last = metrics.get("last_step")
     if isinstance(last, dict):  # a run stopped before its summary: its last metrics line
         shown = ", ".join(f"{k} {_metric(v)}" for k, v in last.items() if not isinstance(v, list))
-        lines.append(f"last step logged: {shown}")
+        rows.append(("last step logged", shown))
     if metrics.get("status") not in (None, "ok"):
-        lines.append(
-            f"trainer status: {metrics.get('status')}"
-            + (f" ({metrics['error']})" if metrics.get("error") else "")
-        )
-    return lines
+        error = f" ({metrics['error']})" if metrics.get("error") else ""
+        rows.append(("trainer status", f"{metrics.get('status')}{error}"))
+    return rows
+
+
+def _print_sparklines(console: Console, record: RunRecord) -> None:
+    """Loss, acceptance and tok/s over the run's steps, as text: a glance without an image viewer."""
+    try:
+        curves = curves_of(record)
+    except DoctorError:
+        return  # a refused run, or its output folder is gone: the summary is all there is
+    rows = sparkline_rows(curves)
+    if rows:
+        table = Table(title="over the run's steps", title_justify="left", show_header=False)
+        for _ in range(3):
+            table.add_column()
+        for name, span, line in rows:
+            table.add_row(escape(name), escape(span), line)
+        console.print(table)
+
+
+@runs_app.command("compare")
+def compare_runs(
+    first: str = typer.Argument(..., help="A run id (a unique prefix is enough)."),
+    second: str = typer.Argument(..., help="Another run id."),
+    plot: Path | None = typer.Option(None, "--plot", help="Overlay both runs' curves in FILE.png."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Two runs side by side: their summaries, and (with --plot) their curves overlaid."""
+    store = RunStore()
+    records = [store.load(first), store.load(second)]
+    if plot is not None:
+        written = plot_curves([curves_of(r) for r in records], plot)
+        if not json_out:
+            typer.echo(f"wrote {written}")
+    if json_out:
+        document = {"schema": RUN_COMPARE_SCHEMA, "runs": [r.to_json() for r in records]}
+        typer.echo(json.dumps(document, indent=2, default=str))
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    table = Table(title=f"runs {records[0].id} and {records[1].id}", title_justify="left")
+    table.add_column("what")
+    for r in records:
+        table.add_column(r.id, overflow="fold")
+    rows = [dict(metric_rows(r.metrics)) for r in records]
+    table.add_row("status", *(escape(status_text(r)) for r in records))
+    table.add_row("config", *(escape(str(r.config_path)) for r in records))
+    for label in dict.fromkeys(label for row in rows for label in row):
+        table.add_row(escape(label), *(escape(row.get(label, "-")) for row in rows))
+    console.print(table)
 
 
 def _metric(value: Any) -> str:

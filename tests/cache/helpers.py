@@ -7,6 +7,8 @@ import io
 import os
 import random
 import tarfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zstandard
@@ -41,7 +43,10 @@ def make_tree(root: Path, files: int = 40, seed: int = 0, size: int = 2000) -> d
     return digests
 
 
-def tree_digests(root: Path, skip: tuple[str, ...] = (".dflash-doctor.json",)) -> dict[str, str]:
+def tree_digests(
+    root: Path, skip: tuple[str, ...] = (".dflash-doctor.json", ".dflash-doctor-backup.json")
+) -> dict[str, str]:
+    """Relative path -> sha256 of every file under root, our own records (marker, backup owner) left out."""
     found = {}
     for folder, _, names in os.walk(root):
         for name in names:
@@ -80,3 +85,38 @@ def write_raw_archive(
                 tar.addfile(info, io.BytesIO(data))
     dest.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
     return dest
+
+
+def fork_reporting(work: Callable[[], object]) -> tuple[int, int]:
+    """Fork a process that runs `work` and exits (0, or 1 on any error), its restore `_pause` hook
+    writing one byte per call to a pipe; return (pid, read end of that pipe). For kill loops."""
+    from dflash_doctor.cache import restore
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+
+        def report_progress() -> None:
+            os.write(write_end, b".")
+            time.sleep(0.0005)
+
+        restore._pause = report_progress
+        code = 0
+        try:
+            work()
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def wait_for_progress(read_end: int, points: int) -> None:
+    """Read `points` bytes of progress, or until the child is gone."""
+    seen = 0
+    while seen < points:
+        chunk = os.read(read_end, points - seen)
+        if not chunk:  # the child finished first
+            return
+        seen += len(chunk)

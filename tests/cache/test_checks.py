@@ -98,14 +98,19 @@ def test_foreign_owned_cache_fails(
     assert cache_findings(torch_site)["cache.foreign_owner"].severity is Severity.FAIL
 
 
+def snapshot_in_store(site: FakeSite, cache_env: dict[str, Path], tmp_path: Path, name: str) -> Path:
+    """A snapshot for this site's build in the (private) store, made from a tree elsewhere."""
+    source = tmp_path / "elsewhere"
+    make_tree(source, files=3)
+    cache_env["snapshots"].mkdir(parents=True, mode=0o700, exist_ok=True)
+    dest = cache_env["snapshots"] / f"{name}.tar.zst"
+    return take_snapshot({"inductor": source}, fingerprint_of(env_for(site)), name, dest).path
+
+
 def test_cold_cache_with_compatible_snapshot_warns_restore(
     torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
 ) -> None:
-    current = fingerprint_of(env_for(torch_site))
-    source = tmp_path / "elsewhere"
-    make_tree(source, files=3)
-    cache_env["snapshots"].mkdir(parents=True)
-    take_snapshot({"inductor": source}, current, "good", cache_env["snapshots"] / "good.tar.zst")
+    snapshot_in_store(torch_site, cache_env, tmp_path, "good")
     found = cache_findings(torch_site)  # the cache folder does not exist: cold
     assert found["cache.cold"].severity is Severity.WARN
     assert found["cache.cold"].remedy == "dflash-doctor cache restore good"
@@ -131,3 +136,45 @@ def test_no_cache_yet_is_skipped(torch_site: FakeSite, cache_env: dict[str, Path
     found = cache_findings(torch_site)
     assert found["cache.empty"].severity is Severity.SKIP
     assert found["cache.permissions"].severity is Severity.SKIP
+
+
+@pytest.mark.parametrize(
+    ("mode", "finding", "severity"),
+    [(0o1777, "cache.parent_shared", Severity.WARN), (0o777, "cache.parent_writable", Severity.FAIL)],
+)
+def test_a_parent_others_can_write_is_reported(
+    torch_site: FakeSite, cache_env: dict[str, Path], mode: int, finding: str, severity: Severity
+) -> None:
+    """D19: the folder holding the cache decides who can rename it or plant names beside it."""
+    make_tree(cache_env["inductor"], files=3)
+    cache_env["inductor"].parent.chmod(0o700)
+    found = cache_findings(torch_site)
+    assert "cache.parent_shared" not in found and "cache.parent_writable" not in found
+    cache_env["inductor"].parent.chmod(mode)
+    found = cache_findings(torch_site)
+    assert found[finding].severity is severity
+    assert str(cache_env["inductor"].parent) in found[finding].summary
+
+
+def test_a_store_others_can_write_fails(
+    torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
+) -> None:
+    """D8: the snapshot store is checked like the cache."""
+    snapshot_in_store(torch_site, cache_env, tmp_path, "s")
+    found = cache_findings(torch_site)
+    assert found["cache.store"].severity is Severity.OK and "cache.store_permissions" not in found
+    cache_env["snapshots"].chmod(0o777)
+    found = cache_findings(torch_site)
+    assert found["cache.store_permissions"].severity is Severity.FAIL
+    assert found["cache.store_permissions"].remedy == f"chmod go-w {cache_env['snapshots']}"
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making another user's file needs root (chown)")
+def test_another_users_archive_in_the_store_fails(
+    torch_site: FakeSite, cache_env: dict[str, Path], tmp_path: Path
+) -> None:
+    planted = snapshot_in_store(torch_site, cache_env, tmp_path, "theirs")
+    os.chown(planted, 4242, 4242)
+    found = cache_findings(torch_site)
+    assert found["cache.store_untrusted"].severity is Severity.FAIL
+    assert "cache.cold" not in found or "theirs" not in (found["cache.cold"].remedy or "")

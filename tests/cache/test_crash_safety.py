@@ -15,10 +15,9 @@ import signal
 import time
 from pathlib import Path
 
-from dflash_doctor.cache import restore
 from dflash_doctor.cache.restore import recover_interrupted, restore_snapshot
 from dflash_doctor.cache.snapshot import take_snapshot
-from tests.cache.helpers import CPU_BUILD, make_tree, tree_digests
+from tests.cache.helpers import CPU_BUILD, fork_reporting, make_tree, tree_digests, wait_for_progress
 
 RUNS = 60
 NEW_FILES = 60
@@ -26,33 +25,7 @@ NEW_FILES = 60
 
 def restore_in_child(archive: Path, target: Path) -> tuple[int, int]:
     """Fork a process that restores and exits; return (pid, read end of its progress pipe)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(read_end)
-
-        def report_progress() -> None:
-            os.write(write_end, b".")
-            time.sleep(0.0005)
-
-        restore._pause = report_progress
-        code = 0
-        try:
-            restore_snapshot(archive, {"inductor": target}, CPU_BUILD)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    os.close(write_end)
-    return pid, read_end
-
-
-def wait_for_progress(read_end: int, points: int) -> None:
-    seen = 0
-    while seen < points:
-        chunk = os.read(read_end, points - seen)
-        if not chunk:  # the child finished first
-            return
-        seen += len(chunk)
+    return fork_reporting(lambda: restore_snapshot(archive, {"inductor": target}, CPU_BUILD))
 
 
 def backups_of(target: Path) -> list[Path]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cache.archive import ReadLimits
+from dflash_doctor.cache.folder_lock import LOCK_SUFFIX
 from dflash_doctor.cache.manifest import ArchiveError
 from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import take_snapshot
@@ -26,6 +27,8 @@ def disk_state(root: Path) -> dict[str, str]:
     state = {}
     for folder, dirs, names in os.walk(root):
         for name in dirs + names:
+            if name.endswith(LOCK_SUFFIX):
+                continue  # a cache folder's lock stays beside it (folder_lock.py), empty
             path = Path(folder) / name
             rel = str(path.relative_to(root))
             if path.is_symlink() or not path.is_file():

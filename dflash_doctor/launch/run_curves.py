@@ -1,0 +1,134 @@
+"""A run's curves from its `metrics.jsonl`: a PNG (matplotlib, an optional extra) and text sparklines.
+
+A curve says at a glance what a table does not: is the loss still falling, did the held-out acceptance flatten,
+did throughput drop when the cache went cold. `runs show --plot` draws one run, `runs compare --plot` overlays two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_doctor.errors import DoctorError
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+# (panel title, the metrics-line fields it draws, first found wins per run)
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss", ("loss",)),
+    ("acceptance length", ("heldout_accept_len", "accept_len")),  # held-out vs the target when evaluated
+    ("tok/s", ("tok_s",)),
+)
+
+
+@dataclass(frozen=True)
+class Curves:
+    """One run's series by field name, each a list of (step, value)."""
+
+    label: str
+    series: dict[str, list[tuple[int, float]]]
+
+    def get(self, *names: str) -> tuple[str, list[tuple[int, float]]] | None:
+        for name in names:
+            if self.series.get(name):
+                return name, self.series[name]
+        return None
+
+
+def read_curves(metrics_path: Path, label: str) -> Curves:
+    """Numeric top-level fields of every metrics line; damaged lines are skipped (a run killed mid-write)."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    try:
+        text = metrics_path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise DoctorError(f"{metrics_path}: cannot read the run's metrics ({exc.strerror})") from exc
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            continue
+        for key, value in row.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if key != "step" and number and math.isfinite(value):
+                series.setdefault(key, []).append((row["step"], float(value)))
+    return Curves(label, series)
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    """The values resampled to `width` buckets (mean of each), drawn with eight block heights."""
+    if not values:
+        return ""
+    if len(values) > width:
+        step = len(values) / width
+        values = [
+            sum(chunk) / len(chunk)
+            for i in range(width)
+            if (chunk := values[int(i * step) : max(int((i + 1) * step), int(i * step) + 1)])
+        ]
+    low, high = min(values), max(values)
+    span = high - low or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in values)
+
+
+def sparkline_rows(curves: Curves) -> list[tuple[str, str, str]]:
+    """(field, first -> last, sparkline) for each panel a run has data for."""
+    rows = []
+    for _, names in PANELS:
+        found = curves.get(*names)
+        if found:
+            name, points = found
+            values = [v for _, v in points]
+            rows.append((name, f"{values[0]:.4g} -> {values[-1]:.4g}", sparkline(values)))
+    return rows
+
+
+def plot_curves(runs: list[Curves], out: Path) -> Path:
+    """One PNG with a panel per curve (loss, acceptance, tok/s), every run overlaid; written atomically."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise DoctorError(
+            "--plot: needs matplotlib, which is not installed", hint="pip install 'dflash-doctor[plot]'"
+        ) from exc
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    if out.suffix.lower() != ".png":
+        raise DoctorError(f"--plot: {out} must end in .png")
+    panels = [(title, names) for title, names in PANELS if any(run.get(*names) for run in runs)]
+    if not panels:
+        raise DoctorError("--plot: the run has no metrics yet (no step finished)")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True, squeeze=False)
+    for ax, (title, names) in zip(axes[:, 0], panels, strict=True):
+        for run in runs:
+            found = run.get(*names)
+            if found:
+                name, points = found
+                ax.plot([s for s, _ in points], [v for _, v in points], label=f"{run.label} ({name})")
+        ax.set_title(title, loc="left", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    fig.savefig(partial, format="png", dpi=110)
+    plt.close(fig)
+    partial.replace(out)
+    return out
+
+
+def curves_of(record: Any) -> Curves:
+    """The curves of a run record (its output folder's metrics.jsonl), or an error saying why there are none."""
+    folder = getattr(record, "output_dir", None)
+    if not folder:
+        raise DoctorError(f"run {record.id}: no output folder recorded (refused runs train nothing)")
+    path = Path(folder) / "metrics.jsonl"
+    if not path.is_file():
+        raise DoctorError(f"run {record.id}: {path} is gone or was never written")
+    return read_curves(path, record.id)
