@@ -171,19 +171,50 @@ def deep_versions(ctx: CheckContext) -> Iterator[Finding]:
     if isinstance(report, Finding):
         yield report
         return
-    yield from versions_findings(report)
+    yield from versions_findings(report, _owner_cuda_builds(ctx, report))
 
 
-def versions_findings(report: ProbeReport) -> Iterator[Finding]:
+def _owner_cuda_builds(ctx: CheckContext, report: ProbeReport) -> dict[str, tuple[int, str]]:
+    """Loaded library path -> (CUDA major, how we know) from the distribution that installed the
+    file (`nvidia-nccl-cu13` -> 13): the fallback where the library itself does not say."""
+    from dflash_doctor.audit.packages import cuda_families
+
+    families = cuda_families(ctx)
+    found = {}
+    for entry in report.versions.values():
+        path = entry.get("path")
+        owners = [o for o in (ctx.env.owners_of(path) if path else []) if o in families]
+        if len({families[o].major for o in owners}) == 1:  # twins of two families: the bytes decide
+            found[path] = (families[owners[0]].major, f"installed by {', '.join(owners)}")
+    return found
+
+
+def versions_findings(
+    report: ProbeReport, owner_builds: dict[str, tuple[int, str]] | None = None
+) -> Iterator[Finding]:
     from dflash_doctor.deep.compare import version_verdicts
 
-    verdicts = version_verdicts(report.torch, report.versions)
-    asked = {k: v.get("parsed", v.get("message")) for k, v in report.versions.items()}
+    versions = dict(report.versions)
+    for family, entry in versions.items():
+        known = (owner_builds or {}).get(entry.get("path") or "")
+        if not entry.get("cuda_build") and known is not None:
+            versions[family] = {**entry, "cuda_build": [known[0]], "cuda_build_from": known[1]}
+    verdicts = version_verdicts(report.torch, versions)
+    asked = {k: v.get("parsed", v.get("message")) for k, v in versions.items()}
     if not verdicts:
         yield skip("deep.versions", "no CUDA library loaded to ask (CPU build?)", asked=asked)
         return
     for v in verdicts:
         if v.severity is Severity.OK:
+            continue
+        if v.what == "cuda_build":
+            yield fail(
+                "deep.versions.cross_family",
+                f"the loaded {v.library} is {v.note}",
+                loaded_from=v.path,
+                torch_cuda=report.torch.get("cuda"),
+                see="ownership.twins and packages.cuda_family name the package whose files these are",
+            )
             continue
         make = fail if v.severity is Severity.FAIL else warn
         yield make(
@@ -193,9 +224,19 @@ def versions_findings(report: ProbeReport) -> Iterator[Finding]:
             remedy="unset LD_LIBRARY_PATH  # keep the pip copy torch was built with; then dflash-doctor check --deep",
             loaded_from=v.path,
         )
-    summary = ", ".join(f"{v.library} {'.'.join(map(str, v.loaded or []))}" for v in verdicts)
     if all(v.severity is Severity.OK for v in verdicts):
-        yield ok("deep.versions", f"loaded libraries match torch's build: {summary}", asked=asked)
+        own = ", ".join(
+            f"{v.library} {'.'.join(map(str, v.loaded or []))}" for v in verdicts if v.what == "version"
+        )
+        builds = ", ".join(
+            f"{v.library} CUDA {'.'.join(map(str, v.loaded or []))}"
+            for v in verdicts
+            if v.what == "cuda_build"
+        )
+        summary = f"loaded libraries match torch's build: {own}"
+        if builds:
+            summary += f"; built for torch's CUDA {report.torch.get('cuda')}: {builds}"
+        yield ok("deep.versions", summary, asked=asked)
 
 
 @check("deep.cuda", "CUDA runtime", requires=["deep"])

@@ -9,10 +9,13 @@ finding, while one that wins a RUNPATH lookup is.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
 
+from dflash_doctor.audit.packages import removable, wanted_pin
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.pip_commands import install_command, reinstall_command, uninstall_command
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
 from dflash_doctor.libs.loader import LibraryReport, Resolution, library_report
 from dflash_doctor.libs.sonames import cuda_major_of, is_cuda_soname, is_driver_soname, requirement_for
@@ -22,10 +25,6 @@ _LAZY_USE = {
     "libtorch_cuda_linalg.so": "torch.linalg on CUDA",
     "libcaffe2_nvrtc.so": "runtime-compiled CUDA kernels (NVRTC)",
 }
-
-
-def _pip(env: Environment) -> str:
-    return f"{env.interpreter.executable} -m pip"
 
 
 def _describe(r: Resolution) -> str:
@@ -72,17 +71,17 @@ def _tree_copy(report: LibraryReport, soname: str) -> str | None:
     return None
 
 
-def _reinstall_remedy(env: Environment, report: LibraryReport, soname: str) -> str | None:
-    """Reinstall what torch requires for this soname, pinned as torch pins it."""
+def _reinstall_remedy(ctx: CheckContext, report: LibraryReport, soname: str) -> str | None:
+    """Put the soname back: reinstall the distribution whose RECORD still lists it (the very command
+    `ownership.missing_files` gives), else install what torch requires for it, pinned as torch pins it."""
+    env = ctx.env
+    for key, dist in env.distributions.items():  # a distribution still lists the vanished file
+        if any(os.path.basename(row[0]) == soname for row in dist.record_rows):
+            return reinstall_command(env, wanted_pin(ctx, key))
     torch_dist = env.torch_dist
     requires = torch_dist.requirements if torch_dist else []
     wanted = requirement_for(soname, report.cuda_major, requires)
-    if wanted:
-        return f'{_pip(env)} install --force-reinstall "{wanted}"'
-    for key, dist in env.distributions.items():  # a distribution still lists the vanished file
-        if any(os.path.basename(e.path) == soname for e in dist.record):
-            return f'{_pip(env)} install --force-reinstall --no-deps "{key}=={dist.version}"'
-    return None
+    return install_command(env, shlex.quote(wanted)) if wanted else None
 
 
 @check("libs.resolution", "shared libraries")
@@ -93,10 +92,10 @@ def libs_resolution(ctx: CheckContext) -> Iterator[Finding]:
         return
     report = library_report(ctx)
     tree = _tree_sonames(report)
-    yield from _missing(env, report)
-    yield from _outside(env, report, tree)
+    yield from _missing(ctx, report)
+    yield from _outside(ctx, report, tree)
     yield from _shadowed(env, report, tree)
-    yield from _foreign_extensions(env, report)
+    yield from _foreign_extensions(ctx, report)
     if not report.missing(("import", "lazy")):
         yield _resolved(report)
 
@@ -135,7 +134,7 @@ def _ignored_ld_library_path_copies(report: LibraryReport) -> list[str]:
     return notes
 
 
-def _missing(env: Environment, report: LibraryReport) -> Iterator[Finding]:
+def _missing(ctx: CheckContext, report: LibraryReport) -> Iterator[Finding]:
     by_soname: dict[str, list[Resolution]] = {}
     for r in report.missing(("import", "lazy")):
         by_soname.setdefault(r.soname, []).append(r)
@@ -154,7 +153,7 @@ def _missing(env: Environment, report: LibraryReport) -> Iterator[Finding]:
         yield fail(
             "libs.missing",
             f"{soname} resolves nowhere: {consequence}",
-            remedy=_reinstall_remedy(env, report, soname),
+            remedy=_reinstall_remedy(ctx, report, soname),
             soname=soname,
             needed_by=requesters,
             stage=first.stage,
@@ -162,7 +161,7 @@ def _missing(env: Environment, report: LibraryReport) -> Iterator[Finding]:
         )
 
 
-def _outside(env: Environment, report: LibraryReport, tree: set[str]) -> Iterator[Finding]:
+def _outside(ctx: CheckContext, report: LibraryReport, tree: set[str]) -> Iterator[Finding]:
     for r in report.resolutions:
         if r.stage == "extension" or r.path is None or r.via in ("loaded", "ld_library_path", "missing"):
             continue
@@ -176,10 +175,16 @@ def _outside(env: Environment, report: LibraryReport, tree: set[str]) -> Iterato
         else:
             summary = f"{r.soname} loads from {where} ({r.via}), not from torch's site-packages"
         tree_copy = _tree_copy(report, r.soname)
+        kept: dict[str, list[str]] = {}
         if r.owners:
-            remedy = f"{_pip(env)} uninstall {' '.join(r.owners)}  # removes the copy at {r.path}"
+            # A copy hiding a second install of the same package further down sys.path may go: the
+            # requirement stays met by the one it uncovers.
+            hiding = [o for o in r.owners if o in {d.key for d in ctx.env.shadowed}]
+            gone, kept = removable(ctx, [o for o in r.owners if o not in hiding])
+            gone = hiding + gone
+            remedy = f"{uninstall_command(ctx.env, *gone)}  # removes the copy at {r.path}" if gone else None
         else:
-            remedy = _reinstall_remedy(env, report, r.soname)
+            remedy = _reinstall_remedy(ctx, report, r.soname)
         yield warn(
             "libs.outside",
             summary,
@@ -190,6 +195,7 @@ def _outside(env: Environment, report: LibraryReport, tree: set[str]) -> Iterato
             owners=list(r.owners) or ["no distribution (system file)"],
             requested_by=r.requester,
             torch_copy=tree_copy or "none installed",
+            **({"not_uninstalled_because_required_by": kept} if kept else {}),
         )
 
 
@@ -214,13 +220,13 @@ def _shadowed(env: Environment, report: LibraryReport, tree: set[str]) -> Iterat
         )
 
 
-def _foreign_extensions(env: Environment, report: LibraryReport) -> Iterator[Finding]:
+def _foreign_extensions(ctx: CheckContext, report: LibraryReport) -> Iterator[Finding]:
     seen: set[tuple[str, str]] = set()
     for r in report.resolutions:
         if r.stage != "extension" or (r.requester, r.soname) in seen or is_driver_soname(r.soname):
             continue
         major = cuda_major_of(r.soname)
-        owners = env.owners_of(r.requester)
+        owners = ctx.env.owners_of(r.requester)
         owner = owners[0] if owners else None
         if major is not None and major != report.cuda_major:
             seen.add((r.requester, r.soname))
@@ -231,12 +237,11 @@ def _foreign_extensions(env: Environment, report: LibraryReport) -> Iterator[Fin
                 "soname": r.soname,
                 "resolved": r.path or "nowhere",
                 "torch": torch_cuda,
+                # No command: a reinstall brings back the same build; which index has the other is
+                # the project's to say.
+                "fix": f"install the build of {owner or 'its distribution'} made for {torch_cuda}",
             }
-            remedy = (
-                f"{_pip(env)} install --force-reinstall {owner}  # choose its build for {torch_cuda}"
-                if owner
-                else None
-            )
+            remedy = None
             if r.path is None:
                 yield fail(
                     "libs.foreign_extension",
@@ -258,7 +263,7 @@ def _foreign_extensions(env: Environment, report: LibraryReport) -> Iterator[Fin
             yield fail(
                 "libs.missing",
                 f"{r.soname} resolves nowhere: importing {os.path.basename(r.requester)} fails",
-                remedy=_reinstall_remedy(env, report, r.soname),
+                remedy=_reinstall_remedy(ctx, report, r.soname),
                 soname=r.soname,
                 needed_by=[r.requester],
                 stage="extension",

@@ -15,12 +15,15 @@ from collections.abc import Iterator
 from dflash_doctor.audit.packages import (
     cuda_families,
     record_audit,
+    removable,
     requirement_graph,
+    resolved_library_paths,
     torch_closure,
     twin_remedy,
+    wanted_pin,
 )
 from dflash_doctor.context import CheckContext
-from dflash_doctor.env.pip_commands import pip_command
+from dflash_doctor.env.pip_commands import reinstall_command
 from dflash_doctor.env.record_audit import SharedFile, is_shared_library
 from dflash_doctor.findings import Finding, fail, ok, warn
 from dflash_doctor.registry import check
@@ -37,48 +40,112 @@ def twins_check(ctx: CheckContext) -> Iterator[Finding]:
     for owners, files in sorted(groups.items()):
         wanted = _wanted_owner(ctx, owners, files)
         strays = [o for o in owners if o != wanted]
+        _, kept = removable(ctx, strays)
         versions = {o: ctx.env.distributions[o].version for o in owners}
-        facts = {
+        facts: dict[str, object] = {
             "owners": versions,
             "files": len(files),
             "bytes_on_disk_match": {_short(ctx, f.path): _verdict(f) for f in files[:SHOWN]},
             "keep": wanted,
         }
-        remedy = twin_remedy(ctx, strays, [wanted])
+        if kept:
+            facts["not_uninstalled_because_required_by"] = kept
         if all(f.same_content and f.present for f in files):
-            yield warn(
-                "ownership.twins.identical",
-                f"{' and '.join(owners)} install the same {len(files)} file(s) with identical bytes; "
-                "uninstalling one deletes them from the other",
-                remedy=remedy,
-                **facts,
-            )
+            yield from _identical(ctx, owners, files, wanted, strays, facts)
             continue
         clobbered = [f for f in files if f.present and wanted not in f.matches]
+        missing = [f for f in files if not f.present]
         detail = (
             f"{len(clobbered)} hold another owner's bytes"
             if clobbered
+            else f"{len(missing)} are gone"
+            if missing
             else "the bytes are still the right ones, for now"
         )
         yield fail(
             "ownership.twins",
             f"{' and '.join(owners)} install the same {len(files)} file(s) ({detail}); torch needs {wanted}",
-            remedy=remedy,
+            remedy=_twin_remedy(ctx, strays, wanted, bytes_wrong=bool(clobbered or missing)),
             **facts,
         )
     if not groups:
         yield ok(
             "ownership.twins",
-            f"no file is claimed by two distributions ({audit.files_checked} files checked)",
+            f"no file is claimed by two distributions ({audit.files_checked} files checked; "
+            "empty namespace `__init__.py` files may be)",
         )
+
+
+def _identical(
+    ctx: CheckContext,
+    owners: tuple[str, ...],
+    files: list[SharedFile],
+    wanted: str,
+    strays: list[str],
+    facts: dict[str, object],
+) -> Iterator[Finding]:
+    """Same bytes from every owner: nothing is wrong until one owner is uninstalled. Worth a warning
+    only for a shared library (that uninstall would take a library the other owner loads)."""
+    summary = (
+        f"{' and '.join(owners)} install the same {len(files)} file(s) with identical bytes; "
+        "uninstalling one deletes them from the other"
+    )
+    if any(is_shared_library(f.path) for f in files):
+        yield warn(
+            "ownership.twins.identical",
+            summary,
+            remedy=_twin_remedy(ctx, strays, wanted, bytes_wrong=False),
+            **facts,
+        )
+    else:
+        yield ok("ownership.twins.identical", summary + " (information: nothing to do now)", **facts)
+
+
+def _twin_remedy(ctx: CheckContext, strays: list[str], wanted: str, bytes_wrong: bool) -> str | None:
+    """Uninstall the strays nothing requires, then put the wanted owner's files back; with no stray to
+    take, only a reinstall, and only when the bytes on disk are wrong."""
+    gone, _ = removable(ctx, strays)
+    if gone:
+        return twin_remedy(ctx, gone, [wanted])
+    return twin_remedy(ctx, [], [wanted]) if bytes_wrong else None
 
 
 def load_bearing(ctx: CheckContext, key: str, paths: list[str]) -> bool:
     """A change fails when it can break training: a package torch needs (its requirement closure) or
-    a shared library anyone loads. Elsewhere it warns: images often patch data files on purpose
-    (a corporate CA appended to certifi's cacert.pem), and `pip install --target` leaves scripts
-    where RECORD does not point."""
-    return key in torch_closure(ctx) or any(is_shared_library(p) for p in paths)
+    a file the loader simulation says `import torch` maps. Elsewhere it is information (shown under
+    `-v`): images patch data files on purpose (a corporate CA appended to certifi's cacert.pem)."""
+    if key in torch_closure(ctx):
+        return True
+    loaded = resolved_library_paths(ctx)
+    return any(os.path.normpath(p) in loaded for p in paths)
+
+
+def _record_finding(
+    ctx: CheckContext,
+    check_id: str,
+    key: str,
+    paths: list[str],
+    summary: str,
+    breaks_its_import: bool = False,
+    **facts: object,
+) -> Finding:
+    """One distribution whose files differ from or are missing against its RECORD, judged by consequence:
+    fail where torch loads it; a warning where the package's own import breaks (`breaks_its_import`: its
+    code or a library of it is gone); information (ok, shown under `-v`) elsewhere; never a pip remedy
+    for a package a system package manager owns."""
+    dist = ctx.env.distributions[key]
+    managed = dist.managed_by
+    facts["dist_info"] = dist.dist_info
+    if managed is not None:
+        facts["managed_by"] = managed
+        return ok(check_id, f"{summary} (information: managed by {managed}, not pip)", **facts)
+    remedy = reinstall_command(ctx.env, wanted_pin(ctx, key))
+    if load_bearing(ctx, key, paths):
+        return fail(check_id, summary, remedy=remedy, **facts)
+    if breaks_its_import:
+        return warn(check_id, f"{summary}: importing {dist.name} fails", remedy=remedy, **facts)
+    facts["reinstall"] = remedy
+    return ok(check_id, f"{summary} (information: torch does not load {dist.name})", **facts)
 
 
 @check("ownership.clobbered", "installed files match their RECORD")
@@ -86,14 +153,14 @@ def clobbered_check(ctx: CheckContext) -> Iterator[Finding]:
     audit = record_audit(ctx)
     for key, changed in sorted(audit.changed.items()):
         dist = ctx.env.distributions[key]
-        verdict = fail if load_bearing(ctx, key, [c.path for c in changed]) else warn
-        yield verdict(
+        yield _record_finding(
+            ctx,
             "ownership.clobbered",
+            key,
+            [c.path for c in changed],
             f"{dist.name} {dist.version}: {len(changed)} file(s) no longer match its RECORD",
-            remedy=pip_command(ctx.env, "install", "--force-reinstall", f"{dist.name}=={dist.version}"),
             files={_short(ctx, c.path): c.how for c in changed[:SHOWN]},
             count=len(changed),
-            dist_info=dist.dist_info,
         )
     if not audit.changed:
         yield ok(
@@ -111,18 +178,37 @@ def missing_files_check(ctx: CheckContext) -> Iterator[Finding]:
     for key, gone in sorted(audit.missing.items()):
         dist = ctx.env.distributions[key]
         needed = " (torch needs it)" if key in closure else ""
-        verdict = fail if load_bearing(ctx, key, gone) else warn
-        yield verdict(
+        yield _record_finding(
+            ctx,
             "ownership.missing_files",
+            key,
+            gone,
             f"{dist.name} {dist.version}{needed}: {len(gone)} file(s) its RECORD lists are gone "
             "(a plain reinstall says 'already installed')",
-            remedy=pip_command(ctx.env, "install", "--force-reinstall", f"{dist.name}=={dist.version}"),
+            breaks_its_import=_importable_code_gone(dist.site_dir, gone),
             files=[_short(ctx, p) for p in gone[:SHOWN]],
             count=len(gone),
-            dist_info=dist.dist_info,
         )
     if not audit.missing:
-        yield ok("ownership.missing_files", f"every file the RECORDs list is present ({audit.files_checked})")
+        facts: dict[str, object] = {}
+        if audit.namespace_missing:
+            facts["empty_init_files_gone"] = [_short(ctx, p) for p in audit.namespace_missing[:SHOWN]]
+        yield ok(
+            "ownership.missing_files",
+            f"every file the RECORDs list is present ({audit.files_checked})"
+            + (
+                f"; {len(audit.namespace_missing)} empty `__init__.py` gone (harmless: a namespace package)"
+                if audit.namespace_missing
+                else ""
+            ),
+            **facts,
+        )
+
+
+def _importable_code_gone(site_dir: str, gone: list[str]) -> bool:
+    """A module or library inside the site folder is gone (a script in `bin/` is not imported)."""
+    inside = site_dir.rstrip(os.sep) + os.sep
+    return any(p.startswith(inside) and (p.endswith(".py") or is_shared_library(p)) for p in gone)
 
 
 def _wanted_owner(ctx: CheckContext, owners: tuple[str, ...], files: list[SharedFile]) -> str:

@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name
 from dflash_doctor.audit.packages import (
     cuda_families,
     record_audit,
+    removable,
     requirement_graph,
     resolved_library_paths,
     torch_closure,
@@ -23,7 +24,7 @@ from dflash_doctor.audit.packages import (
 )
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.cuda_family import TOOLKIT_NAME
-from dflash_doctor.env.pip_commands import pinned, pip_command
+from dflash_doctor.env.pip_commands import install_command, pinned, reinstall_command, uninstall_command
 from dflash_doctor.env.requirement_graph import Problem, version_satisfies
 from dflash_doctor.env.torch_build import TRITON_NAMES
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
@@ -55,7 +56,7 @@ def cuda_family_check(ctx: CheckContext) -> Iterator[Finding]:
             yield warn(
                 "packages.cuda_family.unused",
                 f"torch {build.version} is a {build.variant} build: {len(dead)} CUDA package(s) nothing uses",
-                remedy=pip_command(env, "uninstall", *(env.distributions[k].name for k in dead)),
+                remedy=uninstall_command(env, *(env.distributions[k].name for k in dead)),
                 torch=build.version,
                 unused={key: listing[key] for key in dead},
             )
@@ -88,17 +89,19 @@ def cuda_family_check(ctx: CheckContext) -> Iterator[Finding]:
     for key, paths in sorted(loaded.items()):
         dist = env.distributions[key]
         wanted = _counterparts_missing(ctx, key)
-        remedy = pip_command(env, "uninstall", dist.name)
-        if wanted:
-            remedy += f" && {pip_command(env, 'install', '--force-reinstall', *wanted)}"
+        gone, kept = removable(ctx, [key])
+        steps = ([uninstall_command(env, dist.name)] if gone else []) + (
+            [install_command(env, *wanted)] if wanted else []
+        )
         yield fail(
             "packages.cuda_family.loaded",
             f"torch {build.version} (CUDA {build.cuda_major}) would load {len(paths)} library(ies) from "
             f"{dist.name} {dist.version} ({foreign[key]})",
-            remedy=remedy,
+            remedy=" && ".join(steps) or None,
             package=key,
             libraries=[os.path.basename(p) for p in paths],
             paths=paths,
+            **({"not_uninstalled_because_required_by": kept[key]} if kept else {}),
         )
     stray = {key: fam for key, fam in foreign.items() if not colliding[key] and key not in loaded}
     if stray:
@@ -107,7 +110,7 @@ def cuda_family_check(ctx: CheckContext) -> Iterator[Finding]:
             "packages.cuda_family.mismatch",
             f"{len(stray)} package(s) of another CUDA family beside torch {build.version} "
             f"(CUDA {build.cuda_major}): two CUDA runtimes in one process",
-            remedy=pip_command(env, "uninstall", *(env.distributions[k].name for k in unrequired))
+            remedy=uninstall_command(env, *(env.distributions[k].name for k in unrequired))
             if unrequired
             else None,
             torch_cuda=build.cuda,
@@ -154,14 +157,25 @@ def requirements_check(ctx: CheckContext) -> Iterator[Finding]:
             yield fail(
                 "packages.requirements.torch",
                 summary,
-                remedy=pip_command(env, "install", spec),
+                remedy=install_command(env, spec),
                 **facts,
                 torch_chain=_chain(ctx, requester),
             )
-        else:
+        elif _foreign_to_torch(ctx, requester):
+            # Completing a package of another CUDA family than torch's would pull more of that family
+            # in; packages.cuda_family and ownership.twins say whether to remove it instead.
+            family = cuda_families(ctx)[requester]
             yield warn(
-                "packages.requirements.other", summary, remedy=pip_command(env, "install", spec), **facts
+                "packages.requirements.other",
+                summary,
+                **facts,
+                requester_family=f"{requester} is {family}, torch is CUDA {env.torch.cuda_major}"
+                if env.torch
+                else str(family),
+                see="packages.cuda_family",
             )
+        else:
+            yield warn("packages.requirements.other", summary, remedy=install_command(env, spec), **facts)
 
     if not grouped:
         behind = [e for e in graph.edges if e.through_extra]
@@ -199,7 +213,7 @@ def triton_check(ctx: CheckContext) -> Iterator[Finding]:
             "packages.triton.missing",
             f"torch {build.version} needs {requirement.name}{requirement.specifier}; it is not installed "
             "(torch.compile and flex_attention cannot build kernels)",
-            remedy=pip_command(env, "install", spec),
+            remedy=install_command(env, spec),
             requirement=str(requirement),
         )
         return
@@ -208,7 +222,7 @@ def triton_check(ctx: CheckContext) -> Iterator[Finding]:
             "packages.triton.version",
             f"{installed.name} {installed.version} is installed; torch {build.version} needs "
             f"{requirement.name}{requirement.specifier}",
-            remedy=pip_command(env, "install", "--force-reinstall", spec),
+            remedy=reinstall_command(env, spec),
             requirement=str(requirement),
             installed=installed.version,
             dist_info=installed.dist_info,
@@ -219,6 +233,18 @@ def triton_check(ctx: CheckContext) -> Iterator[Finding]:
         f"{installed.name} {installed.version} matches torch's pin {requirement.specifier}",
         requirement=str(requirement),
         dist_info=installed.dist_info,
+    )
+
+
+def _foreign_to_torch(ctx: CheckContext, key: str) -> bool:
+    """A CUDA package of another major than torch's CUDA build."""
+    build = ctx.env.torch
+    family = cuda_families(ctx).get(key)
+    return (
+        build is not None
+        and build.cuda_major is not None
+        and family is not None
+        and family.major != build.cuda_major
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dflash_doctor.context import CheckContext
+from dflash_doctor.env.pip_commands import install_command, reinstall_command
 from dflash_doctor.findings import Finding, fail, ok, warn
 from dflash_doctor.registry import check
 
@@ -21,7 +22,7 @@ def torch_build(ctx: CheckContext) -> Iterator[Finding]:
         yield fail(
             "torch.missing",
             f"torch is not installed for {env.interpreter.executable}",
-            remedy=f"{env.interpreter.executable} -m pip install torch",
+            remedy=install_command(env, "torch"),
             searched=env.interpreter.site_dirs,
         )
         return
@@ -46,14 +47,14 @@ def torch_build(ctx: CheckContext) -> Iterator[Finding]:
         yield warn(
             "torch.no_metadata",
             "torch has no dist-info: its files and requirements cannot be verified",
-            remedy=f"{env.interpreter.executable} -m pip install --force-reinstall torch=={build.public_version}",
+            remedy=reinstall_command(env, f"torch=={build.public_version}"),
             package_dir=build.package_dir,
         )
     elif not _same_release(dist.version, build.version):
         yield fail(
             "torch.version_mismatch",
             f"torch/version.py says {build.version} but its dist-info says {dist.version}: a half-replaced install",
-            remedy=f"{env.interpreter.executable} -m pip install --force-reinstall torch=={dist.version}",
+            remedy=reinstall_command(env, f"torch=={dist.version}"),
             version_py=build.version,
             dist_info=dist.dist_info,
         )
@@ -69,10 +70,10 @@ def torch_build(ctx: CheckContext) -> Iterator[Finding]:
             yield warn(
                 "torch.shadowed",
                 f"a second torch {other.version} in {other.site_dir} is hidden by the one imported",
-                remedy=f"{env.interpreter.executable} -m pip uninstall torch  # run with the environment "
-                f"that owns {other.site_dir}",
                 imported=build.package_dir,
                 hidden=other.dist_info,
+                # No command: this interpreter's `pip uninstall torch` would take the torch it imports.
+                fix=f"remove the hidden torch with the pip of the environment that owns {other.site_dir}",
             )
 
 

@@ -6,6 +6,7 @@ package, runs the checks whose requirements this run meets, and turns a crash in
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 import time
@@ -110,6 +111,22 @@ def run_checks(ctx: CheckContext, only: Iterable[str] = ()) -> list[CheckRun]:
                 )
             ]
         runs.append(CheckRun(chk, findings, time.perf_counter() - start))
+    return one_command_per_remedy(runs)
+
+
+def one_command_per_remedy(runs: list[CheckRun]) -> list[CheckRun]:
+    """A command two findings give (a deleted cuDNN is both `libs.missing` and
+    `ownership.missing_files`) is printed once, on the first; the later one names it instead."""
+    first: dict[str, str] = {}
+    for run in runs:
+        for index, finding in enumerate(run.findings):
+            if finding.remedy is None:
+                continue
+            if finding.remedy not in first:
+                first[finding.remedy] = finding.id
+                continue
+            evidence = {**finding.evidence, "remedy": f"the same command as {first[finding.remedy]}"}
+            run.findings[index] = dataclasses.replace(finding, remedy=None, evidence=evidence)
     return runs
 
 

@@ -38,7 +38,7 @@ def test_unrelated_cu12_package_beside_cu13_torch_warns(site: FakeSite) -> None:
     mismatch = got["packages.cuda_family.mismatch"]
     assert mismatch.severity is Severity.WARN
     assert "nvidia-cufft-cu12" in mismatch.evidence["packages"]
-    assert mismatch.remedy is not None and mismatch.remedy.endswith("pip uninstall nvidia-cufft-cu12")
+    assert mismatch.remedy is not None and mismatch.remedy.endswith("pip uninstall -y nvidia-cufft-cu12")
     assert "packages.cuda_family" not in got  # no "all good" beside a warning
 
 
@@ -49,8 +49,8 @@ def test_cu12_twin_of_a_package_torch_needs_fails(site: FakeSite) -> None:
     assert collision.severity is Severity.FAIL
     assert collision.evidence["collides_with"] == ["nvidia-nccl-cu13"]
     assert collision.remedy is not None
-    assert "pip uninstall nvidia-nccl-cu12 && " in collision.remedy
-    assert collision.remedy.endswith("pip install --force-reinstall nvidia-nccl-cu13==2.30.7")
+    assert "pip uninstall -y nvidia-nccl-cu12 && " in collision.remedy
+    assert collision.remedy.endswith("pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7")
 
 
 def test_cpu_torch_with_unused_nvidia_packages_warns(site: FakeSite) -> None:
@@ -148,7 +148,9 @@ def test_triton_other_version_fails(site: FakeSite) -> None:
     cu13_site(site, triton="3.6.0")
     found = by_id(run(site, "packages.triton"))["packages.triton.version"]
     assert found.severity is Severity.FAIL
-    assert found.remedy is not None and found.remedy.endswith("pip install --force-reinstall triton==3.8.0")
+    assert found.remedy is not None and found.remedy.endswith(
+        "pip install --force-reinstall --no-deps triton==3.8.0"
+    )
     # the same problem is not reported twice
     assert "packages.requirements.torch" not in by_id(run(site, "packages.requirements"))
 
@@ -186,8 +188,8 @@ def test_torch_loading_a_library_from_a_foreign_family_package_fails(site: FakeS
     assert loaded.severity is Severity.FAIL
     assert loaded.evidence["libraries"] == ["libnccl.so.2"]
     assert loaded.remedy is not None
-    assert "pip uninstall nvidia-nccl-cu12 && " in loaded.remedy
-    assert loaded.remedy.endswith("pip install --force-reinstall nvidia-nccl-cu13==2.30.7")
+    assert "pip uninstall -y nvidia-nccl-cu12 && " in loaded.remedy
+    assert loaded.remedy.endswith("pip install nvidia-nccl-cu13==2.30.7")  # missing: a plain install
     assert "packages.cuda_family.mismatch" not in got
 
 
@@ -199,3 +201,22 @@ def test_foreign_family_package_torch_does_not_load_only_warns(site: FakeSite, c
     got = by_id(run(site, "packages.cuda_family"))
     assert got["packages.cuda_family.mismatch"].severity is Severity.WARN
     assert "packages.cuda_family.loaded" not in got
+
+
+def test_unmet_requirement_of_a_foreign_family_package_gets_no_install(site: FakeSite) -> None:
+    """Issue 19 story: a CUDA 13 cuDNN beside a cu128 torch needs nvidia-cublas; installing that pulls
+    more CUDA 13 in. Warn, but the fix is removing the stray (packages.cuda_family), not completing it."""
+    site.add_torch(version="2.9.1+cu128", cuda="12.8", requires=["nvidia-cudnn-cu12==9.10.2.21"])
+    site.add_dist("nvidia-cudnn-cu12", "9.10.2.21", {"nvidia/cudnn/lib/libcudnn.so.9": b"cu12"})
+    site.add_dist(
+        "nvidia-cudnn-cu13",
+        "9.19.0.56",
+        {"nvidia/cudnn/lib/libcudnn.so.9": b"cu13"},
+        requires=["nvidia-cublas"],
+    )
+    site.add_dist("some-tool", "1.0", requires=["absent-helper"])
+    found = [f for f in run(site, "packages.requirements") if f.id == "packages.requirements.other"]
+    by_target = {f.evidence["requirement"]: f for f in found}
+    assert by_target["nvidia-cublas"].remedy is None
+    assert by_target["nvidia-cublas"].evidence["see"] == "packages.cuda_family"
+    assert by_target["absent-helper"].remedy == "/fake/bin/python -m pip install absent-helper"

@@ -55,3 +55,21 @@ def test_build_tag_reported(site: FakeSite) -> None:
     build = next(f for r in runs for f in r.findings if f.id == "torch.build")
     assert build.evidence["wheel_build"] == "3"
     assert build.evidence["variant"] == "cu12x"
+
+
+def test_shadowed_torch_gets_no_command_that_would_take_the_imported_one(tmp_path) -> None:
+    user, venv = FakeSite(tmp_path / "user"), FakeSite(tmp_path / "venv")
+    user.add_torch(version="2.13.0+cpu")
+    venv.add_torch(version="2.11.0+cu130", cuda="13.0")
+    runs = run_checks(CheckContext(env_for(user, venv)), ["torch"])
+    shadowed = next(f for r in runs for f in r.findings if f.id == "torch.shadowed")
+    assert shadowed.remedy is None and str(venv.root) in shadowed.evidence["fix"]
+
+
+def test_half_replaced_torch_is_reinstalled_alone(site: FakeSite) -> None:
+    site.add_torch(version="2.13.0+cpu")
+    meta = next(site.root.glob("torch-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 2.13.0", "Version: 2.12.0"))
+    runs = run_checks(CheckContext(env_for(site)), ["torch"])
+    found = next(f for r in runs for f in r.findings if f.id == "torch.version_mismatch")
+    assert found.remedy == "/fake/bin/python -m pip install --force-reinstall --no-deps torch==2.12.0"

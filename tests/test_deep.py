@@ -500,3 +500,90 @@ def test_probe_command_prints_and_saves_the_raw_report(
     assert printed == json.loads(out.read_text())
     assert printed["raw"]["schema"] == "dflash-doctor/probe/v1" and printed["raw"]["import"]["ok"]
     assert printed["raw"]["flex"]["status"] == "skipped"
+
+
+# --- what each loaded library was built for (issue 19 D) -----------------------------------------------
+
+CU128_TORCH = {
+    "version": "2.9.1+cu128",
+    "cuda": "12.8",
+    "cudnn_compiled": [9, 10, 2],
+    "nccl_compiled": [2, 27, 5],
+}
+
+
+def test_cuda13_cudnn_in_a_cuda12_process_fails_as_a_cross_family_load(site: FakeSite) -> None:
+    """The issue's box: the loaded cuDNN says 9.28.1 (fine on its own) but cudnnGetCudartVersion 13050."""
+    site.add_torch(version="2.9.1+cu128", cuda="12.8")
+    cudnn = {
+        "parsed": [9, 28, 1],
+        "path": "/v/nvidia/cudnn/lib/libcudnn.so.9",
+        "cuda_build": [13, 5],
+        "cuda_build_from": "cudnnGetCudartVersion",
+    }
+    versions = {
+        "cudnn": cudnn,
+        "nccl": {"parsed": [2, 32, 3], "cuda_build": [12, 9]},
+        "cudart": {"parsed": [12, 8]},
+    }
+    report = report_for(torch=CU128_TORCH, libraries={"loaded": [], "versions": versions})
+    got = deep_findings(deep_ctx(site), report)
+    cross = got["deep.versions.cross_family"]
+    assert [f.severity for f in cross] == [Severity.FAIL]
+    assert "cudnn is built for CUDA 13 (cudnnGetCudartVersion) in a CUDA 12 process" in cross[0].summary
+    assert "deep.versions" not in got  # no "ok: loaded libraries match torch's build"
+
+
+def test_same_family_builds_are_named_in_the_ok(site: FakeSite) -> None:
+    site.add_torch(version="2.9.1+cu128", cuda="12.8")
+    versions = {
+        "cudnn": {"parsed": [9, 10, 2], "cuda_build": [12, 9], "cuda_build_from": "cudnnGetCudartVersion"},
+        "cublas": {"parsed": [12, 8, 4], "cuda_build": [12, 8], "cuda_build_from": "cublasGetCudartVersion"},
+    }
+    got = deep_findings(
+        deep_ctx(site), report_for(torch=CU128_TORCH, libraries={"loaded": [], "versions": versions})
+    )
+    assert got["deep.versions"][0].severity is Severity.OK
+    assert "cudnn CUDA 12.9" in got["deep.versions"][0].summary
+    assert "deep.versions.cross_family" not in got
+
+
+def test_nccl_without_a_version_string_is_judged_by_the_package_that_installed_it(site: FakeSite) -> None:
+    from tests.packaging_fixtures import nccl_files
+
+    site.add_torch(version="2.9.1+cu128", cuda="12.8", requires=["nvidia-nccl-cu12==2.27.5"])
+    site.add_dist("nvidia-nccl-cu13", "2.27.5", nccl_files("cu13"))  # same NCCL version, CUDA 13 build
+    path = str(site.root / "nvidia/nccl/lib/libnccl.so.2")
+    versions = {"nccl": {"parsed": [2, 27, 5], "path": path}}
+    report = report_for(torch=CU128_TORCH, libraries={"loaded": [path], "versions": versions})
+    cross = deep_findings(deep_ctx(site), report)["deep.versions.cross_family"]
+    assert "nccl is built for CUDA 13 (installed by nvidia-nccl-cu13)" in cross[0].summary
+
+
+def test_nccl_cuda_build_is_read_from_its_version_string(tmp_path: Path) -> None:
+    lib = tmp_path / "libnccl.so.2"
+    lib.write_bytes(
+        b"\x7fELF junk NCCL version info only\x00 more NCCL version %s, but\x00"
+        b"NCCL version 2.30.7+cuda13.3\x00NCCL_MNNVL_UUID\x00"
+    )
+    assert probe_child.nccl_cuda_build(str(lib)) == [13, 3]
+    (tmp_path / "plain.so").write_bytes(b"nothing here")
+    assert probe_child.nccl_cuda_build(str(tmp_path / "plain.so")) is None
+
+
+def test_probe_keeps_every_inductor_file_in_its_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19 E: precompiled headers live under `<tmp>/torchinductor_<user>`, not the cache dir."""
+    import tempfile
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    probe_child.keep_inductor_state_in(str(tmp_path))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    assert os.environ["TRITON_CACHE_DIR"].startswith(str(tmp_path))
+    assert tempfile.gettempdir() == str(tmp_path / "tmp") and os.environ["TMPDIR"] == str(tmp_path / "tmp")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    assert default_cache_dir().startswith(str(tmp_path))  # where precompiled_headers go

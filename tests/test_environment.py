@@ -133,6 +133,26 @@ def test_record_paths_are_normalised_like_normpath(tmp_path: Path) -> None:
     record = tmp_path / "RECORD"
     with open(record, "w", newline="") as handle:
         csv.writer(handle).writerows([[rel, "", ""] for rel in rels])
-    for site in (str(tmp_path / "site"), str(tmp_path / "site") + "/", str(tmp_path / "a" / ".." / "site")):
+    site_packages = tmp_path / "site-packages"
+    for site in (str(site_packages), str(site_packages) + "/", str(tmp_path / "a" / ".." / "site-packages")):
         got = [row[0] for row in read_record_rows(str(record), site)]
         assert got == [os.path.normpath(r if os.path.isabs(r) else os.path.join(site, r)) for r in rels]
+
+
+def test_target_folder_record_paths_resolve_inside_the_folder(tmp_path: Path) -> None:
+    """`pip install --target DIR` writes RECORD relative to `<tmp>/lib/python` and moves `<tmp>/bin`
+    to `DIR/bin`: `../../bin/readelf.py` is `DIR/bin/readelf.py` (seen on the H200 image: reported
+    missing at `/bin/readelf.py`). A real site-packages keeps the plain join."""
+    import csv
+
+    from dflash_doctor.env.distributions import read_record_rows
+
+    record = tmp_path / "RECORD"
+    with open(record, "w", newline="") as handle:
+        csv.writer(handle).writerows([["../../bin/readelf.py", "", ""], ["elftools/__init__.py", "", ""]])
+    target = tmp_path / "opt" / "tools"
+    got = [row[0] for row in read_record_rows(str(record), str(target))]
+    assert got == [str(target / "bin" / "readelf.py"), str(target / "elftools" / "__init__.py")]
+    venv_site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    got = [row[0] for row in read_record_rows(str(record), str(venv_site))]
+    assert got[0] == str(tmp_path / "venv" / "lib" / "bin" / "readelf.py")

@@ -21,7 +21,7 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.env import parse_cache
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.interpreter import InterpreterInfo
-from dflash_doctor.env.parse_cache import HEADER, ParseCache, cache_file_for
+from dflash_doctor.env.parse_cache import HEADER, SCHEMA, ParseCache, cache_file_for
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.libs.loader import resolve_torch_libraries
 from dflash_doctor.registry import run_checks
@@ -179,8 +179,8 @@ CORRUPTIONS = {
     "empty": lambda good: b"",
     "truncated": lambda good: good[: len(good) // 2],
     "flipped byte": lambda good: good[:-10] + bytes([good[-10] ^ 0xFF]) + good[-9:],
-    "other schema": lambda good: good.replace(b"/v1 ", b"/v0 ", 1),
-    "json": lambda good: json.dumps({"schema": "dflash-doctor/parse-cache/v1"}).encode(),
+    "other schema": lambda good: good.replace(SCHEMA.encode(), b"dflash-doctor/parse-cache/v0", 1),
+    "json": lambda good: json.dumps({"schema": SCHEMA}).encode(),
     "wrong shape, right checksum": lambda good: framed([1, 2]),
     "bad entry, right checksum": lambda good: framed({"dists": {"x": 1}, "records": {}, "elf": {}}),
 }

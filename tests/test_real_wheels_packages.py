@@ -139,8 +139,8 @@ def test_nccl_twin_then_its_uninstall(
         assert twins["evidence"]["owners"] == {"nvidia-nccl-cu12": "2.27.5", "nvidia-nccl-cu13": "2.30.7"}
         assert twins["evidence"]["bytes_on_disk_match"]["nvidia/nccl/lib/libnccl.so.2"] == "nvidia-nccl-cu12"
         assert twins["remedy"] == (
-            f"{python} -m pip uninstall nvidia-nccl-cu12 && "
-            f"{python} -m pip install --force-reinstall nvidia-nccl-cu13==2.30.7"
+            f"{python} -m pip uninstall -y nvidia-nccl-cu12 && "
+            f"{python} -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
         )
         assert "packages.cuda_family.collision" in failing
 
@@ -149,7 +149,10 @@ def test_nccl_twin_then_its_uninstall(
         assert code == 1
         missing = failing["ownership.missing_files"]
         assert "nvidia/nccl/lib/libnccl.so.2" in missing["evidence"]["files"]
-        assert missing["remedy"] == f"{python} -m pip install --force-reinstall nvidia-nccl-cu13==2.30.7"
+        assert (
+            missing["remedy"]
+            == f"{python} -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
+        )
         still_fine = subprocess.run([str(python), "-m", "pip", "check"], capture_output=True, text=True)
         assert "No broken requirements found" in still_fine.stdout  # what pip says meanwhile
     finally:
@@ -169,8 +172,7 @@ def test_nccl_cu13_replaced_by_cu12(
         loaded = failing["packages.cuda_family.loaded"]
         assert "libnccl.so.2" in loaded["evidence"]["libraries"]
         assert loaded["remedy"] == (
-            f"{python} -m pip uninstall nvidia-nccl-cu12 && "
-            f"{python} -m pip install --force-reinstall nvidia-nccl-cu13==2.30.7"
+            f"{python} -m pip uninstall -y nvidia-nccl-cu12 && {python} -m pip install nvidia-nccl-cu13==2.30.7"
         )
         assert failing["packages.requirements.torch"]["evidence"]["installed"] == "missing"
     finally:

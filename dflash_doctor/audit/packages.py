@@ -19,7 +19,7 @@ from dflash_doctor.env.cuda_family import (
 )
 from dflash_doctor.env.distributions import Distribution, RecordRow
 from dflash_doctor.env.file_hashes import HashCache
-from dflash_doctor.env.pip_commands import pinned, pip_command
+from dflash_doctor.env.pip_commands import pinned, reinstall_command, uninstall_command
 from dflash_doctor.env.record_audit import (
     RecordAudit,
     audit_records,
@@ -115,23 +115,53 @@ def _relative_paths(dist: Distribution) -> list[str]:
 
 
 def wanted_pin(ctx: CheckContext, key: str) -> str:
-    """`nvidia-nccl-cu13==2.30.7`: the version torch's tree pins, else the installed one."""
+    """`nvidia-nccl-cu13==2.30.7`: the version torch's tree pins (else another dependent's pin), kept at
+    the installed version when that satisfies the pin; else the installed one."""
     graph, closure = requirement_graph(ctx), torch_closure(ctx)
     dist = ctx.env.get(key)
     name = dist.name if dist is not None else key
-    for requester in sorted(graph.required_by(key) & closure):
+    requesters = graph.required_by(key)
+    for requester in [*sorted(requesters & closure), *sorted(requesters - closure)]:
         requirement = graph.requirement_on(requester, key)
         if requirement is not None and requirement.specifier:
             return pinned(name, requirement, dist.version if dist else None)
     return pinned(name, None, dist.version if dist else None)
 
 
-def twin_remedy(ctx: CheckContext, strays: list[str], wanted: list[str]) -> str:
-    """`pip uninstall <stray> && pip install --force-reinstall <wanted>==<pin torch needs>`.
+def removable(ctx: CheckContext, keys: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Which of `keys` an uninstall may take: none that an installed distribution staying behind requires.
 
-    `--force-reinstall` because pip otherwise answers "already installed" while the files are gone.
+    Returns (removable keys, kept key -> who requires it). A remedy that uninstalls what torch or another
+    package requires trades one finding for a broken import (a healthy cu12 tree lost 10 of torch's
+    CUDA packages that way).
     """
-    names = [ctx.env.distributions[k].name if k in ctx.env.distributions else k for k in strays]
-    pins = [wanted_pin(ctx, k) for k in wanted]
-    uninstall = pip_command(ctx.env, "uninstall", *names)
-    return f"{uninstall} && {pip_command(ctx.env, 'install', '--force-reinstall', *pins)}"
+    graph = requirement_graph(ctx)
+    leaving = set(keys)
+    kept: dict[str, list[str]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for key in sorted(leaving):
+            staying = sorted(r for r in graph.required_by(key) if r not in leaving)
+            if staying:
+                leaving.discard(key)
+                kept[key] = staying
+                changed = True
+    return [k for k in keys if k in leaving], kept
+
+
+def twin_remedy(ctx: CheckContext, strays: list[str], wanted: list[str]) -> str | None:
+    """`pip uninstall -y <strays> && pip install --force-reinstall --no-deps <wanted>==<pin torch needs>`.
+
+    Only strays nothing installed requires are uninstalled (`removable`); `--force-reinstall` because
+    pip otherwise answers "already installed" while the files are gone, `--no-deps` so the reinstall
+    moves nothing else off its pin.
+    """
+    env = ctx.env
+    gone, _ = removable(ctx, strays)
+    names = [env.distributions[k].name if k in env.distributions else k for k in gone]
+    reinstall = reinstall_command(env, *[wanted_pin(ctx, k) for k in wanted]) if wanted else None
+    if not names:
+        return reinstall
+    uninstall = uninstall_command(env, *names)
+    return f"{uninstall} && {reinstall}" if reinstall else uninstall

@@ -145,9 +145,8 @@ def explain_import_error(
             return ImportExplanation(
                 f"undefined symbol {symbol}: {family} is claimed by {', '.join(claimants)} (twins that "
                 "overwrite each other's files); the surviving file is older than torch needs",
-                f"{pip} uninstall -y <the twin torch does not require>; "
-                f"{pip} install --force-reinstall --no-deps <the one it requires>  # claimants: {', '.join(claimants)}",
-                evidence,
+                None,  # which twin goes depends on who requires what: ownership.twins computes it
+                {**evidence, "see": "ownership.twins (its remedy uninstalls the twin nothing requires)"},
             )
         return ImportExplanation(
             f"undefined symbol {symbol}: the {family} that was loaded is older than the one torch was built "
@@ -207,6 +206,7 @@ class VersionVerdict:
     severity: Severity
     note: str
     path: str | None = None
+    what: str = "version"  # or "cuda_build": the CUDA the library was built for against torch's
 
 
 def _cuda_compiled(text: str | None) -> list[int] | None:
@@ -235,6 +235,34 @@ def version_verdicts(
             continue
         loaded, compiled = [int(x) for x in loaded], [int(x) for x in compiled]
         verdicts.append(_compare(family, loaded, compiled, entry.get("path")))
+    return verdicts + cuda_build_verdicts(torch, versions)
+
+
+def cuda_build_verdicts(
+    torch: Mapping[str, Any], versions: Mapping[str, Mapping[str, Any]]
+) -> list[VersionVerdict]:
+    """Each loaded library's CUDA build (`cuda_build`: cuDNN's `cudnnGetCudartVersion`, cuBLAS's
+    `cublasGetCudartVersion`, NCCL's version string) against torch's CUDA: another major is a
+    cross-family load (a CUDA 13 cuDNN in a CUDA 12.8 process), whatever its own version says."""
+    process = _cuda_compiled(torch.get("cuda"))
+    if process is None:
+        return []
+    verdicts = []
+    for family, entry in sorted(versions.items()):
+        built = entry.get("cuda_build")
+        if not built:
+            continue
+        built = [int(x) for x in built]
+        source = entry.get("cuda_build_from", "?")
+        if built[0] != process[0]:
+            note = f"built for CUDA {built[0]} ({source}) in a CUDA {process[0]} process: a cross-family load"
+            severity = Severity.FAIL
+        else:
+            note = f"built for CUDA {'.'.join(map(str, built))} ({source})"
+            severity = Severity.OK
+        verdicts.append(
+            VersionVerdict(family, built, process, severity, note, entry.get("path"), "cuda_build")
+        )
     return verdicts
 
 

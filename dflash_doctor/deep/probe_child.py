@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -123,8 +124,15 @@ VERSION_QUERIES = [
 ]
 
 
+# Which CUDA a library was built for: a cuDNN or cuBLAS built for CUDA 13 in a CUDA 12 process (its
+# files overwrote the cu12 package's) reports a fine version of its own and still fails at first use.
+CUDA_BUILD_QUERIES = {"cudnn": "cudnnGetCudartVersion", "cublas": "cublasGetCudartVersion"}
+NCCL_VERSION_STRING = re.compile(rb"NCCL version [0-9.]+[^+\x00]{0,32}\+cuda(\d+)\.(\d+)")
+
+
 def loaded_versions(loaded: list[str]) -> dict[str, dict[str, object]]:
-    """Ask each already-loaded library its version through its own handle (RTLD_NOLOAD: never load a new copy)."""
+    """Ask each already-loaded library its version through its own handle (RTLD_NOLOAD: never load a
+    new copy), and the CUDA it was built for (`cuda_build`, [major, minor])."""
     found: dict[str, dict[str, object]] = {}
     for family, prefix, func in VERSION_QUERIES:
         for path in loaded:
@@ -139,10 +147,44 @@ def loaded_versions(loaded: list[str]) -> dict[str, dict[str, object]]:
                     if isinstance(entry["version"], list)
                     else version_int_to_tuple(int(entry["version"]), family)  # type: ignore[arg-type]
                 )
+                entry.update(cuda_build_of(family, handle, path))
             except (OSError, AttributeError, ValueError) as exc:
                 entry.update(_step_error(exc))
             found.setdefault(family, entry)
     return found
+
+
+def cuda_build_of(family: str, handle: ctypes.CDLL, path: str) -> dict[str, object]:
+    """`{"cuda_build": [13, 0], "cuda_build_from": ...}`, or {} when the library does not say."""
+    func = CUDA_BUILD_QUERIES.get(family)
+    if func is not None:
+        try:
+            fn = getattr(handle, func)
+        except AttributeError:
+            return {}
+        fn.restype = ctypes.c_size_t
+        return {"cuda_build": version_int_to_tuple(int(fn()), "cudart"), "cuda_build_from": func}
+    if family == "nccl":
+        found = nccl_cuda_build(path)
+        return {"cuda_build": found, "cuda_build_from": "NCCL version string"} if found else {}
+    return {}
+
+
+def nccl_cuda_build(path: str) -> list[int] | None:
+    """NCCL has no call for it, but carries `NCCL version 2.27.5+cuda12.9` in its read-only data."""
+    import mmap
+
+    try:
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            at = data.find(b"NCCL version ")
+            while at != -1:
+                match = NCCL_VERSION_STRING.match(data, at)
+                if match:
+                    return [int(match.group(1)), int(match.group(2))]
+                at = data.find(b"NCCL version ", at + 1)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _ask_version(handle: ctypes.CDLL, func: str) -> object:
@@ -431,6 +473,18 @@ def _relative(t: object, got: object, want: object) -> float:
     return float((got - want).abs().max()) / max(scale, 1e-12)  # type: ignore[operator]
 
 
+def keep_inductor_state_in(folder: str) -> None:
+    """Every file Inductor and Triton write goes under `folder`: the cache, the triton cache, and the
+    temp folder, which is where Inductor keeps its precompiled headers (`<tmp>/torchinductor_<user>/
+    precompiled_headers`, not under TORCHINDUCTOR_CACHE_DIR) and its scratch files."""
+    scratch = os.path.join(folder, "tmp")
+    os.makedirs(scratch, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    os.environ["TMPDIR"] = scratch
+    tempfile.tempdir = scratch
+
+
 def main(argv: list[str]) -> int:
     want_flex = "--no-flex" not in argv
     want_cuda = "--no-cuda" not in argv
@@ -439,14 +493,14 @@ def main(argv: list[str]) -> int:
     else:
         cache = tempfile.mkdtemp(prefix="dflash-probe-inductor-")
     if cache != "inherit":
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+        keep_inductor_state_in(cache)
     report: dict[str, object] = {
         "schema": PROBE_SCHEMA,
         "python": sys.executable,
         "python_version": ".".join(str(part) for part in sys.version_info[:3]),
         "pid": os.getpid(),
         "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "temp_dir": tempfile.gettempdir(),
         "ld_library_path": os.environ.get("LD_LIBRARY_PATH", ""),
     }
     nvml_before: dict[int, int] | None = None

@@ -61,6 +61,17 @@ class Distribution:
         """Normalised name (PEP 503): `nvidia_nccl_cu13` and `nvidia-nccl-cu13` are one key."""
         return canonicalize_name(self.name)
 
+    @property
+    def managed_by(self) -> str | None:
+        """Who owns this install when it is not pip or uv: the INSTALLER named (`debian`, `conda`), or
+        `dist-packages` for a package without INSTALLER in a Debian-family system tree (pip's own
+        installs there, under /usr/local, say `pip`). Such a package is patched on purpose and is never
+        fixed with a `pip install` into the system's Python. None for a pip/uv install."""
+        installer = (self.installer or "").strip().lower()
+        if installer:
+            return None if installer.startswith(("pip", "uv")) else installer
+        return "dist-packages" if os.path.basename(self.site_dir) == "dist-packages" else None
+
     @cached_property
     def record_rows(self) -> list[RecordRow]:
         """RECORD rows as plain (path, sha256, size) tuples, read on first use (torch's has ~20k rows);
@@ -137,6 +148,7 @@ def read_record_rows(record_path: str, site_dir: str) -> list[RecordRow]:
     except OSError:
         return []
     entries: list[RecordRow] = []
+    target = _is_target_folder(site_dir)
     # `site_dir + "/" + rel` is already normal when site_dir is and rel has no empty, "." or ".."
     # component: the checks below say so for nearly every row, without normpath's ~1 us each.
     prefix = site_dir + os.sep if os.sep == "/" and os.path.normpath(site_dir) == site_dir != "/" else None
@@ -152,12 +164,24 @@ def read_record_rows(record_path: str, site_dir: str) -> list[RecordRow]:
             and not rel.endswith("/")
         ):
             path = prefix + rel
+        elif target and rel.startswith("../../"):
+            path = os.path.normpath(os.path.join(site_dir, rel[len("../../") :]))
         else:
             path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site_dir, rel))
         digest = _hex_from_record_hash(row[1]) if len(row) > 1 and row[1] else None
         size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
         entries.append((path, digest, size))
     return entries
+
+
+STANDARD_SITE_FOLDERS = ("site-packages", "dist-packages")
+
+
+def _is_target_folder(site_dir: str) -> bool:
+    """A `pip install --target DIR` folder: pip installed into `<tmp>/lib/python` (RECORD rows like
+    `../../bin/readelf.py` are relative to that) and then moved `lib/python/*` and the rest of `<tmp>`
+    (`bin/`, `share/`) into DIR, so `../../X` lives at `DIR/X`, not two folders above DIR."""
+    return os.path.basename(os.path.normpath(site_dir)) not in STANDARD_SITE_FOLDERS
 
 
 def read_record(record_path: str, site_dir: str) -> list[RecordEntry]:

@@ -40,7 +40,7 @@ from dflash_doctor.paths import cache_root
 
 T = TypeVar("T")
 
-SCHEMA = "dflash-doctor/parse-cache/v1"
+SCHEMA = "dflash-doctor/parse-cache/v2"  # v2: RECORD rows of `--target` folders resolved against the folder
 HEADER = f"{SCHEMA} py{sys.version_info[0]}.{sys.version_info[1]} marshal{marshal.version}\n".encode()
 TABLES = ("dists", "records", "elf")
 MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000}

@@ -38,6 +38,19 @@ TORCH_PRELOADED_LIBRARIES = (
 )
 
 
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def is_namespace_marker(row: RecordRow) -> bool:
+    """An empty `__init__.py` (`nvidia/__init__.py`, which eleven cu12 wheels each ship).
+
+    Identical in every owner, so sharing it costs nothing; and without it Python imports the folder as
+    a namespace package, so its absence breaks nothing (pip deletes it when one owner is upgraded to a
+    version that no longer ships it, while the others still list it).
+    """
+    return row[0].endswith("__init__.py") and (row[2] == 0 or row[1] == EMPTY_SHA256)
+
+
 def audited_record_rows(dist: Distribution) -> list[RecordRow]:
     """RECORD rows worth checking: no bytecode (rewritten at will), no RECORD itself, no hashless rows."""
     record = os.path.normpath(os.path.join(dist.dist_info, "RECORD"))
@@ -96,6 +109,7 @@ class ChangedFile:
 class RecordAudit:
     shared: list[SharedFile] = field(default_factory=list)
     missing: dict[str, list[str]] = field(default_factory=dict)  # distribution key -> files gone
+    namespace_missing: list[str] = field(default_factory=list)  # empty `__init__.py` files gone: harmless
     changed: dict[str, list[ChangedFile]] = field(default_factory=dict)
     files_checked: int = 0
     files_hashed: int = 0
@@ -151,7 +165,7 @@ def audit_records(
             else:
                 first[path], first_owner[path] = row, key
 
-    installed_at: dict[str, int] = {}
+    installed_at: dict[str, tuple[int, int]] = {}
     result = RecordAudit(files_checked=len(first))
     stat = os.stat
     for path, row in first.items():
@@ -160,7 +174,10 @@ def audit_records(
         try:
             st = stat(path)
         except OSError:
-            result.missing.setdefault(first_owner[path], []).append(path)
+            if is_namespace_marker(row):
+                result.namespace_missing.append(path)
+            else:
+                result.missing.setdefault(first_owner[path], []).append(path)
             continue
         expected = row[2]
         if expected is not None and expected != st.st_size:
@@ -179,8 +196,13 @@ def audit_records(
             size: int | None = stat(path).st_size
         except OSError:
             size = None
+        if all(is_namespace_marker(row) for _, row in owners):
+            if size is None:
+                result.namespace_missing.append(path)
+            continue
         result.shared.append(_shared_file(path, owners, size, cache))
     result.shared.sort(key=lambda s: _libraries_first(s.path))
+    result.namespace_missing.sort()
     for gone in result.missing.values():
         gone.sort(key=_libraries_first)
     for changed in result.changed.values():
@@ -192,19 +214,29 @@ def audit_records(
     return result
 
 
-def _changed_since_install(stat: os.stat_result, dist: Distribution, installed_at: dict[str, int]) -> bool:
+# A wholesale copy of an environment (`cp -al`, `cp -a`, an image layer unpacked) gives every file a new
+# ctime within minutes of its RECORD's; a library swapped in later with an old mtime (`cp -p`) does not.
+COPY_WINDOW_NS = 600 * 10**9
+
+
+def _changed_since_install(
+    stat: os.stat_result, dist: Distribution, installed_at: dict[str, tuple[int, int]]
+) -> bool:
     """Was this file written after its owner's RECORD (pip writes RECORD last)?
 
-    ctime moves on every write and on `touch`/`cp -p`, and cannot be set back, so a library whose
-    ctime is not newer than its RECORD's has its installed bytes: no need to hash 500 MB to know.
-    A wholesale copy of the environment makes every ctime new: those files are hashed once and cached.
+    mtime first: a library whose mtime is not newer than its RECORD's was written by that install, and
+    copies and image layers keep mtimes, so a fresh or copied environment hashes nothing. ctime (which
+    cannot be set back) catches what mtime cannot: a file put there later with an old mtime (`cp -p`,
+    `touch -d`), more than `COPY_WINDOW_NS` after the RECORD's own ctime.
     """
     if dist.dist_info not in installed_at:
         try:
-            installed_at[dist.dist_info] = os.stat(os.path.join(dist.dist_info, "RECORD")).st_ctime_ns
+            record = os.stat(os.path.join(dist.dist_info, "RECORD"))
+            installed_at[dist.dist_info] = (record.st_mtime_ns, record.st_ctime_ns)
         except OSError:
-            installed_at[dist.dist_info] = -1
-    return stat.st_ctime_ns > installed_at[dist.dist_info]
+            installed_at[dist.dist_info] = (-1, -1)
+    mtime, ctime = installed_at[dist.dist_info]
+    return stat.st_mtime_ns > mtime or stat.st_ctime_ns > ctime + COPY_WINDOW_NS
 
 
 def is_shared_library(path: str) -> bool:
