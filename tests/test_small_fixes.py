@@ -85,7 +85,7 @@ def test_the_gates_flex_skip_names_its_reason_not_a_flag_nobody_gave(site, monke
 def step(n: int) -> StepMetrics:
     return StepMetrics(
         step=n, loss=2.0, lr=1e-3, grad_norm=1.0, accuracy=[0.5], accept_len=1.58,
-        accept_len_from_accuracy=1.5, tok_s=100.0, samples_s=1.0, step_time_s=0.1, data_wait_s=0.0,
+        accept_len_from_accuracy=1.5, tok_s=100.0, supervised_tok_s=50.0, samples_s=1.0, step_time_s=0.1, data_wait_s=0.0,
     )  # fmt: skip
 
 
