@@ -21,8 +21,10 @@ from tests.libs_fixtures import cuda_libs, install_cuda_torch  # noqa: F401  (fi
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]:
-    """Record launches instead of starting torchrun; isolate the tool's state in tmp."""
+    """Record launches instead of starting torchrun; isolate the tool's state in tmp, and the shipped
+    configs' relative `output.dir` too (the launch locks it: never the repository's own runs/ folder)."""
     monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
     for name in ("TORCHDYNAMO_SUPPRESS_ERRORS", "TORCHINDUCTOR_FORCE_DISABLE_CACHES"):
         monkeypatch.delenv(name, raising=False)
     started: list[list[str]] = []
