@@ -30,7 +30,7 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.registry import run_checks
-from dflash_doctor.report import dumps, exit_code, flatten, render
+from dflash_doctor.report import dumps, exit_code, flatten, remedy_lines, render
 
 SCHEMA = "dflash-doctor/cache/v1"
 OutOption = typer.Option(None, "--out", help="Write the archive here (a file or a folder) instead.")
@@ -297,6 +297,8 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
                         "compatible": not reasons,
                         "incompatible_because": reasons,
                         "untrusted": s.untrusted,
+                        "damaged": s.error if s.damaged else None,
+                        "remedy": s.remedy,
                     }
                     for s, reasons in rows
                 ],
@@ -318,6 +320,8 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
         console.print(
             f"{escape(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {escape(made_for)}  {verdict}"
         )
+        for line, style in remedy_lines(printable(snap.remedy, 800)) if snap.remedy else []:
+            console.print(f"  {line}", style=style, markup=False)
 
 
 @cache_app.command("prune")
