@@ -26,6 +26,7 @@ from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable
 from dflash_doctor.cache.warm import WarmShapes, child_command, child_environ, compile_count, run_warm_child
 from dflash_doctor.cache.warm_record import default_records
 from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
@@ -48,7 +49,7 @@ cache_app = typer.Typer(
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)  # paths and names whole, in a pipe or at 80 columns
+    return make_console(soft_wrap=True)  # paths and names whole, in a pipe or at 80 columns
 
 
 Command = TypeVar("Command", bound=Callable[..., Any])
