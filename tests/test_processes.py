@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from dflash_doctor.deep.run import run_probe
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.processes import ChildTimedOut, run_child
 
+REPO = Path(__file__).resolve().parents[1]
 BOUND_S = 15.0  # timeout + grace + reaping, with room for a loaded 2-core machine
 
 
@@ -136,6 +138,35 @@ def test_our_own_interruption_stops_the_child_and_its_grandchild(tmp_path: Path)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    assert_all_gone(pids)
+
+
+def test_sigterm_to_a_command_stops_its_child_and_grandchild(tmp_path: Path) -> None:
+    """The child has a session of its own, so a signal to us never reaches it: every command unwinds stop
+    signals as `Stopped` (cli.py), and the unwinding stops the child's group. A subprocess stands in."""
+    pids = tmp_path / "pids"
+    parent = (
+        "import sys\n"
+        "from dflash_doctor.processes import run_child\n"
+        "from dflash_doctor.stopping import Stopped, handling_stop_signals\n"
+        "try:\n"
+        "    with handling_stop_signals():\n"
+        f"        run_child({spawner(pids)!r}, 60.0, 'the test child')\n"
+        "except Stopped as stop:\n"
+        "    sys.exit(stop.exit_code)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 30
+        while not pids.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids.exists(), "the child never started"
+        time.sleep(0.3)  # the tree has seen the grandchild
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=BOUND_S) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
     assert_all_gone(pids)
 
 
