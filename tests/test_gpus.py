@@ -257,3 +257,14 @@ def test_memory_is_judged_on_the_visible_gpus_and_names_the_hidden(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,3")
     fired = run_gpu(monkeypatch, FakeNvml(host), site)
     assert fired["gpu.memory.held"].severity is Severity.WARN and "GPU 0" in fired["gpu.memory.held"].summary
+
+
+def test_the_compile_cache_fingerprint_names_the_hosts_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot is of the machine: narrowing CUDA_VISIBLE_DEVICES must not make it look incompatible."""
+    from dflash_doctor.cache.fingerprint import read_gpu_names
+
+    host = h200s(3)
+    host[2] = FakeGpu("NVIDIA H100", uuid="GPU-h100")
+    monkeypatch.setattr(gpus, "_binding", lambda: FakeNvml(host))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert read_gpu_names() == ("NVIDIA H200", "NVIDIA H200", "NVIDIA H100")
