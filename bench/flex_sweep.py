@@ -4,7 +4,7 @@ At the story's shapes (seed-b32) the flex kernels are more than half of the draf
 forward 145 ms of 1047 ms on an H200), so their tile configuration is the lever for drafter MFU. Each row
 compiles the trainer's own `dflash_flex_attention` (fresh Dynamo state, `dynamic=False`) with one set of
 `kernel_options` and times forward and backward separately with CUDA events, on the trainer's own block mask
-(anchors from `sample_anchors`, mask from `compiled_block_mask`) and GQA layout (Hq x Q against Hkv x (S + Q)).
+(anchors from `sample_anchors`, mask from `dflash_block_mask`) and GQA layout (Hq x Q against Hkv x (S + Q)).
 
   default            Inductor's choice for this GPU (on sm90, bf16, d=128: forward 128x64 8 warps 3 stages,
                      backward M1/N1/M2/N2 64/128/128/64, 8 warps, 3 stages)
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.flops import H200_BF16_PEAK_TFLOPS, attended_pairs
 from bench.roles import RESULTS, Recipe, describe_error, device_name, median, print_rows, write_result
 from trainer.anchors import sample_anchors
-from trainer.attention import compiled_block_mask, context_ends, dflash_flex_attention
+from trainer.attention import context_ends, dflash_block_mask, dflash_flex_attention
 
 TILE = 128  # create_block_mask's default block size: kernel tiles must divide it
 
@@ -102,7 +102,7 @@ class Inputs:
         self.context_len = math.ceil(seq / TILE) * TILE if pad_kv else seq
         kv_len = self.context_len + q_len
         self.density = self.pairs / (batch * q_len * (seq + q_len))
-        self.block_mask = compiled_block_mask(context_ends(anchors, valid), self.context_len, block)
+        self.block_mask = dflash_block_mask(context_ends(anchors, valid), self.context_len, block)
 
         def draw(*shape: int) -> torch.Tensor:
             return (torch.randn(*shape, device=device, generator=gen) * 0.5).to(dtype)

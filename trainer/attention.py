@@ -8,10 +8,11 @@ Queries are the N*B block tokens (anchor n, slot k at row n*B + k). Keys and val
 An invalid (padding) anchor sees only its own block, so no softmax row is empty (no NaN).
 
 One predicate, `dflash_mask_mod`, defines the mask. The dense path evaluates it on broadcast index
-tensors (exact, used on CPU with SDPA); the flex path hands it to `create_block_mask`. Both are built
-from the same closure, so they cannot disagree.
+tensors (exact, used on CPU with SDPA); the flex path's block mask (`dflash_block_mask`) lists which
+128 x 128 tiles it touches, read off the structure, and hands flex the same predicate for the partial
+tiles. Tests hold the block mask equal to `create_block_mask`'s evaluation of that predicate.
 
-The compiled callables live at module level and are created once per process. They must be warmed in
+The compiled flex callable lives at module level and is created once per process. It must be warmed in
 the main thread before any other thread exists (see REFERENCE.md section 4).
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -44,9 +45,9 @@ def context_ends(anchors: Tensor, anchor_valid: Tensor) -> Tensor:
 def dflash_mask_mod(context_end: Tensor, context_len: int, block_size: int) -> MaskMod:
     """The mask predicate for one step's anchors (`context_end` from `context_ends`).
 
-    `context_end` is captured as a tensor: a new step with new anchors reuses the compiled block-mask
-    builder. `create_block_mask` pads Q_LEN and KV_LEN to its tile size (128), so `q_idx // block_size`
-    can exceed N - 1: it is clamped before indexing, and padded rows/columns only ever match padding.
+    `context_end` is captured as a tensor: a new step with new anchors reuses the compiled flex kernel.
+    Block masks pad Q_LEN and KV_LEN to their tile size (128), so `q_idx // block_size` can exceed
+    N - 1: it is clamped before indexing, and padded rows/columns only ever match padding.
     Predicates are kept simple on purpose: the same closure runs in Inductor's CPU and Triton codegen.
     """
     num_anchors = context_end.shape[-1]
@@ -61,7 +62,7 @@ def dflash_mask_mod(context_end: Tensor, context_len: int, block_size: int) -> M
     return dflash_mask
 
 
-FLEX_TILE = 128  # create_block_mask's default block size; flex kernel tiles divide it
+FLEX_TILE = 128  # the block mask's tile (create_block_mask's default); flex kernel tiles divide it
 
 
 def flex_context_len(seq_len: int) -> int:
@@ -155,15 +156,78 @@ def dflash_flex_attention(
     )
 
 
-def dflash_block_mask(context_end: Tensor, context_len: int, block_size: int) -> BlockMask:
-    """The sparse block mask for one step; only ever run through `compiled_block_mask`."""
-    require_compiled("create_block_mask")
-    mask_mod = dflash_mask_mod(context_end, context_len, block_size)
-    batch, q_len = context_end.shape[0], context_end.shape[1] * block_size
-    return create_block_mask(mask_mod, batch, None, q_len, context_len + q_len, device=context_end.device)
+def dflash_block_mask(
+    context_end: Tensor, context_len: int, block_size: int, tile: int = FLEX_TILE
+) -> BlockMask:
+    """The step's sparse block mask, read off the mask's structure instead of evaluated pair by pair.
+
+    `create_block_mask` evaluates the predicate at every (query, key) pair (Q x KV: 2.4e9 at seed-b32)
+    and, compiled, that one kernel was 150-200 s of a cold qwen3-8b-b16 warm-up on an H200, on one CPU
+    core (bench/cold_compile.py). The DFlash mask needs no evaluation. For query tile i (rows
+    [i*tile, (i+1)*tile)) and key tile j:
+      - its context keys [j*tile, min((j+1)*tile, S)) are all visible to every row when they end at or
+        before the smallest context end of the tile's rows, and some are visible to some row when they
+        start before the largest;
+      - its block keys (at S + n*B for block n) are visible to a row of block n only: some are visible
+        when the blocks of the tile's rows reach into them, all when the tile's rows are one block whose
+        keys cover the key tile.
+    A tile is full when every pair is visible, partial when some is (flex applies `dflash_mask_mod`
+    there), else skipped. Rows and keys past Q_LEN and KV_LEN (the last tile's padding) see nothing, so a
+    padded tile is never full: as in `create_block_mask`, whose result this equals block for block
+    (tests/trainer/test_mask.py). A few small eager ops; nothing to compile.
+    """
+    batch, num_anchors = context_end.shape
+    device = context_end.device
+    q_len = num_anchors * block_size
+    kv_len = context_len + q_len
+    q_tiles, kv_tiles = -(-q_len // tile), -(-kv_len // tile)
+
+    rows = torch.arange(q_tiles * tile, device=device)
+    ends = context_end[:, (rows // block_size).clamp(max=num_anchors - 1)].view(batch, q_tiles, tile)
+    real_row = (rows < q_len).view(q_tiles, tile)  # padding rows see nothing
+    ends_min = ends.masked_fill(~real_row, kv_len).amin(-1).unsqueeze(-1)  # (B, QT, 1)
+    ends_max = ends.masked_fill(~real_row, 0).amax(-1).unsqueeze(-1)
+
+    key_start = torch.arange(kv_tiles, device=device) * tile  # (KT,)
+    key_stop = (key_start + tile).clamp(max=kv_len)  # padding keys are seen by no row
+    has_context = key_start < context_len
+    context_some = has_context & (key_start < ends_max)  # (B, QT, KT)
+    context_all = ~has_context | (key_stop.clamp(max=context_len) <= ends_min)
+
+    tile_start = torch.arange(q_tiles, device=device) * tile
+    first_block = tile_start // block_size
+    last_block = ((tile_start + tile).clamp(max=q_len) - 1) // block_size
+    own_start = (context_len + first_block * block_size).unsqueeze(-1)  # (QT, 1): the rows' block keys
+    own_stop = (context_len + (last_block + 1) * block_size).unsqueeze(-1)
+    blocks_start = key_start.clamp(min=context_len)  # (KT,): the key tile's block keys
+    has_blocks = blocks_start < key_stop
+    blocks_some = has_blocks & (own_start < key_stop) & (blocks_start < own_stop)  # (QT, KT)
+    one_block = (first_block == last_block).unsqueeze(-1)
+    blocks_all = ~has_blocks | (one_block & (own_start <= blocks_start) & (key_stop <= own_stop))
+    no_padding = real_row.all(-1).unsqueeze(-1) & (key_start + tile <= kv_len)  # (QT, KT)
+
+    full = context_all & blocks_all & no_padding
+    partial = (context_some | blocks_some) & ~full
+    kv_num, kv_indices = _ordered_blocks(partial.unsqueeze(1))
+    full_num, full_indices = _ordered_blocks(full.unsqueeze(1))
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_indices,
+        full_num,
+        full_indices,
+        BLOCK_SIZE=(tile, tile),
+        mask_mod=dflash_mask_mod(context_end, context_len, block_size),
+        seq_lengths=(q_len, kv_len),
+    )
 
 
-# Compiled once per process, at import, with stable names; shapes are static per run (dynamic=False),
-# so a run compiles each exactly once (per device/shape) and a warm Inductor cache serves it.
+def _ordered_blocks(dense: Tensor) -> tuple[Tensor, Tensor]:
+    """(..., KT) bool -> per row the count of True tiles and their indices first, ascending (int32)."""
+    as_int = dense.to(torch.int32)
+    order = torch.argsort(as_int, dim=-1, descending=True, stable=True)
+    return as_int.sum(-1).to(torch.int32), order.to(torch.int32)
+
+
+# Compiled once per process, at import, with a stable name; shapes are static per run (dynamic=False),
+# so a run compiles it exactly once (per device/shape) and a warm Inductor cache serves it.
 compiled_flex_attention = torch.compile(dflash_flex_attention, dynamic=False)
-compiled_block_mask = torch.compile(dflash_block_mask, dynamic=False)

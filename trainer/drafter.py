@@ -28,9 +28,9 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from trainer.attention import (
     attend,
-    compiled_block_mask,
     context_ends,
     dense_mask,
+    dflash_block_mask,
     flex_context_len,
     keys_layout,
 )
@@ -352,7 +352,7 @@ class DFlashDrafter(nn.Module):
                 "(flex on CPU is only for forward checks under torch.no_grad())"
             )
         # The flex layout pads the context to the tile (see flex_context_len): 1.09x faster flex at S=40000.
-        return compiled_block_mask(context_ends(anchors, anchor_valid), flex_context_len(context_len), block)
+        return dflash_block_mask(context_ends(anchors, anchor_valid), flex_context_len(context_len), block)
 
     def draft_hidden(
         self, input_ids: Tensor, hidden: Tensor, anchors: Tensor, anchor_valid: Tensor

@@ -131,7 +131,7 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
     model.zero_grad(set_to_none=True)
-    compiled = ["flex_attention", "create_block_mask"] if model.attention == "flex" else []
+    compiled = ["flex_attention"] if model.attention == "flex" else []
     if model.layers_compiled:
         compiled.append("decoder layers")
     if model.compile_loss:

@@ -92,12 +92,79 @@ def test_mask_mod_survives_q_and_kv_padding() -> None:
     assert block_mask.shape[-2:] == (12, 33)
 
 
-def test_flex_and_block_mask_refuse_to_run_uncompiled() -> None:
+def test_flex_refuses_to_run_uncompiled() -> None:
     q = torch.zeros(1, 2, 8, 4)
     with pytest.raises(FlexNotCompiledError, match=r"outside torch\.compile"):
         dflash_flex_attention(q, q, q, block_mask=None)  # type: ignore[arg-type]
-    with pytest.raises(FlexNotCompiledError, match="create_block_mask"):
-        dflash_block_mask(torch.zeros(1, 2, dtype=torch.long), 4, 2)
+
+
+def tiles(num: torch.Tensor, indices: torch.Tensor, kv_tiles: int) -> torch.Tensor:
+    """A block mask's (num, indices) pair as a dense (B, H, QT, KT) bool of listed tiles; checks the order."""
+    dense = torch.zeros(*num.shape, kv_tiles, dtype=torch.bool)
+    for row in range(num.numel()):
+        listed = indices.reshape(-1, indices.shape[-1])[row, : int(num.reshape(-1)[row])].tolist()
+        assert listed == sorted(listed)  # ascending, as flex walks them
+        dense.reshape(-1, kv_tiles)[row, listed] = True
+    return dense
+
+
+# Block sizes below, at and above the 128 tile; contexts on and off the tile; Q on and off the tile.
+@pytest.mark.parametrize("block", [2, 4, 16, 32, 128, 256])
+@pytest.mark.parametrize(("context_len", "num_anchors"), [(100, 3), (128, 8), (300, 40), (512, 64), (300, 8)])
+def test_block_mask_equals_create_block_mask_tile_for_tile(
+    block: int, context_len: int, num_anchors: int
+) -> None:
+    """The structural block mask lists exactly the tiles create_block_mask finds by evaluating the predicate
+    at every pair: the same partial and full tiles, in the same order, on the key and the query side."""
+    gen = torch.Generator().manual_seed(block * 1000 + context_len + num_anchors)
+    batch = 2
+    anchors = torch.stack(
+        [torch.randperm(context_len, generator=gen)[:num_anchors].sort().values for _ in range(batch)]
+    )
+    valid = torch.rand(batch, num_anchors, generator=gen) > 0.2
+    valid[1, -2:] = False  # padding anchors at the end, as sample_anchors makes them
+    ends = context_ends(anchors, valid)
+    q_len, kv_len = num_anchors * block, context_len + num_anchors * block
+    expected = create_block_mask(
+        dflash_mask_mod(ends, context_len, block), batch, None, q_len, kv_len, device="cpu"
+    )
+    got = dflash_block_mask(ends, context_len, block)
+    assert got.seq_lengths == expected.seq_lengths == (q_len, kv_len)
+    assert got.BLOCK_SIZE == expected.BLOCK_SIZE
+    kv_tiles = expected.kv_indices.shape[-1]
+    for num, indices in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        assert torch.equal(getattr(got, num), getattr(expected, num)), num
+        assert torch.equal(
+            tiles(getattr(got, num), getattr(got, indices), kv_tiles),
+            tiles(getattr(expected, num), getattr(expected, indices), kv_tiles),
+        ), indices
+    q_tiles = expected.q_indices.shape[-1]
+    for num, indices in (("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")):
+        assert torch.equal(
+            tiles(getattr(got, num), getattr(got, indices), q_tiles),
+            tiles(getattr(expected, num), getattr(expected, indices), q_tiles),
+        ), indices
+
+
+def test_block_mask_keeps_full_tiles_full_and_skips_unreachable_ones() -> None:
+    """One sequence, context 512 (4 tiles), 16 anchors of block 16 (two query tiles of 8 anchors each).
+    Query tile 0's anchors all sit past 300: context tiles 0-1 are full for it, tile 2 partial, tile 3 skipped."""
+    ends = torch.tensor([[301, 310, 320, 330, 340, 350, 360, 370] + [500] * 8])
+    mask = dflash_block_mask(ends, 512, 16)
+    kv_tiles = mask.kv_indices.shape[-1]  # 4 context + 2 block tiles
+    full = tiles(mask.full_kv_num_blocks, mask.full_kv_indices, kv_tiles)[0, 0]
+    partial = tiles(mask.kv_num_blocks, mask.kv_indices, kv_tiles)[0, 0]
+    assert full[0].tolist() == [True, True, False, False, False, False]
+    assert partial[0].tolist() == [
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]  # context tile 2; own blocks' tile 4
+    assert full[1].tolist() == [True, True, True, False, False, False]
+    assert partial[1].tolist() == [False, False, False, True, False, True]
 
 
 # --- anchors --------------------------------------------------------------------------------------------
