@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import typer
 
 from dflash_doctor import __version__
+from dflash_doctor.console import make_console
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.paths import HOME_ENV
 from dflash_doctor.stopping import Stopped, handling_stop_signals
@@ -98,10 +99,9 @@ def _register_for(argv: list[str]) -> None:
 
 
 def _print_error(message: str, hint: str | None = None) -> None:
-    from rich.console import Console  # only on this path: `check --json` never loads rich
     from rich.markup import escape
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = make_console(stderr=True, soft_wrap=True)  # rich loaded only on this path
     err.print(f"[bold red]error:[/] {escape(message)}")
     if hint:
         err.print(f"  [cyan]hint:[/] {escape(hint)}")

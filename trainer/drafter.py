@@ -330,7 +330,9 @@ class DFlashDrafter(nn.Module):
         embedding, which needs no gradient) is made to need one: graphs specialise on that, so without it
         the first layer compiled a forward and a backward graph of its own (two of the six graphs of a
         b16 warm-up). The price is that input's gradient, three (Q, H) x (H, H + 2 * kv) matmuls in
-        backward, ~0.6% of a b16 step's FLOPs; it flows into a zero scalar, so no (B, Q, H) gradient is kept."""
+        backward, ~0.6% of a b16 step's FLOPs, and that gradient itself: a (B, Q, H) tensor in the input's
+        fp32, held briefly at the end of backward until it is summed into the zero scalar (128 MiB at b16;
+        the memory plan's `first_layer_input_grad`), never kept across steps."""
         if self.layers_compiled and torch.is_grad_enabled() and not x.requires_grad:
             x = x + torch.zeros((), dtype=x.dtype, device=x.device, requires_grad=True)
         for layer in self.layers:

@@ -42,7 +42,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimSection, total
     )
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> float:
-    """Clip the global grad norm; returns the norm before clipping."""
+def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global grad norm; returns the norm before clipping, as a 0-dim tensor on the gradients'
+    device (reading it is a host sync: the loop reads it once the next batch's work is queued)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)

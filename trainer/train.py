@@ -64,12 +64,13 @@ from trainer.metrics import (
     Progress,
     StepMetrics,
     read_metrics,
-    real_token_count,
+    real_tokens,
     summarize,
     write_summary,
 )
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.parent_watch import watch_parent
+from trainer.pipeline import CaptureAhead, StepNumbers, StepTimer
 from trainer.startup import StartupClock
 from trainer.target import (
     CaptureTarget,
@@ -195,12 +196,22 @@ class TargetSide:
     def capture(self, index: int, device: torch.device) -> CapturedBatch:
         """Global training batch `index`: its sequences from the data, through the target."""
         input_ids, loss_mask = make_batch(self.source, self.order.sequence_ids(index))
-        return self.target.capture(input_ids.to(device), loss_mask.to(device), index)
+        return self.target.capture(to_device(input_ids, device), to_device(loss_mask, device), index)
 
     def capture_heldout(self, split: DataSplit, eval_index: int, device: torch.device) -> CapturedBatch:
         """Held-out batch `eval_index`, with the target's own greedy next tokens."""
         input_ids, loss_mask = make_batch(self.eval_source, split.eval_sequence_ids(eval_index))
-        return self.target.capture_with_greedy(input_ids.to(device), loss_mask.to(device), eval_index)
+        return self.target.capture_with_greedy(
+            to_device(input_ids, device), to_device(loss_mask, device), eval_index
+        )
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch onto `device` without waiting for the GPU: a plain copy from pageable memory makes
+    the host wait until every kernel queued before it has run; from pinned memory it is queued like one."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
@@ -266,13 +277,14 @@ def run_drafter(run: RunContext) -> int:
 
 
 def run_colocated(run: RunContext) -> int:
-    """Capture this rank's own batches (micro-step m: global batch m*K + r) and train on them: no transport."""
+    """Capture this rank's own batches (micro-step m: global batch m*K + r) and train on them: no transport.
+    The next step's first capture is queued behind each optimizer update (`CaptureAhead`)."""
     side = build_target(run, colocated=True)
     loop = DrafterLoop(run)
     fault = fault_from_env()
     run.clock.report(run.rank, "colocated")
 
-    def next_batch(micro_step: int) -> CapturedBatch:
+    def capture(micro_step: int) -> CapturedBatch:
         index = run.topology.batch_for(micro_step, run.drafter_index)
         maybe_exit_target(fault, run.rank, index)
         return side.capture(index, run.device)
@@ -280,7 +292,8 @@ def run_colocated(run: RunContext) -> int:
     def heldout_batch(eval_index: int) -> CapturedBatch:
         return side.capture_heldout(run.split, eval_index, run.device)
 
-    return loop.run(next_batch, heldout_batch)
+    ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum)
+    return loop.run(ahead.next_batch, heldout_batch, prefetch=ahead.prefetch)
 
 
 # ---------------------------------------------------------------- the drafter side, shared by both
@@ -293,6 +306,7 @@ class DrafterLoop:
     `run(next_batch, heldout_batch)` trains one optimiser step per `optim.grad_accum` micro-batches and scores
     this replica's share of the held-out batches when an evaluation is due; where a batch comes from
     (received, or captured here) is the only thing the topologies differ in. Per-step work: `train_on`.
+    A step's numbers are read one step late (`trainer.pipeline`): the host never drains the GPU per step.
     """
 
     def __init__(self, run: RunContext) -> None:
@@ -343,6 +357,9 @@ class DrafterLoop:
                 flush=True,
             )
         self.fault = fault_from_env()
+        self.timer = StepTimer(device)
+        self.queued: QueuedStep | None = None  # the last step, its numbers still on their way to the host
+        self.prefetch: Callable[[int], None] | None = None
         run.clock.mark("optimizer + DDP")
         self.warmup = {**warmup, "startup": run.clock.as_dict()}  # kept in summary.json with the warm-up
 
@@ -351,15 +368,18 @@ class DrafterLoop:
         next_batch: Callable[[int], CapturedBatch],
         heldout_batch: Callable[[int], CapturedBatch],
         finish_input: Callable[[], None] | None = None,
+        prefetch: Callable[[int], None] | None = None,
     ) -> int:
         """Every remaining step on `next_batch(micro_step)` (held-out scoring on `heldout_batch(j)` when due);
-        then `finish_input`, export, summary."""
+        then `finish_input`, export, summary. `prefetch(m)`, when given, queues micro-step m's batch early."""
         run = self.run_ctx
+        self.prefetch = prefetch
         status, error = "failed", None
         try:
             for step in range(run.resume_step, run.plan.total_steps):
                 maybe_hang_drafter(self.fault, self.index, step)
                 self.train_on(step, MicroBatches(next_batch, step, run.plan.accum), heldout_batch)
+            self.log_queued()
             if finish_input is not None:
                 finish_input()
             if self.is_first:
@@ -369,37 +389,48 @@ class DrafterLoop:
             error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, Stopped):
                 status = "interrupted"
+            with contextlib.suppress(Exception):  # the last step that finished, into the record
+                self.log_queued()
             raise
         finally:
             self.close(status, error)
         return 0
 
     def train_on(self, step: int, feed: MicroBatches, heldout_batch: Callable[[int], CapturedBatch]) -> None:
-        """One optimiser step on the step's micro-batches; held-out scoring when due; metrics (first
-        drafter) and checkpoints as the config says."""
+        """One optimiser step on the step's micro-batches, queued without reading anything back; then the
+        previous step's metrics (first drafter), read now that this step's work is queued. A step with a
+        held-out evaluation or a checkpoint after it is finished and logged at once."""
         run, cfg = self.run_ctx, self.run_ctx.cfg
-        t0 = time.perf_counter()
+        done = step + 1
+        evaluate = bool(run.split.eval_batches) and evaluates_after(
+            done, run.plan.total_steps, cfg.eval.every
+        )
+        every = cfg.checkpoint.every
+        checkpoint = bool(every and done % every == 0) or done == run.plan.total_steps
+        started = self.timer.mark()
         outs, grad_norm, lr = train_step(
             self.ddp, self.model, feed, cfg, self.anchor_gen, self.optimizer, self.scheduler, run.device
         )
-        stats = reduce_over_drafters(outs, feed, run.group)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        elapsed = time.perf_counter() - t0
-        done = step + 1
+        if self.prefetch is not None and not (evaluate or checkpoint):
+            self.prefetch(done * run.plan.accum)  # the next step's first capture, behind this update
+        numbers = StepNumbers(pack_step(outs, feed, grad_norm, run.group))
+        since = self.queued.ended if self.queued is not None else started
+        current = QueuedStep(
+            done, numbers, outs[0].correct.numel(), lr, feed.waited, since, self.timer.mark()
+        )
+        self.log_queued()
+        if not (evaluate or checkpoint):
+            self.queued = current
+            return
         heldout, heldout_s = None, 0.0
-        if run.split.eval_batches and evaluates_after(done, run.plan.total_steps, cfg.eval.every):
+        if evaluate:
             t1 = time.perf_counter()
             heldout = heldout_over_drafters(
                 self.model, heldout_batch, run.split, cfg, self.index, run.device, run.group
             )
             heldout_s = time.perf_counter() - t1
-        if self.log is not None and self.progress is not None:
-            m = step_metrics(done, stats, lr, grad_norm, elapsed, feed.waited, heldout, heldout_s)
-            self.log.write(m)
-            self.progress.update(m)
-        every = cfg.checkpoint.every
-        if (every and done % every == 0) or done == run.plan.total_steps:
+        self.log_step(current, heldout, heldout_s)
+        if checkpoint:
             save(
                 cfg,
                 self.model,
@@ -411,6 +442,23 @@ class DrafterLoop:
                 done,
                 run.topology,
             )
+
+    def log_queued(self) -> None:
+        """Log the step whose numbers were left on their way (if any)."""
+        queued, self.queued = self.queued, None
+        if queued is not None:
+            self.log_step(queued, None, 0.0)
+
+    def log_step(self, queued: QueuedStep, heldout: HeldoutSums | None, heldout_s: float) -> None:
+        """Wait for one step's numbers (not for later work) and, on the first drafter, log them."""
+        packed = queued.numbers.read()
+        elapsed = self.timer.seconds(queued.since, queued.ended)
+        if self.log is None or self.progress is None:
+            return
+        stats, grad_norm = unpack_step(packed, queued.block, dist.get_world_size(self.run_ctx.group))
+        m = step_metrics(queued.step, stats, queued.lr, grad_norm, elapsed, queued.waited, heldout, heldout_s)
+        self.log.write(m)
+        self.progress.update(m)
 
     def close(self, status: str, error: str | None) -> None:
         """The first drafter closes its log and writes summary.json (also when the run failed)."""
@@ -444,15 +492,18 @@ class MicroBatches:
 
     def __init__(self, next_batch: Callable[[int], CapturedBatch], step: int, accum: int) -> None:
         self.next_batch, self.step, self.accum = next_batch, step, accum
-        self.waited, self.real_tokens, self.supervised_tokens, self.sequences = 0.0, 0, 0, 0
+        self.waited, self.sequences = 0.0, 0
+        # Counted on the batches' device, read with the step's other numbers: no host sync per batch.
+        self.real_tokens: torch.Tensor | int = 0
+        self.supervised_tokens: torch.Tensor | int = 0
 
     def __iter__(self) -> Iterator[CapturedBatch]:
         for micro in range(self.accum):
             t0 = time.perf_counter()
             batch = self.next_batch(self.step * self.accum + micro)
             self.waited += time.perf_counter() - t0
-            self.real_tokens += real_token_count(batch.input_ids, batch.loss_mask)
-            self.supervised_tokens += int(batch.loss_mask.sum())
+            self.real_tokens = self.real_tokens + real_tokens(batch.input_ids, batch.loss_mask)
+            self.supervised_tokens = self.supervised_tokens + batch.loss_mask.sum()
             self.sequences += batch.batch_size
             yield batch
 
@@ -479,10 +530,10 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     device: torch.device,
-) -> tuple[list[LossOutput], float, float]:
+) -> tuple[list[LossOutput], torch.Tensor, float]:
     """Per micro-batch (`optim.grad_accum` of them): anchors, forward+backward of loss / accum (DDP averages gradients over the drafters,
     once, on the last micro-batch); then clip, step, schedule. Returns the micro-batches' loss outputs, the
-    grad norm before clipping and the lr this step used."""
+    grad norm before clipping (a 0-dim device tensor: nothing here reads the GPU back) and the lr this step used."""
     outs: list[LossOutput] = []
     accum = cfg.optim.grad_accum
     for micro, batch in enumerate(batches):
@@ -518,8 +569,33 @@ class StepStats:
     supervised_tokens: float
 
 
-def reduce_over_drafters(outs: list[LossOutput], feed: MicroBatches, group: dist.ProcessGroup) -> StepStats:
-    block = outs[0].correct.numel()
+@dataclass(frozen=True)
+class QueuedStep:
+    """A step whose work is queued and whose numbers are on their way to the host."""
+
+    step: int  # steps done, counting this one
+    numbers: StepNumbers
+    block: int  # block size: how many per-position accuracy counts the numbers hold
+    lr: float
+    waited: float
+    since: Any  # timer mark: the previous step's end (or this step's start)
+    ended: Any  # timer mark: this step's work queued
+
+
+def pack_step(
+    outs: list[LossOutput], feed: MicroBatches, grad_norm: torch.Tensor, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """One step's numbers in one tensor, summed over the drafter ranks (queued, not read): mean loss,
+    per-position correct and counted, acceptance sum, anchors, sequences, real and supervised tokens;
+    then this rank's grad norm (the same on every rank after DDP's gradient all-reduce)."""
+    loss = outs[0].loss
+
+    def on_device(value: torch.Tensor | int) -> torch.Tensor:  # new_full: a fill, not a host copy
+        return value.float() if isinstance(value, torch.Tensor) else loss.new_full((), float(value))
+
+    counts = torch.stack(
+        [on_device(feed.sequences), on_device(feed.real_tokens), on_device(feed.supervised_tokens)]
+    ).float()
     packed = torch.cat(
         [
             torch.stack([o.loss.detach().float() for o in outs]).mean().view(1),
@@ -527,24 +603,26 @@ def reduce_over_drafters(outs: list[LossOutput], feed: MicroBatches, group: dist
             torch.stack([o.counted.float() for o in outs]).sum(0),
             torch.stack([o.accept_len_sum.float() for o in outs]).sum().view(1),
             torch.stack([o.anchors.float() for o in outs]).sum().view(1),
-            outs[0].loss.new_tensor(
-                [feed.sequences, feed.real_tokens, feed.supervised_tokens], dtype=torch.float32
-            ),
+            counts,
         ]
     )
     dist.all_reduce(packed, group=group)
-    packed = packed.cpu()
-    world = dist.get_world_size(group)
-    return StepStats(
+    return torch.cat([packed, grad_norm.detach().float().view(1).to(packed.device)])
+
+
+def unpack_step(packed: torch.Tensor, block: int, world: int) -> tuple[StepStats, float]:
+    """`pack_step`'s tensor, on the host, back into StepStats and the grad norm."""
+    stats = StepStats(
         float(packed[0]) / world,
         packed[1 : 1 + block],
         packed[1 + block : 1 + 2 * block],
+        float(packed[-6]),
         float(packed[-5]),
         float(packed[-4]),
         float(packed[-3]),
         float(packed[-2]),
-        float(packed[-1]),
     )
+    return stats, float(packed[-1])
 
 
 def heldout_over_drafters(

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from dflash_doctor.cache.frames import FrameBlocks, read_seek_table
+from dflash_doctor.cache.frames import FrameBlocks, read_seek_table, walk_frames
 from dflash_doctor.cache.fsops import open_regular, printable
 from dflash_doctor.cache.manifest import (
     BACKUP_OWNER_NAME,
@@ -160,19 +160,25 @@ def open_archive(path: Path) -> BinaryIO:
 
 
 def read_manifest(path: Path, limits: ReadLimits | None = None) -> CacheManifest:
-    """The manifest, and the cheap checks of the whole file: a v2 archive must end with its seek
-    table (a truncated copy does not), whose frames must hold what the manifest declares."""
+    """The manifest, and the cheap checks of the whole file, so a truncated copy is never listed as
+    restorable: a v2 archive must end with its seek table, whose frames must hold what the manifest
+    declares; a v1 archive (one stream, no table) must be whole zstd frames to its last byte
+    (frames.walk_frames: block headers only, no decompress), holding what the manifest declares
+    when its frames say their size."""
     where = str(path)
     limits = limits or ReadLimits()
     with open_archive(path) as raw:
         frames = read_seek_table(raw, where)
         manifest = _read_manifest_member(TarReader(_Blocks(raw, where), where), where, limits)
         size = os.fstat(raw.fileno()).st_size
-    if manifest.schema == MANIFEST_SCHEMA:
-        if frames is None:
-            raise ArchiveError(f"{where}: truncated archive: the seek table at its end is missing")
-        if sum(d for _, d in frames) < manifest.total_bytes:
-            raise ArchiveError(f"{where}: truncated archive: its frames hold less than the manifest lists")
+        if manifest.schema == MANIFEST_SCHEMA:
+            if frames is None:
+                raise ArchiveError(f"{where}: truncated archive: the seek table at its end is missing")
+            held: int | None = sum(d for _, d in frames)
+        else:
+            held = walk_frames(raw, where) if frames is None else sum(d for _, d in frames)
+    if held is not None and held < manifest.total_bytes:
+        raise ArchiveError(f"{where}: truncated archive: its frames hold less than the manifest lists")
     limits.check_expansion(manifest.total_bytes, size, where)
     return manifest
 

@@ -14,7 +14,8 @@ sizes, then the frame count, a descriptor byte and the magic 0x8F92EAB1. It is r
 frames must tile the file exactly up to the table, each must be one whole zstd frame of exactly the
 listed compressed size that declares exactly the listed decompressed size (at most MAX_FRAME_BYTES);
 anything else is refused as a corrupt archive. An archive without a table (written before frames, or
-by anyone else) is read as one stream instead.
+by anyone else) is read as one stream instead; `walk_frames` checks such a stream is whole without
+decompressing it (a listing must not cost a restore).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -34,6 +35,7 @@ from dflash_doctor.cache.manifest import ArchiveError
 FRAME_BYTES = 2 << 20  # tar bytes per frame: 1-8 MiB measured within 0.1% in size, 2 MiB the fastest
 MAX_FRAME_BYTES = 64 << 20  # a listed frame that decompresses to more is refused (memory)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MAX_FRAME_HEADER_BYTES = 18  # magic, descriptor, window, dictionary id, content size
 SKIPPABLE_MAGIC = 0x184D2A5E
 SEEKABLE_MAGIC = 0x8F92EAB1
 _FOOTER = struct.Struct("<IBI")  # frame count, descriptor, seekable magic
@@ -165,24 +167,87 @@ def read_seek_table(raw: BinaryIO, where: str) -> list[tuple[int, int]] | None:
         raw.seek(0)
 
 
-def frame_length(frame: bytes | bytearray | memoryview) -> int:
-    """How many bytes the zstd frame at the start of `frame` takes (header, blocks, checksum),
-    found by walking its block headers without decompressing; ZstdError/ValueError if malformed."""
-    params = zstandard.get_frame_parameters(frame)
-    pos = zstandard.frame_header_size(frame)
-    end = len(frame)
+class FrameEndsEarly(ValueError):
+    """The bytes stop inside a zstd frame: a copy cut short."""
+
+
+def _frame_end(read: Callable[[int, int], bytes | memoryview], start: int) -> int:
+    """Where the zstd frame at `start` ends (header, blocks, checksum), found by walking its block
+    headers without decompressing; `read(offset, count)` returns up to `count` bytes there.
+    FrameEndsEarly when the bytes stop inside a header; ZstdError/ValueError if malformed. The end
+    returned may lie past the bytes there are (the last block cut short): the caller compares."""
+    header = read(start, MAX_FRAME_HEADER_BYTES)
+    try:
+        params = zstandard.get_frame_parameters(header)
+        pos = start + zstandard.frame_header_size(header)
+    except zstandard.ZstdError:
+        if len(header) < MAX_FRAME_HEADER_BYTES:
+            raise FrameEndsEarly("the bytes end inside the frame header") from None
+        raise
     while True:
-        if pos + 3 > end:
-            raise ValueError("the frame ends inside a block header")
-        header = frame[pos] | frame[pos + 1] << 8 | frame[pos + 2] << 16
+        block = read(pos, 3)
+        if len(block) < 3:
+            raise FrameEndsEarly("the bytes end inside a block header")
+        value = int.from_bytes(block, "little")
         pos += 3
-        kind = (header >> 1) & 3
+        kind = (value >> 1) & 3
         if kind == 3:
             raise ValueError("a reserved block type")
-        pos += 1 if kind == 1 else header >> 3  # an RLE block stores one byte
-        if header & 1:  # the last block
+        pos += 1 if kind == 1 else value >> 3  # an RLE block stores one byte
+        if value & 1:  # the last block
             break
     return pos + (4 if params.has_checksum else 0)
+
+
+def frame_length(frame: bytes | bytearray | memoryview) -> int:
+    """How many bytes the zstd frame at the start of `frame` takes, found without decompressing;
+    ZstdError/ValueError if malformed."""
+    return _frame_end(lambda offset, count: frame[offset : offset + count], 0)
+
+
+def walk_frames(raw: BinaryIO, where: str) -> int | None:
+    """Check, without decompressing, that the file is whole zstd frames end to end (skippable frames
+    allowed): how a stream without a seek table (a v1 archive) shows it was cut short. Reads 3 bytes a
+    block (a block holds up to 128 KiB), so a 1 GB archive costs thousands of small reads, not a
+    decompress. Returns the decompressed size the frames declare (None when one does not say).
+    ArchiveError: truncated, or bytes that are not a frame."""
+    fd = raw.fileno()
+    size = os.fstat(fd).st_size
+
+    def read(offset: int, count: int) -> bytes:
+        return os.pread(fd, count, offset)
+
+    pos, frames = 0, 0
+    declared: int | None = 0
+    while pos < size:
+        magic = read(pos, 4)
+        if magic == ZSTD_MAGIC:
+            try:
+                end = _frame_end(read, pos)
+            except FrameEndsEarly:
+                end = size + 1
+            except (zstandard.ZstdError, ValueError) as exc:
+                raise _corrupt(where, f"a malformed zstd frame at byte {pos} ({exc})") from None
+            content = zstandard.frame_content_size(read(pos, MAX_FRAME_HEADER_BYTES))
+            if declared is not None:
+                declared = None if content < 0 else declared + content
+            frames += 1
+        elif len(magic) == 4 and int.from_bytes(magic, "little") & ~0xF == SKIPPABLE_MAGIC & ~0xF:
+            length = read(pos + 4, 4)
+            end = pos + 8 + int.from_bytes(length, "little") if len(length) == 4 else size + 1
+        elif len(magic) < 4:
+            end = size + 1
+        else:
+            raise _corrupt(where, f"the bytes at {pos} are not a zstd frame")
+        if end > size:
+            raise ArchiveError(
+                f"{where}: truncated archive: the file ends inside the zstd frame at byte {pos} "
+                f"({size} bytes: a copy cut short)"
+            )
+        pos = end
+    if not frames:
+        raise _corrupt(where, "no zstd frame in it")
+    return declared
 
 
 class FrameBlocks:

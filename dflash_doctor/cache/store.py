@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import filelock
 from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, PARTIAL_TAG, read_manifest
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.fsops import printable
-from dflash_doctor.cache.manifest import CacheManifest
+from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.paths import HOME_ENV
 
@@ -47,6 +48,18 @@ class SnapshotInfo:
     mtime: float = 0.0
     untrusted: str | None = None  # why this archive must not be restored by name
     owner_uid: int | None = None
+    damaged: bool = False  # refused as an archive (truncated, corrupt, hostile): `error` says why
+
+    @property
+    def remedy(self) -> str | None:
+        """What to do about a damaged archive: it can never be restored, so remove it (a copy cut
+        short is copied again from where it came from)."""
+        if not self.damaged:
+            return None
+        return (
+            f"rm -- {shlex.quote(str(self.path))}  "
+            "# then copy it again from its source, or take a new one: dflash-doctor cache snapshot"
+        )
 
     @property
     def ours(self) -> bool:
@@ -61,7 +74,7 @@ class SnapshotInfo:
         if self.untrusted is not None:
             return [f"untrusted: {self.untrusted}"]
         if self.manifest is None:
-            return [f"unreadable: {self.error}"]
+            return [f"{'damaged' if self.damaged else 'unreadable'}: {self.error}"]
         return incompatibilities(self.manifest.fingerprint, current)
 
 
@@ -234,7 +247,7 @@ class SnapshotStore:
         return path
 
     def snapshots(self) -> list[SnapshotInfo]:
-        """Every archive in the store, newest first; unreadable ones are listed with their error."""
+        """Every archive in the store, newest first; damaged or unreadable ones are listed with their error."""
         if not self.root.is_dir():
             return []
         found = []
@@ -249,15 +262,18 @@ class SnapshotStore:
                 found.append(SnapshotInfo(name, path, 0, None, str(exc)))
                 continue
             untrusted = store_distrust or archive_distrust(info)
+            damaged = False
             try:
                 manifest, error = read_manifest(path), None
             except DoctorError as exc:  # ArchiveError, or a link/FIFO/device refused unopened
-                manifest, error = None, exc.message
+                manifest, error, damaged = None, exc.message, isinstance(exc, ArchiveError)
             except OSError as exc:
                 manifest, error = None, str(exc)
             owner = info.st_uid if stat.S_ISREG(info.st_mode) else None
             found.append(
-                SnapshotInfo(name, path, info.st_size, manifest, error, info.st_mtime, untrusted, owner)
+                SnapshotInfo(
+                    name, path, info.st_size, manifest, error, info.st_mtime, untrusted, owner, damaged
+                )
             )
         return sorted(found, key=lambda s: s.created, reverse=True)
 

@@ -26,11 +26,12 @@ from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable
 from dflash_doctor.cache.warm import WarmShapes, child_command, child_environ, compile_count, run_warm_child
 from dflash_doctor.cache.warm_record import default_records
 from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.registry import run_checks
-from dflash_doctor.report import dumps, exit_code, flatten, render
+from dflash_doctor.report import dumps, exit_code, flatten, remedy_lines, render
 
 SCHEMA = "dflash-doctor/cache/v1"
 OutOption = typer.Option(None, "--out", help="Write the archive here (a file or a folder) instead.")
@@ -48,7 +49,7 @@ cache_app = typer.Typer(
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)  # paths and names whole, in a pipe or at 80 columns
+    return make_console(soft_wrap=True)  # paths and names whole, in a pipe or at 80 columns
 
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -297,6 +298,8 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
                         "compatible": not reasons,
                         "incompatible_because": reasons,
                         "untrusted": s.untrusted,
+                        "damaged": s.error if s.damaged else None,
+                        "remedy": s.remedy,
                     }
                     for s, reasons in rows
                 ],
@@ -318,6 +321,8 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
         console.print(
             f"{escape(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {escape(made_for)}  {verdict}"
         )
+        for line, style in remedy_lines(printable(snap.remedy, 800)) if snap.remedy else []:
+            console.print(f"  {line}", style=style, markup=False)
 
 
 @cache_app.command("prune")

@@ -17,6 +17,7 @@ from dflash_doctor.commands.options import (
     default_lock,
     split_only,
 )
+from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.interpreter import InterpreterProbe
@@ -81,9 +82,7 @@ def check_command(
     if json_out:
         typer.echo(dumps(to_json(runs, context, strict)))
     else:
-        from rich.console import Console  # not imported for --json
-
-        console = Console(highlight=False)
+        console = make_console()  # rich is not imported for --json
         render(runs, console, verbose, header=f"dflash-doctor check · {interp.executable} · {elapsed:.2f} s")
     raise typer.Exit(exit_code(flatten(runs), strict))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.console import make_console
 from dflash_doctor.errors import ConfigError, DoctorError
 
 if TYPE_CHECKING:
@@ -77,7 +78,6 @@ def regenerate_command(
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from trainer.config import load_config
@@ -99,7 +99,7 @@ def regenerate_command(
         seed=cfg.run.seed,
     )
     scan = scan_input(prompts, on_error)
-    err = Console(stderr=True, highlight=False)
+    err = make_console(stderr=True)
     for bad in scan.bad[:5]:
         err.print(f"[yellow]skipped[/] {prompts} {bad}")
     if len(scan.bad) > 5:
@@ -165,7 +165,6 @@ def preview_command(
 ) -> None:
     """The first records tokenised, truncated and padded as in training (supervised tokens highlighted), and
     counts over the whole data: sequences, tokens, supervised share, truncated share."""
-    from rich.console import Console
     from rich.markup import escape
 
     from trainer.config import load_config
@@ -176,7 +175,7 @@ def preview_command(
     if json_out:
         typer.echo(json.dumps(result))
         return
-    console = Console(highlight=False)
+    console = make_console()
     for sample in result["samples"]:
         where = f"line {sample['line']}" if sample["line"] is not None else f"sequence {sample['index']}"
         flag = "  [yellow](truncated)[/]" if sample["truncated"] else ""

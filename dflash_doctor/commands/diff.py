@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
@@ -65,7 +66,7 @@ def diff_command(
             )
         )
     else:
-        render_changes(changes, str(before), after_label, Console(highlight=False))
+        render_changes(changes, str(before), after_label, make_console())
         if old.libraries is None or new.libraries is None:
             why = old.libraries_note or new.libraries_note or "a lock without library hashes"
             typer.echo(f"library hashes not compared: {why}")

@@ -10,10 +10,10 @@ import json
 import sys
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.console import make_console
 
 
 def eval_command(
@@ -43,7 +43,7 @@ def eval_command(
 
     progress = Progress(
         TextColumn("[bold]decoding"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        console=Console(stderr=True), disable=not sys.stderr.isatty(),
+        console=make_console(stderr=True), disable=not sys.stderr.isatty(),
     )  # fmt: skip
     task = progress.add_task("eval", total=None)
     with progress:

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.console import make_console
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.launch.run_curves import curves_of, plot_curves, sparkline_rows
 from dflash_doctor.launch.runs import RunRecord, RunStore, age, describe_age
@@ -75,8 +76,8 @@ def list_runs(
         document = {"schema": RUNS_SCHEMA, "runs": [r.to_json() for r in records], "damaged": damaged}
         typer.echo(json.dumps(document, indent=2, default=str))
         return
-    console = Console(highlight=False)
-    errors = Console(stderr=True, highlight=False)
+    console = make_console()
+    errors = make_console(stderr=True)
     for line in damaged:
         errors.print(f"[yellow]warning:[/] skipped a damaged run record: {escape(line)}", soft_wrap=True)
     if not records:
@@ -152,7 +153,7 @@ def show_run(
         }
         typer.echo(json.dumps(document, indent=2, default=str))
         return
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console(soft_wrap=True)
     when = dt.datetime.fromtimestamp(record.created).isoformat(timespec="seconds")
     style = STATUS_STYLE.get(record.status, "")
     console.print(
@@ -249,7 +250,7 @@ def compare_runs(
         document = {"schema": RUN_COMPARE_SCHEMA, "runs": [r.to_json() for r in records]}
         typer.echo(json.dumps(document, indent=2, default=str))
         return
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console(soft_wrap=True)
     table = Table(title=f"runs {records[0].id} and {records[1].id}", title_justify="left")
     table.add_column("what")
     for r in records:

@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
+from dflash_doctor.console import make_console
 from dflash_doctor.launch import supervise
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
@@ -115,7 +116,7 @@ def train_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
-    console = Console(highlight=False, stderr=json_out)
+    console = make_console(stderr=json_out)
 
     def say(markup: str) -> None:
         console.print(markup, soft_wrap=True)

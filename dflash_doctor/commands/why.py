@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dflash_doctor.commands.options import JsonOption, PythonOption
+from dflash_doctor.console import make_console
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.libs.why import PackageExplanation, explain_package
 
@@ -52,7 +53,7 @@ def why_command(
     if json_out:
         typer.echo(json.dumps(expl.to_json(), indent=2))
     else:
-        render_explanation(expl, Console(highlight=False))
+        render_explanation(expl, make_console())
     raise typer.Exit(0)
 
 

@@ -55,6 +55,7 @@ class PlanInputs:
     bf16: bool = True
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES  # on CPU: the process's own overhead
     on_gpu: bool = True
+    compiled_layers: bool = True  # drafter.compile_layers (compiled on CUDA only; CPU runs stay eager)
 
     @property
     def overhead_part(self) -> str:
@@ -115,6 +116,19 @@ def drafter_params(p: PlanInputs) -> int:
     return p.drafter_layers * layer + len(p.captured_layers) * t.hidden * t.hidden + 2 * t.hidden
 
 
+def first_layer_input_grad(p: PlanInputs) -> int:
+    """The gradient of the first drafter layer's input, held briefly in backward with compiled layers.
+
+    `trainer/drafter.py::run_layers` makes that input (the frozen embedding, cast to the parameters'
+    fp32) need a gradient so that every layer shares one compiled graph; the shared backward graph then
+    returns the gradient of its input for the first layer too: a (B, Q, H) tensor in fp32 (the input's
+    dtype, not autocast's), Q = anchors x block_size, freed once it is summed into the zero scalar that
+    made it needed. Eager layers (and CPU runs, never compiled) compute no such gradient."""
+    if not (p.on_gpu and p.compiled_layers):
+        return 0
+    return p.batch_size * p.anchors * p.block_size * p.target.hidden * 4
+
+
 def drafter_estimate(p: PlanInputs) -> RoleEstimate:
     t, elt = p.target, 2 if p.bf16 else 4
     params = drafter_params(p)
@@ -127,6 +141,7 @@ def drafter_estimate(p: PlanInputs) -> RoleEstimate:
     per_layer += context * CTX_PER_TOKEN_KV * kv_width
     incoming = context * len(p.captured_layers) * t.hidden * elt
     chunk_rows = min(p.loss_chunk, queries)
+    input_grad = first_layer_input_grad(p)
     return RoleEstimate(
         "drafter",
         {
@@ -141,6 +156,7 @@ def drafter_estimate(p: PlanInputs) -> RoleEstimate:
             "attention_workspace": queries * t.heads * 4 * 2,
             # One chunk's logits in fp32, their softmax and gradient.
             "lm_head_chunk": chunk_rows * t.vocab * 4 * 3,
+            **({"first_layer_input_grad": input_grad} if input_grad else {}),
             p.overhead_part: p.cuda_context_bytes,
         },
     )
@@ -153,7 +169,12 @@ def colocated_estimate(p: PlanInputs) -> RoleEstimate:
     excess over them counts."""
     target = target_estimate(p).parts
     drafter = drafter_estimate(p).parts
-    training_transient = drafter["activations"] + drafter["attention_workspace"] + drafter["lm_head_chunk"]
+    training_transient = (
+        drafter["activations"]
+        + drafter["attention_workspace"]
+        + drafter["lm_head_chunk"]
+        + drafter.get("first_layer_input_grad", 0)
+    )
     kept = {k: v for k, v in drafter.items() if k not in ("incoming_batches", "cuda_context")}
     return RoleEstimate(
         "colocated",

@@ -152,6 +152,7 @@ def plan_inputs(
         bf16=on_gpu,
         cuda_context_bytes=overhead,
         on_gpu=on_gpu,
+        compiled_layers=on_gpu and cfg.drafter.compile_layers,  # as trainer/warmup.py compiles them
     )
 
 

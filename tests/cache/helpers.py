@@ -66,8 +66,11 @@ def write_raw_archive(
     dest: Path,
     manifest: CacheManifest | bytes | None,
     members: list[tarfile.TarInfo | tuple[str, bytes]],
+    stream: bool = False,
 ) -> Path:
-    """Write exactly these members (after the manifest, when given) into a .tar.zst."""
+    """Write exactly these members (after the manifest, when given) into a .tar.zst: one frame that
+    declares its size, or with `stream` as v1 snapshots were written (a multi-threaded stream_writer:
+    one frame that does not)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         if manifest is not None:
@@ -83,7 +86,11 @@ def write_raw_archive(
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    dest.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
+    if stream:
+        with open(dest, "wb") as raw, zstandard.ZstdCompressor(threads=2).stream_writer(raw) as out:
+            out.write(buffer.getvalue())
+    else:
+        dest.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
     return dest
 
 

@@ -119,3 +119,29 @@ def test_colocated_estimate_against_the_measured_h200_peak() -> None:
     est = colocated_estimate(inputs())
     planned = (est.total - est.parts["cuda_context"]) / GIB
     assert 38.47 <= planned <= 38.47 * 1.15
+
+
+def test_compiled_layers_on_cuda_count_the_first_layer_input_gradient() -> None:
+    """run_layers makes the first layer's input need a gradient when the layers are compiled: backward
+    briefly holds a (B, Q, H) fp32 gradient, 128 MiB at qwen3-8b-b16 (Q = 512 anchors x 16)."""
+    b16 = drafter_estimate(inputs()).parts
+    assert b16["first_layer_input_grad"] == 1 * 512 * 16 * 4096 * 4 == 128 * 1024**2
+    b32 = drafter_estimate(inputs(anchors=1024, block_size=32, batch_size=2)).parts
+    assert b32["first_layer_input_grad"] == 2 * 1024 * 32 * 4096 * 4
+    assert "first_layer_input_grad" not in drafter_estimate(inputs(compiled_layers=False)).parts  # eager
+    assert "first_layer_input_grad" not in drafter_estimate(inputs(on_gpu=False)).parts  # CPU: never compiled
+    both = plan(inputs(), colocated=True)["colocated"].parts
+    assert both["first_layer_input_grad"] == b16["first_layer_input_grad"]
+
+
+def test_the_plan_follows_the_configs_compile_layers() -> None:
+    from dflash_doctor.launch.plan import plan_inputs
+    from trainer.config import load_config
+    from trainer.target_config import target_shapes
+
+    cfg = load_config("qwen3-8b-b16")
+    shapes = target_shapes(cfg.target.path)
+    assert plan_inputs(cfg, shapes, "cuda").compiled_layers
+    assert not plan_inputs(cfg, shapes, "cpu").compiled_layers
+    eager = load_config("qwen3-8b-b16", ["drafter.compile_layers=false"])
+    assert not plan_inputs(eager, shapes, "cuda").compiled_layers
