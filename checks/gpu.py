@@ -3,6 +3,8 @@
 Read through NVML (machine-wide). Without a driver every check skips with NVML's reason.
 A cu13 wheel on a driver < 580 prints "The NVIDIA driver on your system is too old" and silently
 runs on the CPU; a GPU whose architecture the wheel has no kernels for fails at the first kernel.
+The driver is judged for the host; architectures and memory for the GPUs CUDA_VISIBLE_DEVICES leaves
+(what this shell's launches will use), the hidden ones named in the evidence (`gpu.visible`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.env.torch_build import TorchBuild
+from dflash_doctor.env.visible_devices import VARIABLE
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
 from dflash_doctor.registry import check
 
@@ -31,23 +34,60 @@ WHEEL_ARCHS: dict[str, list[str]] = {
 LOW_FREE_FRACTION = 0.10
 
 
-def _inventory(ctx: CheckContext, check_id: str) -> GpuInventory | Finding:
+def _inventory(ctx: CheckContext, check_id: str, visible: bool = True) -> GpuInventory | Finding:
+    """The inventory, or the skip that says why there is nothing to judge. `visible`: the check judges the
+    GPUs CUDA will see, so a variable that hides them all is a skip too."""
     found = gpu_inventory(ctx)
-    if isinstance(found, GpuInventory):
-        if not found.devices:
-            return skip(check_id, "the NVIDIA driver sees no GPU", driver=found.driver_version)
-        return found
-    return skip(check_id, f"no NVIDIA driver to ask: {found}", reason=str(found))
+    if not isinstance(found, GpuInventory):
+        return skip(check_id, f"no NVIDIA driver to ask: {found}", reason=str(found))
+    if not found.host:
+        return skip(check_id, "the NVIDIA driver sees no GPU", driver=found.driver_version)
+    if visible and not found.devices:
+        return skip(
+            check_id,
+            f"{VARIABLE}={found.visible_devices!r} hides every GPU of this host (see gpu.visible)",
+            **found.visibility_facts(),
+        )
+    return found
+
+
+@check("gpu.visible", "GPUs CUDA will see")
+def gpu_visible(ctx: CheckContext) -> Iterator[Finding]:
+    inv = _inventory(ctx, "gpu.visible", visible=False)
+    if isinstance(inv, Finding):
+        yield inv
+        return
+    yield visibility_verdict(inv)
+
+
+def visibility_verdict(inv: GpuInventory) -> Finding:
+    """Pure: which host GPUs CUDA_VISIBLE_DEVICES leaves to CUDA, in torch's numbering; a list CUDA stops
+    reading early (an invalid entry, a repeat, an empty value) is almost always a mistake."""
+    facts = inv.visibility_facts()
+    if inv.visible_devices is None:
+        return ok("gpu.visible", f"{VARIABLE} is unset: all {len(inv.host)} GPU(s) are visible")
+    order = ", ".join(f"cuda:{i} = {d.label}" for i, d in enumerate(inv.devices)) or "no GPU"
+    hidden = ", ".join(d.label for d in inv.hidden) or "none"
+    if inv.visibility_problem or not inv.devices:
+        return warn(
+            "gpu.visible.ignored_entries" if inv.devices else "gpu.visible.none",
+            f"{VARIABLE}={inv.visible_devices!r}: {inv.visibility_problem or 'no GPU left'}; "
+            f"CUDA sees {order} (hidden: {hidden})",
+            remedy="list indices as nvidia-smi numbers them (0,1,...), or full UUIDs from `nvidia-smi -L`; "
+            f"`unset {VARIABLE}` to use every GPU",
+            **facts,
+        )
+    return ok("gpu.visible", f"{VARIABLE}={inv.visible_devices!r}: {order} (hidden: {hidden})", **facts)
 
 
 @check("gpu.driver", "driver and CUDA")
 def gpu_driver(ctx: CheckContext) -> Iterator[Finding]:
-    inv = _inventory(ctx, "gpu.driver")
+    inv = _inventory(ctx, "gpu.driver", visible=False)  # the driver serves every GPU of the host
     if isinstance(inv, Finding):
         yield inv
         return
     build = ctx.env.torch
-    facts = {"driver": inv.driver_version, "driver_cuda": inv.cuda_driver, "gpus": len(inv.devices)}
+    facts = {"driver": inv.driver_version, "driver_cuda": inv.cuda_driver, "gpus": len(inv.host)}
     yield from driver_verdicts(inv, build, facts)
 
 
@@ -150,6 +190,7 @@ def gpu_arch(ctx: CheckContext) -> Iterator[Finding]:
         "arch_list": arch_list,
         "source": source,
         "gpus": [f"{d.index}: {d.name} ({d.sm})" for d in inv.devices],
+        **inv.visibility_facts(),
     }
     if missing:
         names = ", ".join(f"{d.name} ({d.sm})" for d in missing)
@@ -191,13 +232,14 @@ def memory_verdicts(inv: GpuInventory) -> Iterator[Finding]:
             "gpu": f"{dev.index}: {dev.name}",
             "free_gib": round(dev.free_bytes / gib, 2),
             "total_gib": round(dev.total_bytes / gib, 2),
+            **inv.visibility_facts(),
         }
         if dev.processes:
             quiet = False
             pids = " ".join(str(p.pid) for p in dev.processes)
             yield warn(
                 "gpu.memory.held",
-                f"GPU {dev.index} is held by {len(dev.processes)} process(es): {pids}",
+                f"{dev.label} is held by {len(dev.processes)} process(es): {pids}",
                 remedy=f"ps -o pid,user,etime,cmd -p {pids.replace(' ', ',')}  # then stop the strays",
                 processes=[
                     {
@@ -212,10 +254,15 @@ def memory_verdicts(inv: GpuInventory) -> Iterator[Finding]:
             quiet = False
             yield warn(
                 "gpu.memory.low",
-                f"GPU {dev.index} has only {facts['free_gib']} of {facts['total_gib']} GiB free",
+                f"{dev.label} has only {facts['free_gib']} of {facts['total_gib']} GiB free",
                 remedy=f"nvidia-smi --id={dev.index} --query-compute-apps=pid,used_memory --format=csv",
                 **facts,
             )
     if quiet:
         free = ", ".join(f"{d.index}: {d.free_bytes / (1 << 30):.1f} GiB" for d in inv.devices)
-        yield ok("gpu.memory", f"{len(inv.devices)} GPU(s) free, no stray processes ({free})")
+        hidden = f"; {len(inv.hidden)} hidden by {VARIABLE}" if inv.hidden else ""
+        yield ok(
+            "gpu.memory",
+            f"{len(inv.devices)} GPU(s) free, no stray processes ({free}{hidden})",
+            **inv.visibility_facts(),
+        )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
+from dflash_doctor.env.visible_devices import VARIABLE
 from dflash_doctor.findings import Finding, fail, ok, warn
 from dflash_doctor.registry import check
 
@@ -95,20 +96,34 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
         )
         return
     have = len(gpus.devices)
+    visibility = gpus.visibility_facts()
+    hidden = (
+        f" ({len(gpus.hidden)} more hidden by {VARIABLE}={gpus.visible_devices!r})" if gpus.hidden else ""
+    )
     if have < plan.nproc_per_node:
+        remedy = _topology_remedy(plan, have)
+        if gpus.hidden:
+            remedy += (
+                f"; or let {VARIABLE} show {plan.nproc_per_node} GPUs (unset it to use all {len(gpus.host)})"
+            )
         yield fail(
             "launch.topology.too_few_gpus",
-            f"{shape} needs {plan.nproc_per_node} GPUs on this node, {have} found",
-            remedy=_topology_remedy(plan, have),
+            f"{shape} needs {plan.nproc_per_node} GPUs on this node, {have} found{hidden}",
+            remedy=remedy,
             needed=plan.nproc_per_node,
             found=have,
-            gpus=[f"{d.index}: {d.name}" for d in gpus.devices],
+            gpus=[f"cuda:{i} = {d.label}: {d.name}" for i, d in enumerate(gpus.devices)],
+            **visibility,
         )
         return
     roles = [f"rank {r.rank} {r.role} -> {r.device}" for r in plan.roles if r.node == 0]
     reason = f": {plan.choice.reason}" if plan.choice else ""
     yield ok(
-        "launch.topology", f"{shape} on {plan.nproc_per_node} of {have} GPUs{reason}", roles=roles, **why
+        "launch.topology",
+        f"{shape} on {plan.nproc_per_node} of {have} GPUs{hidden}{reason}",
+        roles=roles,
+        **why,
+        **visibility,
     )
 
 

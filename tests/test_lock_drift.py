@@ -9,7 +9,7 @@ import pytest
 
 from dflash_doctor.cli import run
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.env.gpus import GpuDevice, GpuInventory
+from dflash_doctor.env.gpus import GpuDevice, GpuInventory, launch_view
 from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Severity
 from dflash_doctor.lock.drift import diff_locks
@@ -88,6 +88,19 @@ def test_lock_records_what_tells_builds_apart(site: FakeSite) -> None:
     assert lock.triton == {"version": "3.5.0"}
     assert lock.driver == {"version": "580.159.04", "cuda": "13.0"}
     assert lock.gpus[0]["name"] == "NVIDIA H200" and lock.gpus[0]["capability"] == [9, 0]
+
+
+def test_lock_records_the_hosts_gpus_whatever_cuda_visible_devices_shows(site: FakeSite) -> None:
+    """The lock describes the machine; which GPUs a shell showed is in its `environment`."""
+    site.add_torch()
+    host = GpuInventory(
+        "580.159.04", 13000, [GpuDevice(i, "NVIDIA H200", None, (9, 0), 10, 9, 1) for i in range(4)]
+    )
+    narrowed = launch_view(host, "2")
+    assert [d.index for d in narrowed.devices] == [2]
+    lock = lock_of(site, gpus=narrowed, environ={"CUDA_VISIBLE_DEVICES": "2"})
+    assert [g["index"] for g in lock.gpus] == [0, 1, 2, 3] and lock.environment["CUDA_VISIBLE_DEVICES"] == "2"
+    assert lock.gpus == lock_of(site, gpus=host).gpus
 
 
 def test_diff_of_a_lock_with_itself_is_empty(site: FakeSite) -> None:

@@ -63,7 +63,7 @@ def read_gpu_names() -> tuple[str, ...] | None:
     from dflash_doctor.env.gpus import query_gpus
 
     inventory = query_gpus()
-    return None if inventory is None else tuple(d.name for d in inventory.devices)
+    return None if inventory is None else tuple(d.name for d in inventory.host)  # the machine's, as before
 
 
 def fingerprint_of(env: Environment, gpu_names: tuple[str, ...] | None = None) -> BuildFingerprint:

@@ -90,6 +90,11 @@ def managed_inductor_dir() -> Path:
     return paths.cache_root() / "inductor"
 
 
+def warm_configs_dir() -> Path:
+    """Where a launch with `--set` writes the config its warm-up child reads (one file per content)."""
+    return paths.cache_root() / "warm-configs"
+
+
 MANAGED_SOURCE = "managed"
 
 

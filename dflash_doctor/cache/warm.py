@@ -9,7 +9,6 @@ from the child's `torch._dynamo.utils.counters`.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,15 +83,14 @@ def compile_count(result: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def run_warm_child(command: list[str], environ: Mapping[str, str], timeout: float = 3600.0) -> dict[str, Any]:
-    """Run the warm-up child; a DoctorError with the child's last words when it fails."""
+    """Run the warm-up child; a DoctorError with the child's last words when it fails or times out. Its
+    compile workers are stopped with it, whatever happens (`dflash_doctor.processes.run_child`)."""
+    from dflash_doctor.processes import run_child
+
     try:
-        done = subprocess.run(
-            command, env=dict(environ), capture_output=True, text=True, timeout=timeout, check=False, cwd="/"
+        done = run_child(
+            command, timeout, "warm-up", env=environ, cwd="/", hint="run it alone, or with smaller shapes"
         )
-    except subprocess.TimeoutExpired as exc:
-        raise DoctorError(
-            f"warm-up did not finish in {timeout:.0f} s", hint="run it alone, or with smaller shapes"
-        ) from exc
     except OSError as exc:
         raise DoctorError(f"could not start {command[0]}: {exc}") from exc
     result = parse_child_output(done.stdout)

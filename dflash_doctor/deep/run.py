@@ -1,7 +1,8 @@
 """Run the deep probe in a child process of the audited interpreter and read its one JSON answer.
 
 The child (`probe_child.py`) is stdlib + torch only, so it runs in any environment, even one where
-dflash_doctor is not installed. It gets a timeout: a hung CUDA init must not hang `check`.
+dflash_doctor is not installed. It gets a timeout: a hung CUDA init must not hang `check`; on timeout (or our
+own interruption) the child and every process it started are stopped (`dflash_doctor.processes.run_child`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,24 +118,17 @@ def run_probe(
     args = [interpreter, str(CHILD), "--inductor-cache", inductor_cache]
     args += [] if flex else ["--no-flex"]
     args += [] if cuda else ["--no-cuda"]
+    from dflash_doctor.processes import ChildTimedOut, run_child
+
     try:
-        done = subprocess.run(
+        done = run_child(
             args,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            timeout,
+            "the probe",
             cwd=tempfile.gettempdir(),  # never import a `torch/` folder from the user's cwd
-            check=False,
         )
-    except subprocess.TimeoutExpired as exc:
-        tail = (
-            (exc.stderr or b"").decode(errors="replace")
-            if isinstance(exc.stderr, bytes)
-            else (exc.stderr or "")
-        )
-        return ProbeReport(
-            error=f"the probe did not finish within {timeout:.0f} s", stderr_tail=tail.splitlines()[-12:]
-        )
+    except ChildTimedOut as exc:
+        return ProbeReport(error=exc.message, stderr_tail=exc.stderr.splitlines()[-12:])
     except OSError as exc:
         return ProbeReport(error=f"cannot run {interpreter}: {exc}")
     finally:

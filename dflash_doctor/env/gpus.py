@@ -1,16 +1,23 @@
-"""The machine's NVIDIA driver and GPUs, read through NVML (nvidia-ml-py).
+"""The machine's NVIDIA driver and GPUs, read through NVML (nvidia-ml-py), as this process's CUDA sees them.
 
 NVML is touched only in `read_gpus`, through a module-like `nvml` object, so tests hand in a fake
-with the same function names. NVML is machine-wide: the answer is the same for every interpreter.
+with the same function names. NVML is machine-wide: it lists every GPU of the host, whatever
+`CUDA_VISIBLE_DEVICES` says. `probe_gpus` narrows that to the launch's view (`devices`: the GPUs torch
+numbers `cuda:0..n-1`, in the variable's order, `visible_devices.py`) and keeps the host's (`host`) for what
+is machine-wide (the driver, the lock, the compile cache's fingerprint).
 `nvmlSystemGetCudaDriverVersion_v2` is used because v1 may invent a number when libcuda is missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from dflash_doctor.env.visible_devices import VARIABLE, resolve_visible
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,12 @@ class GpuDevice:
     free_bytes: int
     used_bytes: int
     processes: tuple[GpuProcess, ...] = ()
+    mig: tuple[int, int] | None = None  # a MIG device: (GPU instance, compute instance) on GPU `index`
+
+    @property
+    def label(self) -> str:
+        """`GPU 3`, or `GPU 3 MIG 1/0` for a MIG device: NVML's numbering, as `nvidia-smi` shows it."""
+        return f"GPU {self.index}" + (f" MIG {self.mig[0]}/{self.mig[1]}" if self.mig else "")
 
     @property
     def sm(self) -> str:
@@ -40,9 +53,38 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class GpuInventory:
+    """`devices`: what CUDA in this process sees, `devices[i]` being `cuda:i`; `host`: every GPU NVML lists."""
+
     driver_version: str
     cuda_driver_version: int  # NVML's integer, e.g. 13000 for CUDA 13.0
     devices: list[GpuDevice] = field(default_factory=list)
+    host_devices: list[GpuDevice] | None = None  # None: the same as `devices` (no CUDA_VISIBLE_DEVICES)
+    mig_devices: list[GpuDevice] = field(default_factory=list)  # MIG devices of MIG-enabled GPUs
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES as read; None when unset
+    visibility_problem: str | None = None  # why the variable's list ended early, when it did
+
+    @property
+    def host(self) -> list[GpuDevice]:
+        return self.devices if self.host_devices is None else self.host_devices
+
+    @property
+    def hidden(self) -> list[GpuDevice]:
+        """Host GPUs CUDA_VISIBLE_DEVICES hides (a GPU one of whose MIG devices is visible is not hidden)."""
+        shown = {d.index for d in self.devices}
+        return [d for d in self.host if d.index not in shown]
+
+    def visibility_facts(self) -> dict[str, Any]:
+        """Evidence for a finding: the variable, and what it hid (empty when unset)."""
+        if self.visible_devices is None:
+            return {}
+        facts: dict[str, Any] = {
+            VARIABLE: self.visible_devices,
+            "visible": [f"cuda:{i} = {d.label}: {d.name}" for i, d in enumerate(self.devices)],
+            "hidden_by_" + VARIABLE: [f"{d.label}: {d.name}" for d in self.hidden],
+        }
+        if self.visibility_problem:
+            facts["visibility_problem"] = self.visibility_problem
+        return facts
 
     @property
     def cuda_driver(self) -> str:
@@ -62,6 +104,9 @@ class GpuInventory:
             "cuda_driver_version": self.cuda_driver_version,
             "cuda_driver": self.cuda_driver,
             "devices": [asdict(d) | {"sm": d.sm} for d in self.devices],
+            "host_devices": [asdict(d) | {"sm": d.sm} for d in self.host],
+            "visible_devices": self.visible_devices,
+            "visibility_problem": self.visibility_problem,
         }
 
 
@@ -83,6 +128,7 @@ def read_gpus(nvml: Any) -> GpuInventory:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
         cuda_version = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
         devices = []
+        migs: list[GpuDevice] = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -110,7 +156,8 @@ def read_gpus(nvml: Any) -> GpuInventory:
                     processes=processes,
                 )
             )
-        return GpuInventory(driver, cuda_version, devices)
+            migs.extend(_mig_devices(nvml, handle, devices[-1]))
+        return GpuInventory(driver, cuda_version, devices, mig_devices=migs)
     except GpuUnavailable:
         raise
     except Exception as exc:
@@ -118,6 +165,53 @@ def read_gpus(nvml: Any) -> GpuInventory:
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+
+
+def _mig_devices(nvml: Any, handle: Any, parent: GpuDevice) -> list[GpuDevice]:
+    """The MIG devices of a GPU in MIG mode (none otherwise, or where NVML cannot say): what a `MIG-…`
+    entry of CUDA_VISIBLE_DEVICES names."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        if int(current) != 1:  # NVML_DEVICE_MIG_ENABLE
+            return []
+        slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except Exception:  # no MIG support (NVML_ERROR_NOT_SUPPORTED), an older binding
+        return []
+    found = []
+    for slot in range(slots):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            memory = nvml.nvmlDeviceGetMemoryInfo(mig)
+            found.append(
+                replace(
+                    parent,
+                    name=_text(nvml.nvmlDeviceGetName(mig)),
+                    uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                    total_bytes=int(memory.total),
+                    free_bytes=int(memory.free),
+                    used_bytes=int(memory.used),
+                    processes=(),
+                    mig=(
+                        int(nvml.nvmlDeviceGetGpuInstanceId(mig)),
+                        int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
+                    ),
+                )
+            )
+        except Exception:  # an empty slot (NVML_ERROR_NOT_FOUND)
+            continue
+    return found
+
+
+def launch_view(inventory: GpuInventory, visible_devices: str | None) -> GpuInventory:
+    """The inventory as a CUDA process started with `CUDA_VISIBLE_DEVICES=visible_devices` sees it."""
+    seen = resolve_visible(visible_devices, inventory.host, inventory.mig_devices)
+    return replace(
+        inventory,
+        devices=list(seen.visible),
+        host_devices=list(inventory.host),
+        visible_devices=visible_devices,
+        visibility_problem=seen.problem,
+    )
 
 
 def _used_memory(value: Any) -> int | None:
@@ -152,20 +246,22 @@ def _binding() -> Any:
     return pynvml
 
 
-def probe_gpus() -> GpuInventory | GpuUnavailable:
-    """The inventory, or the reason there is none (the caller turns it into a skip)."""
+def probe_gpus(environ: Mapping[str, str] | None = None) -> GpuInventory | GpuUnavailable:
+    """The inventory as a process started with `environ` (default: ours) sees it, or the reason there is
+    none (the caller turns it into a skip). Processes we start inherit our CUDA_VISIBLE_DEVICES."""
     try:
         nvml = _binding()
     except ImportError as exc:
         return GpuUnavailable(f"nvidia-ml-py is not installed: {exc}")
     try:
-        return read_gpus(nvml)
+        inventory = read_gpus(nvml)
     except GpuUnavailable as reason:
         return reason
+    return launch_view(inventory, (os.environ if environ is None else environ).get(VARIABLE))
 
 
 def query_gpus() -> GpuInventory | None:
-    """The inventory, or None when there is no driver (the launch gate's entry point)."""
+    """The inventory, or None when there is no driver (`.host` for the machine, `.devices` for CUDA's view)."""
     found = probe_gpus()
     return found if isinstance(found, GpuInventory) else None
 

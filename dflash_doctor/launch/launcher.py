@@ -7,14 +7,18 @@ managed cache is made warm for this build: restored from a compatible snapshot, 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_doctor.atomic import write_bytes_atomic
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
-from dflash_doctor.cache.locations import snapshots_dir
+from dflash_doctor.cache.locations import snapshots_dir, warm_configs_dir
 from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
@@ -31,6 +35,7 @@ from dflash_doctor.env.environment import Environment
 from dflash_doctor.errors import DoctorError
 
 KEEP_SNAPSHOTS = 5
+WARM_CONFIG_MAX_AGE_S = 7 * 24 * 3600  # warm-up configs unused this long are pruned
 TRAIN_PREFIX = "train-"  # snapshots taken after runs; only these are pruned automatically
 
 
@@ -109,20 +114,44 @@ def prepare_compile_cache(
 
 
 def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:
-    """The warm-up must see the shapes training will use, `--set` overrides included."""
+    """The warm-up must see the shapes training will use, `--set` overrides included.
+
+    The overridden config is a file named by its content's digest under the dflash-doctor home, written
+    atomically and reused by the next launch with the same overrides: nothing is left in the temp folder,
+    whatever becomes of the warm-up (failed, interrupted, killed). Files unused for a week are pruned.
+    """
     if not overrides:
         return config_path
-    import tempfile
-
     import tomllib
 
     from trainer.config import apply_overrides, config_to_toml
 
-    raw = apply_overrides(tomllib.loads(config_path.read_text()), list(overrides))
-    folder = Path(tempfile.mkdtemp(prefix="dflash-warm-"))
-    target = folder / config_path.name
-    target.write_text(config_to_toml(raw))
+    text = config_to_toml(apply_overrides(tomllib.loads(config_path.read_text()), list(overrides)))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = warm_configs_dir()
+    target = folder / f"{config_path.stem}.{digest}.toml"
+    if _reads(target) == text:
+        os.utime(target)  # in use again: the prune keeps it
+    else:
+        write_bytes_atomic(target, text.encode())
+    _prune_warm_configs(folder, keep=target)
     return target
+
+
+def _reads(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _prune_warm_configs(folder: Path, keep: Path, max_age_s: float = WARM_CONFIG_MAX_AGE_S) -> None:
+    """Remove warm-up configs no launch has used for `max_age_s` (one per distinct `--set`, a few KB)."""
+    cutoff = time.time() - max_age_s
+    for path in folder.glob("*.toml"):
+        with contextlib.suppress(OSError):
+            if path != keep and path.stat().st_mtime < cutoff:
+                path.unlink()
 
 
 def read_summary(output_dir: Path) -> dict[str, Any]:

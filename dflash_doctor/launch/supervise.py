@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import psutil
-
+from dflash_doctor.processes import ProcessTree
 from dflash_doctor.stopping import handling_stop_signals, signal_name
 
 STOP_GRACE_S = 30.0  # how long torchrun and the workers get to exit after the signal, before SIGKILL
@@ -43,55 +42,6 @@ class TorchrunOutcome:
     @property
     def interrupted(self) -> bool:
         return self.stop_signal is not None
-
-
-class ProcessTree:
-    """A process and every descendant seen while it ran (remembered: an orphan cannot be found later)."""
-
-    def __init__(self, pid: int) -> None:
-        self.root_pid = pid
-        self.known: dict[int, psutil.Process] = {}
-        with contextlib.suppress(psutil.Error):
-            self.known[pid] = psutil.Process(pid)
-
-    def refresh(self) -> None:
-        root = self.known.get(self.root_pid)
-        if root is None:
-            return
-        with contextlib.suppress(psutil.Error):
-            for child in root.children(recursive=True):
-                self.known.setdefault(child.pid, child)
-
-    def alive(self) -> list[psutil.Process]:
-        return [p for p in self.known.values() if _alive(p)]
-
-    def send(self, signum: int) -> int:
-        """Signal every living member; returns how many were signalled."""
-        sent = 0
-        for process in self.alive():
-            with contextlib.suppress(psutil.Error):
-                process.send_signal(signum)
-                sent += 1
-        return sent
-
-    def wait_gone(self, deadline: float) -> None:
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-    def kill_all(self) -> int:
-        left = self.alive()
-        for process in left:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        psutil.wait_procs(left, timeout=5)
-        return len(left)
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 TAIL_LINES = 40

@@ -246,7 +246,7 @@ def build_lock(
         driver = {"version": gpus.driver_version, "cuda": gpus.cuda_driver}
         gpu_rows = [
             {"index": d.index, "name": d.name, "capability": list(d.capability), "total_bytes": d.total_bytes}
-            for d in gpus.devices
+            for d in gpus.host  # the machine's GPUs; CUDA_VISIBLE_DEVICES is in `environment`
         ]
     return EnvironmentLock(
         python={

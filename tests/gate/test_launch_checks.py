@@ -8,7 +8,7 @@ import pytest
 
 from checks import launch as launch_checks
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.env.gpus import GpuDevice, GpuInventory, GpuUnavailable
+from dflash_doctor.env.gpus import GpuDevice, GpuInventory, GpuUnavailable, launch_view
 from dflash_doctor.findings import Severity
 from dflash_doctor.launch.plan import TorchrunOptions, build_launch_plan
 from dflash_doctor.registry import run_checks
@@ -93,6 +93,47 @@ def test_memory_over_budget_tight_and_fitting_on_gpus(site: FakeSite) -> None:
     busy = findings(site, "tiny-cpu", GpuInventory("580", 13000, [h200(0, 10.0), h200(1, 139.0)]), qwen)
     failed = busy["launch.memory.over_budget"]
     assert failed.severity is Severity.FAIL and "cuda:0" in failed.summary
+
+
+def eight_h200s(busy: int | None = None) -> GpuInventory:
+    """A host of 8 H200s as NVML lists them (GPU `busy`, if any, has 10 GiB free)."""
+    return GpuInventory("580", 13000, [h200(i, 10.0 if i == busy else 139.0) for i in range(8)])
+
+
+def test_gpus_hidden_by_cuda_visible_devices_are_not_counted(site: FakeSite) -> None:
+    """NVML lists 8 GPUs; CUDA_VISIBLE_DEVICES=0,1 leaves the launch 2: the 5+3 split is refused, naming
+    the hidden GPUs and the variable; with all 8 listed it passes and says none is hidden."""
+    over = ["topology.targets=5", "topology.drafters=3", "run.device='cuda'"]
+    two = findings(site, "tiny-cpu", launch_view(eight_h200s(), "0,1"), over)
+    bad = two["launch.topology.too_few_gpus"]
+    assert bad.severity is Severity.FAIL and bad.evidence["found"] == 2
+    assert "2 found (6 more hidden by CUDA_VISIBLE_DEVICES='0,1')" in bad.summary
+    assert "unset it to use all 8" in (bad.remedy or "")
+    assert len(bad.evidence["hidden_by_CUDA_VISIBLE_DEVICES"]) == 6
+    every = findings(site, "tiny-cpu", launch_view(eight_h200s(), "7,6,5,4,3,2,1,0"), over)
+    assert every["launch.topology"].severity is Severity.OK
+    assert every["launch.topology"].evidence["hidden_by_CUDA_VISIBLE_DEVICES"] == []
+
+
+def test_memory_plan_sizes_the_gpus_in_cuda_visible_devices_order(site: FakeSite) -> None:
+    """cuda:0 is the first GPU the variable lists: a busy GPU 5 listed first is what rank 0 gets."""
+    qwen = [
+        "target.path='random:qwen3-8b'",
+        "data.kind='random'",
+        "drafter.layers=5",
+        "optim.anchors=512",
+        "data.seq_len=3072",
+        "optim.batch_size=1",
+        "run.device='cuda'",
+        'topology.mode="split"',
+    ]
+    fits = findings(site, "tiny-cpu", launch_view(eight_h200s(busy=5), "0,1"), qwen)
+    assert fits["launch.memory"].severity is Severity.OK
+    busy_first = findings(site, "tiny-cpu", launch_view(eight_h200s(busy=5), "5,1"), qwen)
+    failed = busy_first["launch.memory.over_budget"]
+    assert (
+        failed.severity is Severity.FAIL and "cuda:0" in failed.summary and "10.0 GiB free" in failed.summary
+    )
 
 
 def test_memory_over_budget_on_cpu_host(site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.warm import WarmShapes, child_command
+from dflash_doctor.errors import DoctorError
+from dflash_doctor.launch import launcher
 from dflash_doctor.launch.launcher import _config_with_overrides
 from trainer.config import load_config, resolve_config_path
 
+FINGERPRINT = BuildFingerprint("2.11.0+cu130", "70d99e998b49", "13.0", "3.6.0", "3.12", ("NVIDIA H200",))
 
-def test_overrides_reach_the_warm_up_config() -> None:
+
+def test_overrides_reach_the_warm_up_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
     path = resolve_config_path("tiny-cpu")
     overrides = [
         "optim.anchors=32",
@@ -21,6 +34,61 @@ def test_overrides_reach_the_warm_up_config() -> None:
     assert written != path
     assert load_config(written) == load_config(path, overrides)
     assert _config_with_overrides(path, ()) == path
+
+
+def _temp_leftovers() -> list[str]:
+    return sorted(p.name for p in Path(tempfile.gettempdir()).glob("dflash-warm-*"))
+
+
+def test_the_overridden_config_lives_in_the_home_and_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file per distinct content under the home, the same path for the same overrides: nothing in /tmp."""
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    before = _temp_leftovers()
+    path = resolve_config_path("tiny-cpu")
+    first = _config_with_overrides(path, ("optim.steps=7",))
+    again = _config_with_overrides(path, ("optim.steps=7",))
+    other = _config_with_overrides(path, ("optim.steps=8",))
+    assert first == again != other
+    assert first.parent == tmp_path / "home" / "cache" / "warm-configs"
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, other.name])  # no temp files
+    assert _temp_leftovers() == before
+
+
+def test_unused_warm_up_configs_are_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    path = resolve_config_path("tiny-cpu")
+    old = _config_with_overrides(path, ("optim.steps=7",))
+    recent = _config_with_overrides(path, ("optim.steps=8",))
+    week_ago = time.time() - launcher.WARM_CONFIG_MAX_AGE_S - 60
+    os.utime(old, (week_ago, week_ago))
+    os.utime(recent, (week_ago, week_ago))
+    assert _config_with_overrides(path, ("optim.steps=8",)) == recent  # reused: its age starts again
+    assert recent.exists() and not old.exists()
+
+
+def test_a_failed_warm_up_leaves_no_temp_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The story's leak: every launch with `--set` left a `/tmp/dflash-warm-*` folder, also when the
+    warm-up child failed. The launch fails with the child's error; nothing is left in the temp folder."""
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(launcher, "current_fingerprint", lambda env: FINGERPRINT)
+    seen: list[Path] = []
+
+    def failing_child(command: list[str], environ: dict[str, str]) -> dict:
+        seen.append(Path(command[command.index("--config") + 1]))
+        raise DoctorError("the warm-up child failed (exit 1)")
+
+    monkeypatch.setattr(launcher, "run_warm_child", failing_child)
+    before = _temp_leftovers()
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = SimpleNamespace(interpreter=SimpleNamespace(executable=sys.executable))
+    with pytest.raises(DoctorError, match="warm-up child failed"):
+        launcher.prepare_compile_cache(
+            env, environ, resolve_config_path("tiny-cpu"), "cpu", (), ("optim.steps=7",)
+        )  # type: ignore[arg-type]
+    assert _temp_leftovers() == before
+    assert seen and seen[0].parent == tmp_path / "home" / "cache" / "warm-configs"
 
 
 def test_child_warms_each_drafter_device_in_turn() -> None:

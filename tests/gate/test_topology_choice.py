@@ -14,6 +14,7 @@ from dflash_doctor.findings import Severity
 from dflash_doctor.launch.plan import TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.split import RoleRates
 from tests.fakeenv import FakeSite
+from tests.fakenvml import FakeNvml, h200s
 from tests.gate.test_launch_checks import findings, h200
 from tests.gate.test_train_gate import launches  # noqa: F401  (fixture)
 from trainer.config import load_config
@@ -142,4 +143,17 @@ def test_a_misspelt_mode_is_exit_2_and_starts_nothing(launches, capsys) -> None:
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--set", "topology.mode=colocate"]) == 2
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
     assert 'topology.mode: must be one of "auto", "split", "colocated", got "colocate"' in err
+    assert launches == []
+
+
+def test_auto_sizes_the_gpus_cuda_visible_devices_leaves(launches, monkeypatch, capsys) -> None:  # noqa: F811
+    """The gate reads NVML (8 GPUs) through CUDA_VISIBLE_DEVICES: auto decides for the 2 the workers see."""
+    monkeypatch.setattr(gpus_module, "_binding", lambda: FakeNvml(h200s(8)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,2")
+    run(["train", "--config", "seed-b32", "--no-deep", "--dry-run", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["topology"]["gpus"] == 2 and out["plan"]["nproc_per_node"] == 2
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    run(["train", "--config", "seed-b32", "--no-deep", "--dry-run", "--json"])
+    assert json.loads(capsys.readouterr().out)["plan"]["topology"]["gpus"] == 8
     assert launches == []

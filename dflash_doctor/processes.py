@@ -1,0 +1,180 @@
+"""Child processes we start, and everything they start: tracked, stopped together, none left behind.
+
+`subprocess.run(..., capture_output=True, timeout=...)` is not enough for a child that starts workers
+(Inductor's compile workers, torch's process pools): on timeout it kills the child only, then waits for EOF
+on pipes that a grandchild still holds, so it can block long past its timeout and leave the grandchildren
+running. `run_child` starts the child in a session of its own, collects its output in unlinked files (no pipe
+for a grandchild to keep open), and when the child ends, times out, or we are interrupted, stops its whole
+process group and every descendant seen while it ran (`ProcessTree`: one that started a session of its own
+is out of the group, so it is remembered by pid).
+
+The launch's supervisor (`launch/supervise.py`) uses `ProcessTree` for torchrun and its workers; the deep
+probe (`deep/run.py`) and the warm-up child (`cache/warm.py`) use `run_child`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+import psutil
+
+from dflash_doctor.errors import DoctorError
+
+TICK_S = 0.2  # how often the tree is re-read while the child runs
+STOP_GRACE_S = 2.0  # after SIGTERM, how long the group gets before SIGKILL
+OUTPUT_LIMIT = 8 << 20  # the most of each stream kept (its end): a runaway child cannot fill our memory
+
+
+class ProcessTree:
+    """A process and every descendant seen while it ran (remembered: an orphan cannot be found later)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root_pid = pid
+        self.known: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            self.known[pid] = psutil.Process(pid)
+
+    def refresh(self) -> None:
+        root = self.known.get(self.root_pid)
+        if root is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for child in root.children(recursive=True):
+                self.known.setdefault(child.pid, child)
+
+    def alive(self) -> list[psutil.Process]:
+        return [p for p in self.known.values() if _alive(p)]
+
+    def send(self, signum: int) -> int:
+        """Signal every living member; returns how many were signalled."""
+        sent = 0
+        for process in self.alive():
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signum)
+                sent += 1
+        return sent
+
+    def wait_gone(self, deadline: float) -> None:
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def kill_all(self) -> int:
+        left = self.alive()
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(left, timeout=5)
+        return len(left)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+class ChildTimedOut(DoctorError):
+    """A child did not finish in time; it and everything it started were stopped. Carries what it wrote."""
+
+    def __init__(self, message: str, hint: str | None, stdout: str, stderr: str) -> None:
+        super().__init__(message, hint)
+        self.stdout, self.stderr = stdout, stderr
+
+
+def run_child(
+    args: Sequence[str],
+    timeout: float,
+    what: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    hint: str | None = None,
+) -> ChildResult:
+    """Run `args` to the end, within `timeout` seconds, and return its exit code and output.
+
+    Whatever happens (normal end, timeout, KeyboardInterrupt or `Stopped` while waiting) the child's process
+    group and every descendant seen are stopped and the child is reaped before this returns or raises.
+    Timeout: `ChildTimedOut` ("<what> did not finish within N s"). OSError when it cannot start.
+    """
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+            start_new_session=True,  # its own process group: stopped as one, and a terminal's Ctrl-C is ours
+        )
+        tree = ProcessTree(proc.pid)
+        try:
+            code = _wait(proc, tree, start + timeout)
+        finally:
+            stop_group(proc, tree)  # also on our own interruption: nothing outlives the call
+        stdout, stderr = _read_tail(out), _read_tail(err)
+    seconds = time.monotonic() - start
+    if code is None:
+        raise ChildTimedOut(
+            f"{what} did not finish within {timeout:.0f} s; it was stopped with every process it started",
+            hint,
+            stdout,
+            stderr,
+        )
+    return ChildResult(code, stdout, stderr, seconds)
+
+
+def _wait(proc: subprocess.Popen[bytes], tree: ProcessTree, deadline: float) -> int | None:
+    """The child's exit code, or None at the deadline; its descendants are remembered meanwhile."""
+    while True:
+        tree.refresh()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.wait(timeout=min(TICK_S, remaining))
+
+
+def stop_group(proc: subprocess.Popen[bytes], tree: ProcessTree, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the child's process group and every remembered descendant, SIGKILL what outlives `grace_s`,
+    reap the child."""
+    tree.refresh()
+    try:
+        _signal_group(proc.pid, signal.SIGTERM)
+        tree.send(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        tree.wait_gone(deadline)
+    finally:  # also when a second Ctrl-C cuts the grace short
+        _signal_group(proc.pid, signal.SIGKILL)  # members the tree never saw (started between two reads)
+        tree.kill_all()
+        proc.wait()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _read_tail(handle: IO[bytes]) -> str:
+    """The stream's text, its last OUTPUT_LIMIT bytes when longer."""
+    size = handle.seek(0, os.SEEK_END)
+    handle.seek(max(0, size - OUTPUT_LIMIT))
+    return handle.read().decode("utf-8", errors="replace")
