@@ -119,7 +119,7 @@ def main() -> int:
     parser.add_argument("--config", action="append", help="trainer config (repeatable); default both recipes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
     parser.add_argument("--mode", action="append", choices=MODES, help="only these modes (repeatable)")
-    parser.add_argument("--device", default=None, help="cuda:N (default: cuda, or cpu with --tiny)")
+    parser.add_argument("--device", default=None, help="cuda:N (default: cuda:0, or cpu with --tiny)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="CPU: tiny-cpu at small shapes, SDPA")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -135,7 +135,7 @@ def main() -> int:
 
     configs = ["tiny-cpu"] if args.tiny else (args.config or ["qwen3-8b-b16", "seed-b32"])
     overrides = [*TINY, *args.overrides] if args.tiny else args.overrides
-    device = args.device or ("cpu" if args.tiny else "cuda")
+    device = args.device or ("cpu" if args.tiny else "cuda:0")  # set_device needs an index
     began = time.perf_counter()
     rows: list[dict[str, Any]] = []
     out = args.out or RESULTS / ("layer_compile-cpu.json" if device == "cpu" else "layer_compile.json")

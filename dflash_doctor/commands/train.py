@@ -24,6 +24,7 @@ from rich.table import Table
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
 from dflash_doctor.console import make_console
 from dflash_doctor.launch import supervise
+from dflash_doctor.launch.bytecode_cache import with_bytecode_cache
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
 from dflash_doctor.launch.memory_plan import GIB
@@ -218,6 +219,10 @@ def launch(
         say(f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]")
     if gate.probe_note:
         record.notes.append(gate.probe_note)
+    gate.environ, bytecode_note = with_bytecode_cache(gate.environ, gate.findings)
+    if bytecode_note:
+        record.notes.append(bytecode_note)
+        say(f"[dim]{escape(bytecode_note)}[/]")
     started = time.time()
     stop_log = store.path(record.id).parent / "stop.log"
     output_dir = Path(record.output_dir or ".")
