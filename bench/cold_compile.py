@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.roles import write_result  # noqa: E402
+
 RESULT_PREFIX = "COLD_COMPILE_CHILD "
 
 
@@ -192,6 +196,8 @@ def main() -> int:
             continue
         row = run_row(recipe, extra, index, args)
         results.append(row)
+        if args.out:  # after every row: a stage cut short by its time limit keeps the rows it finished
+            write_result(Path(args.out), {"bench": "cold_compile", "rows": results})
         print(
             json.dumps(
                 {k: row.get(k) for k in ("row", "recipe", "env", "exit", "wall_s", "child_s", "phases")}
@@ -200,7 +206,7 @@ def main() -> int:
         print("  busy cores per 10 s:", row["busy_cores"])
         print("  compile times:", json.dumps(row.get("compile_times", {}))[:1500], flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"bench": "cold_compile", "rows": results}, indent=1))
+        write_result(Path(args.out), {"bench": "cold_compile", "rows": results})
     return 0
 
 

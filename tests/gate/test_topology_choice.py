@@ -56,17 +56,24 @@ def test_auto_on_one_gpu_is_colocated_and_the_workers_are_told() -> None:
 
 
 def test_auto_picks_colocated_when_it_projects_faster() -> None:
-    """b16 on 8 H200s: colocated 8 x 4.47 samples/s (measured end to end) against the best split 3+5 (5 x 7.14)."""
+    """b16 on 8 H200s: colocated 8 x the measured end-to-end rate against the best split 3+5 (5 x 7.14),
+    both read from the shipped rates table."""
+    from dflash_doctor.launch.split import load_role_rates
+
+    rate = load_role_rates()["qwen3-8b-b16"].colocated_samples_s
+    assert rate is not None
     plan = plan_for("qwen3-8b-b16", 8)
     choice = plan.choice
     assert plan.mode == "colocated" and plan.nproc_per_node == 8
-    assert choice.colocated.tok_s == pytest.approx(8 * 4.4664 * 3072, rel=1e-3) and choice.colocated.measured
+    assert choice.colocated.tok_s == pytest.approx(8 * rate * 3072, rel=1e-3) and choice.colocated.measured
     assert (choice.split.targets, choice.split.drafters) == (3, 5)
     assert choice.colocated.tok_s > choice.split.tok_s
-    assert "auto: colocated 109.8 >= best split 109.7 Ktok/s on 8 GPUs" in choice.reason
+    colocated_k = f"{choice.colocated.tok_s / 1000:.1f}"
+    assert f"auto: colocated {colocated_k} >= best split 109.7 Ktok/s on 8 GPUs" in choice.reason
     lines = "\n".join(choice.lines())
     assert (
-        "colocated on 8 GPUs: 109.8 Ktok/s (measured rate)" in lines and "best split of 8 GPUs: 3+5" in lines
+        f"colocated on 8 GPUs: {colocated_k} Ktok/s (measured rate)" in lines
+        and "best split of 8 GPUs: 3+5" in lines
     )
 
 
