@@ -181,12 +181,21 @@ def train_command(
         )
         finish_json(record, failing)
         raise typer.Exit(1)
-    output_lock = OutputLock(Path(training.config.output_dir).resolve())
+    # One lock per node rank: the nodes of one run may share a folder, two launches of one node may not.
+    output_lock = OutputLock(Path(training.config.output_dir).resolve(), node_rank or 0)
     run_id = new_run_id()
     output_lock.acquire(run_id, os.getpid())  # a folder another run holds: refused here, exit 2
     try:
+        # A multi-node run has one record per node (each launcher's own); say which node this one was.
+        node = [f"node rank {node_rank or 0} of {nnodes}"] if nnodes > 1 else []
         record = store.create(
-            "running", environment=environment, overrides=failing, **common, **this_launcher(), run_id=run_id
+            "running",
+            environment=environment,
+            overrides=failing,
+            notes=node,
+            **common,
+            **this_launcher(),
+            run_id=run_id,
         )
         launch(record, store, training, gate, plan, failing, began, gate_s, console, json_out)
     finally:

@@ -3,10 +3,12 @@ anything starts; an output folder in use is refused naming its run; `--json` kee
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,12 +105,9 @@ def test_an_output_dir_that_is_a_file_is_refused(launches, capsys, tmp_path) -> 
     assert "output.dir" in err and "not a folder" in err
 
 
-def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(
-    launches: list[list[str]],  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
-) -> None:
-    out = tmp_path / "out"
+@contextlib.contextmanager
+def held_output_dir(out: Path, run_id: str, node_rank: int = 0) -> Iterator[None]:
+    """Another launcher (a child process) holds node `node_rank`'s lock on `out` until the block ends."""
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -116,11 +115,13 @@ def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(
             "import sys, time\n"
             "from pathlib import Path\n"
             "from dflash_doctor.launch.output_lock import OutputLock\n"
-            "held = OutputLock(Path(sys.argv[1]))\n"
-            "held.acquire('20261201-031500-beef', 4242)\n"
+            "held = OutputLock(Path(sys.argv[1]), int(sys.argv[3]))\n"
+            "held.acquire(sys.argv[2], 4242)\n"
             "print('held', flush=True)\n"
             "time.sleep(120)\n",
             str(out),
+            run_id,
+            str(node_rank),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -128,15 +129,60 @@ def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(
+    launches: list[list[str]],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    with held_output_dir(out, "20261201-031500-beef"):
         code = run(["train", "--no-deep", "--config", "tiny-cpu", "--set", f"output.dir='{out}'"])
         err = capsys.readouterr().err
         assert code == 2 and "in use by run 20261201-031500-beef" in err
         assert launches == [] and RunStore().all() == []  # nothing started, nothing recorded
-    finally:
-        holder.kill()
-        holder.wait()
     assert run(["train", "--no-deep", "--config", "tiny-cpu", "--set", f"output.dir='{out}'"]) == 0
     assert len(launches) == 1  # the folder is free again once its holder is gone
+
+
+def node_launch(out: Path, node_rank: int) -> list[str]:
+    """`train` as node `node_rank` of a two-node run writing `out` (a folder both nodes share)."""
+    return [
+        "train", "--no-deep", "--config", "tiny-cpu", "--set", f"output.dir='{out}'",
+        "--nnodes", "2", "--node-rank", str(node_rank), "--rdzv-endpoint", "127.0.0.1:29999",
+    ]  # fmt: skip
+
+
+def test_the_nodes_of_one_run_share_an_output_dir(
+    launches: list[list[str]],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "shared"
+    with held_output_dir(out, "20261201-031500-n0de", node_rank=1):  # node 1's launcher runs
+        assert run(node_launch(out, 0)) == 0  # node 0 of the same run is not refused
+    assert len(launches) == 1 and "--node-rank=0" in launches[0]
+    [record] = RunStore().all()
+    assert record.status == "succeeded" and record.output_dir == str(out.resolve())
+    assert "node rank 0 of 2" in record.notes  # each node's launcher keeps its own record, saying which
+
+
+def test_two_launches_of_one_node_rank_on_one_output_dir_are_refused(
+    launches: list[list[str]],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "shared"
+    with held_output_dir(out, "20261201-031500-n0de", node_rank=1):
+        code = run(node_launch(out, 1))
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2, err
+        assert "in use for node rank 1 by run 20261201-031500-n0de (launcher pid 4242 on" in err
+        assert launches == [] and RunStore().all() == []  # nothing started, nothing recorded
 
 
 def test_train_json_prints_one_document_for_a_refused_launch(launches, monkeypatch, capsys) -> None:  # noqa: F811
