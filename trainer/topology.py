@@ -9,10 +9,16 @@ drafters sees, whichever rank produced them.
 `Topology`. The launcher (`dflash-doctor train`) resolves `mode = "auto"` from measured rates and passes
 the decision to the workers as `--set` overrides; a bare `torchrun -m trainer` under `auto` runs a split
 when `targets`/`drafters` are set and colocated otherwise. No torch here: the launcher imports this.
+
+Each node's launcher decides on its own inputs, so the nodes of one run can disagree; `RunDigest` is what
+every rank tells the others right after the process group forms (`trainer.train.main`: one all_gather),
+and `disagreement` turns differing digests into one message naming what each node runs and the fix.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,3 +125,119 @@ def resolve_topology(section: Any, world_size: int | None = None) -> Topology:
             f"(use --nproc-per-node {ranks}, or remove topology.ranks)"
         )
     return Topology.colocated_on(ranks)
+
+
+# ---------------------------------------------------------------- every node runs the same run
+
+# The config fields that shape the compiled graphs and the collectives: two nodes that differ in any of
+# them would hang or fail confusingly. Not the paths or output folder, which may differ per node's disk.
+GRAPH_FIELDS = (
+    "target.dtype",
+    "target.compile_layers",
+    "drafter",
+    "data.seq_len",
+    "optim.batch_size",
+    "optim.grad_accum",
+    "optim.anchors",
+    "optim.steps",
+    "optim.epochs",
+    "precision.autocast",
+    "topology.in_flight",
+)
+
+
+def graph_config_hash(cfg: Any) -> int:
+    """A 63-bit hash of `cfg`'s GRAPH_FIELDS (fits a signed int64 tensor element)."""
+    values = {}
+    for name in GRAPH_FIELDS:
+        value = cfg
+        for part in name.split("."):
+            value = getattr(value, part)
+        values[name] = value
+    text = json.dumps(values, sort_keys=True, default=lambda o: getattr(o, "__dict__", repr(o)))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class RunDigest:
+    """What one rank runs, as a fixed row of int64s: its node, the resolved topology and the config hash."""
+
+    node: int
+    rank: int
+    colocated: bool
+    targets: int
+    drafters: int
+    world_size: int
+    config_hash: int
+
+    WIDTH = 7  # len(to_row())
+
+    @classmethod
+    def of(cls, cfg: Any, topology: Topology, node: int, rank: int) -> RunDigest:
+        return cls(
+            node,
+            rank,
+            topology.colocated,
+            topology.targets,
+            topology.drafters,
+            topology.world_size,
+            graph_config_hash(cfg),
+        )
+
+    def to_row(self) -> list[int]:
+        return [
+            self.node,
+            self.rank,
+            int(self.colocated),
+            self.targets,
+            self.drafters,
+            self.world_size,
+            self.config_hash,
+        ]
+
+    @classmethod
+    def from_row(cls, row: list[int]) -> RunDigest:
+        node, rank, colocated, targets, drafters, world_size, config_hash = (int(v) for v in row)
+        return cls(node, rank, bool(colocated), targets, drafters, world_size, config_hash)
+
+    @property
+    def run(self) -> tuple[bool, int, int, int, int]:
+        """What must be equal on every rank (not who it is)."""
+        return (self.colocated, self.targets, self.drafters, self.world_size, self.config_hash)
+
+    def describe(self) -> str:
+        """`colocated on 2 ranks, config 58500e11` / `split 1+1, config 58500e11`."""
+        if self.colocated:
+            shape = f"colocated on {self.drafters} rank{'s' if self.drafters > 1 else ''}"
+        else:
+            shape = f"split {self.targets}+{self.drafters}"
+        return f"{shape}, config {self.config_hash >> 31:08x}"  # the hash's top 32 of 63 bits
+
+
+def check_agreement(digests: list[RunDigest]) -> None:
+    """Quiet when every rank runs the same; else ConfigError naming what each node (or rank) runs, and the fix."""
+    if len({d.run for d in digests}) <= 1:
+        return
+    by_node: dict[int, list[RunDigest]] = {}
+    for d in digests:
+        by_node.setdefault(d.node, []).append(d)
+    parts = []
+    for node, members in sorted(by_node.items()):
+        for run in dict.fromkeys(d.run for d in members):  # a node's own ranks should agree too
+            ranks = [d.rank for d in members if d.run == run]
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {min(ranks)}-{max(ranks)}"
+            first = next(d for d in members if d.run == run)
+            parts.append(f"node {node} ({who}): {first.describe()}")
+    if len({d.run[:4] for d in digests}) > 1:
+        raise ConfigError(
+            "the nodes of this run disagree on the topology: " + "; ".join(parts),
+            hint='set the topology explicitly and identically on every node (--set topology.mode="colocated" '
+            '--set topology.ranks=K, or --set topology.mode="split" --set topology.targets=N '
+            "--set topology.drafters=M), or free the GPU memory the gate named on the node that chose "
+            'differently (topology.mode = "auto" decides on each node\'s own GPUs)',
+        )
+    raise ConfigError(
+        "the nodes of this run disagree on the graph config (drafter, shapes, dtype, steps): "
+        + "; ".join(parts),
+        hint="give every node the same config file and the same --set overrides",
+    )

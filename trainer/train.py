@@ -79,7 +79,7 @@ from trainer.target import (
     target_dtype,
     target_hf_config,
 )
-from trainer.topology import Topology, resolve_topology
+from trainer.topology import RunDigest, Topology, check_agreement, resolve_topology
 from trainer.transport import BatchReceiver, BatchSender, TransportError
 from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
 
@@ -118,6 +118,13 @@ def main(cfg: TrainConfig) -> int:
         backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.run.timeout_s)
     )
     try:
+        # Before any other collective: every rank runs the same topology and graph config, or all stop
+        # now with one message (each node's launcher resolves `auto` on its own GPUs, so nodes can differ).
+        digest = RunDigest.of(cfg, topology, node=int(os.environ.get("GROUP_RANK", 0)), rank=me.rank)
+        mine = torch.tensor(digest.to_row(), dtype=torch.int64, device=device)
+        rows = [torch.empty_like(mine) for _ in range(me.world_size)]
+        dist.all_gather(rows, mine)
+        check_agreement([RunDigest.from_row(row.tolist()) for row in rows])  # ConfigError: exit 2
         drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
         clock.mark("process group")

@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.trainer.trainer_runs import REPO, environment
@@ -33,15 +35,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def two_nodes(tmp_path: Path, overrides: list[str], timeout: float = 600) -> list[tuple[int, str]]:
-    """Start both launchers at once; (exit code, output) per node. Every process is reaped."""
+def two_nodes(
+    tmp_path: Path,
+    overrides: list[str],
+    timeout: float = 600,
+    per_node: tuple[list[str], list[str]] = ([], []),
+    shared_output: bool = False,
+) -> list[tuple[int, str]]:
+    """Start both launchers at once; (exit code, output) per node. Every process is reaped.
+
+    `per_node`: further `--set` items for node 0 and node 1. Each "node" has its own home; its output
+    folder is its own disk's (node 0's holds the run's files) unless `shared_output` (a shared filesystem:
+    one folder, each launcher holding its own node rank's lock)."""
     port = free_port()
     procs = []
     for node in (0, 1):
-        # Each "node" has its own disk: its own home and output folder (the launcher locks output.dir per
-        # run, so two launchers on one folder would refuse each other); node 0's holds the run's files.
-        out = tmp_path / ("out" if node == 0 else f"out-node{node}")
-        sets = [*SHORT, *overrides, f"output.dir={json.dumps(str(out))}"]
+        out = tmp_path / ("out" if node == 0 or shared_output else f"out-node{node}")
+        sets = [*SHORT, *overrides, *per_node[node], f"output.dir={json.dumps(str(out))}"]
         env = {**environment(), "DFLASH_DOCTOR_HOME": str(tmp_path / f"home{node}")}
         command = [
             sys.executable, "-m", "dflash_doctor", "train", "--config", "tiny-cpu", "--no-deep",
@@ -72,12 +82,23 @@ def two_nodes(tmp_path: Path, overrides: list[str], timeout: float = 600) -> lis
     return results
 
 
+def processes_of(tmp_path: Path) -> list[str]:
+    """Processes still running whose command line names `tmp_path` (a launcher, torchrun, a worker)."""
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(tmp_path) in cmdline and proc.pid != os.getpid():
+            left.append(f"{proc.pid}: {cmdline[:200]}")
+    return left
+
+
 def metrics(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_colocated_over_two_nodes(tmp_path: Path) -> None:
-    results = two_nodes(tmp_path, ['topology.mode="colocated"'])
+    # One output folder for both nodes (a shared filesystem): each launcher locks its own node rank.
+    results = two_nodes(tmp_path, ['topology.mode="colocated"'], shared_output=True)
     for node, (code, out) in enumerate(results):
         assert code == 0, f"node {node}:\n{out[-4000:]}"
         text = " ".join(out.split())
@@ -111,3 +132,26 @@ def test_two_colocated_processes_on_each_of_two_nodes(tmp_path: Path) -> None:
         assert "--nproc-per-node=2" in " ".join(out.split())
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["topology"] == {"mode": "colocated", "targets": 4, "drafters": 4}
+
+
+def test_nodes_that_chose_different_topologies_fail_fast_with_one_message(tmp_path: Path) -> None:
+    """Node 0 runs colocated, node 1 a split (as `auto` might pick on nodes whose free memory differs):
+    both world size 2, so torchrun starts them; every rank stops at its first collective, naming what
+    each node runs, instead of hanging in mismatched groups until run.timeout_s."""
+    began = time.monotonic()
+    results = two_nodes(
+        tmp_path,
+        ["run.timeout_s=600"],  # a hang would last this long: the check must not wait on it
+        per_node=(['topology.mode="colocated"'], ['topology.mode="split"']),
+        shared_output=True,
+    )
+    took = time.monotonic() - began
+    for node, (code, out) in enumerate(results):
+        text = " ".join(out.split())
+        assert code == 1, f"node {node}:\n{out[-4000:]}"  # the run failed: recorded, nothing hung
+        assert "the nodes of this run disagree on the topology" in text, f"node {node}:\n{out[-4000:]}"
+        assert "node 0 (rank 0): colocated on 2 ranks" in text and "node 1 (rank 1): split 1+1" in text
+        assert 'topology.mode="colocated"' in text  # the fix
+    assert took < 300, f"took {took:.0f} s"
+    assert processes_of(tmp_path) == []
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # no step ran
