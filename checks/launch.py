@@ -125,6 +125,15 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
         **why,
         **visibility,
     )
+    if plan.choice is not None and plan.choice.node_local:
+        free = plan.choice.fit.free_bytes or 0
+        yield warn(
+            "launch.topology.node_local",
+            f"auto chose {shape} from this node's free GPU memory ({_gib(free)}); each of the "
+            f"{plan.nnodes} nodes decides alone, so one with more free memory may choose otherwise",
+            remedy=f"pin the topology on every node: {plan.choice.pin} (or free the memory this node's GPUs hold)",
+            free_bytes=free,
+        )
 
 
 @check("launch.memory", "launch memory plan", requires=["config"])

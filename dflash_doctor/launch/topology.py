@@ -9,6 +9,7 @@ The decision goes to the workers as `--set` overrides, so they never guess.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,9 +67,33 @@ class TopologyChoice:
     split: SplitOption | None = None  # the best N+M of `gpus`, when rates exist and gpus >= 2
     rates_source: str = ""
     unit: str = "GPU"  # what `gpus` counts: "GPU", or "process" on CPU
+    nodes: int = 1  # --nnodes: each node's launcher decides alone
+    node_local: bool = False  # auto: this node's free memory changed the pick (other nodes may differ)
 
     def _count(self) -> str:
-        return f"{self.gpus} {self.unit}{'s' if self.gpus != 1 else ''}"
+        plural = "processes" if self.unit == "process" else f"{self.unit}s"
+        return f"{self.gpus} {self.unit if self.gpus == 1 else plural}"
+
+    @property
+    def pin(self) -> str:
+        """The `--set` flags that make every node run this topology, whatever its own inputs."""
+        return " ".join(f"--set {shlex.quote(item)}" for item in self.overrides)
+
+    def nodes_line(self) -> str | None:
+        """With several nodes under `auto`: what the decision rested on, and how to pin it on every node."""
+        if self.nodes < 2 or self.requested != AUTO:
+            return None
+        if self.node_local:
+            free = self.fit.free_bytes / GIB if self.fit.free_bytes is not None else 0.0
+            basis = (
+                f"this node's free GPU memory ({free:.1f} GiB) decided it, so a node with more may pick "
+                "otherwise (its workers would then stop at once, naming each node's choice)"
+            )
+        else:
+            basis = "from what every node shares (GPU count, role rates); this node's free memory did not change it"
+        return (
+            f"  {self.nodes} nodes, each launcher deciding alone: {basis}; pin it on every node: {self.pin}"
+        )
 
     @property
     def overrides(self) -> list[str]:
@@ -120,6 +145,9 @@ class TopologyChoice:
         ]
         if self.rates_source:
             out.append(f"  rates: {self.rates_source}")
+        nodes = self.nodes_line()
+        if nodes:
+            out.append(nodes)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -142,6 +170,8 @@ class TopologyChoice:
                 else None
             ),
             "rates_source": self.rates_source,
+            "nodes": self.nodes,
+            "node_local": self.node_local,
         }
 
 
@@ -158,6 +188,8 @@ def choose_topology(
 
     On CPU a node counts as one device (a colocated rank per node unless `topology.ranks` says more).
     `free_bytes`: the smallest free memory among the GPUs the launch uses (None: unknown, everything fits).
+    With several nodes each launcher decides alone, assuming the other nodes alike; `node_local` says
+    when this node's free memory changed `auto`'s pick (another node may then pick differently).
     """
     section = cfg.topology
     per_node = gpus_per_node if device_type == "cuda" else 1
@@ -173,32 +205,49 @@ def choose_topology(
     source = rates.source.split(":")[0] if rates else ""
     if rates and colocated and not colocated.measured:
         source += "; colocated projected as 1 / (1/target + 1/drafter)"
+    topology, reason = decide(section, device_type, gpus, fit, colocated, split)
+    node_local = (
+        nnodes > 1
+        and section.mode == AUTO
+        and fit.free_bytes is not None
+        and decide(section, device_type, gpus, memory_fit(inputs, None), colocated, split)[0] != topology
+    )
+    unit = "GPU" if device_type == "cuda" else "process"
+    return TopologyChoice(
+        topology, section.mode, reason, gpus, fit, colocated, split, source, unit, nnodes, node_local
+    )
 
-    def choice(topology: Topology, reason: str) -> TopologyChoice:
-        unit = "GPU" if device_type == "cuda" else "process"
-        return TopologyChoice(topology, section.mode, reason, gpus, fit, colocated, split, source, unit)
 
+def decide(
+    section: Any,
+    device_type: str,
+    gpus: int,
+    fit: MemoryFit,
+    colocated: ColocatedOption | None,
+    split: SplitOption | None,
+) -> tuple[Topology, str]:
+    """The topology `section` asks for on `gpus` devices, and why (`auto`: the faster that fits)."""
     if forces_split(section):
-        return choice(split_of(section), "topology.targets/drafters set: the configured split")
+        return split_of(section), "topology.targets/drafters set: the configured split"
     if section.mode == SPLIT:
-        return choice(split_of(section), 'topology.mode = "split"')
+        return split_of(section), 'topology.mode = "split"'
     if section.mode == COLOCATED:
-        return choice(Topology.colocated_on(gpus), 'topology.mode = "colocated"')
+        return Topology.colocated_on(gpus), 'topology.mode = "colocated"'
     assert section.mode == AUTO
     if device_type != "cuda":
-        return choice(Topology.colocated_on(gpus), "auto on CPU: colocated, no role rates to compare")
+        return Topology.colocated_on(gpus), "auto on CPU: colocated, no role rates to compare"
     if gpus < 2:
-        return choice(Topology.colocated_on(gpus), "auto on 1 GPU: colocated (a split needs 2)")
+        return Topology.colocated_on(gpus), "auto on 1 GPU: colocated (a split needs 2)"
     if not fit.colocated_fits and fit.split_fits:
         best = Topology(split.targets, split.drafters) if split else Topology(1, gpus - 1)
-        return choice(best, "auto: colocated does not fit the free memory, the split does")
+        return best, "auto: colocated does not fit the free memory, the split does"
     if split is None or colocated is None:
-        return choice(
+        return (
             Topology.colocated_on(gpus),
             "auto: no role rates at these shapes to compare; colocated (no transport, any GPU count)",
         )
     if split.tok_s > colocated.tok_s and fit.split_fits:
         faster = f"best split {split.tok_s / 1000:,.1f} > colocated {colocated.tok_s / 1000:,.1f} Ktok/s"
-        return choice(Topology(split.targets, split.drafters), f"auto: {faster} on {gpus} GPUs")
+        return Topology(split.targets, split.drafters), f"auto: {faster} on {gpus} GPUs"
     faster = f"colocated {colocated.tok_s / 1000:,.1f} >= best split {split.tok_s / 1000:,.1f} Ktok/s"
-    return choice(Topology.colocated_on(gpus), f"auto: {faster} on {gpus} GPUs")
+    return Topology.colocated_on(gpus), f"auto: {faster} on {gpus} GPUs"

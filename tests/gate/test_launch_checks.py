@@ -27,13 +27,25 @@ def h200(index: int, free_gib: float = 139.0) -> GpuDevice:
 
 
 def findings(
-    site: FakeSite, config_name: str, gpus: object, overrides: list[str] | None = None, nnodes: int = 1
+    site: FakeSite,
+    config_name: str,
+    gpus: object,
+    overrides: list[str] | None = None,
+    nnodes: int = 1,
+    free_bytes: int | None = None,
 ):
+    """The launch checks' findings by id; `free_bytes`: what the gate gives `auto` (None: unknown)."""
     cfg = load_config(config_name, overrides or [])
     target = target_hf_config(cfg.target.path)
     count = len(gpus.devices) if isinstance(gpus, GpuInventory) else 0
     plan = build_launch_plan(
-        cfg, cfg_path := __file__, target, "/fake/python", count, TorchrunOptions(nnodes=nnodes)
+        cfg,
+        cfg_path := __file__,
+        target,
+        "/fake/python",
+        count,
+        TorchrunOptions(nnodes=nnodes),
+        gpu_free_bytes=free_bytes,
     )
     assert cfg_path
     ctx = CheckContext(env_for(site), CheckOptions(config=cfg))

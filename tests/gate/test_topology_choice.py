@@ -122,6 +122,47 @@ def test_colocated_ranks_that_do_not_split_over_nodes_fail(site: FakeSite) -> No
     assert bad.severity is Severity.FAIL and "topology.ranks (3)" in bad.remedy
 
 
+def test_auto_over_nodes_says_what_decided_and_how_to_pin_it() -> None:
+    """Each node's launcher decides alone: the plan says whether this node's free memory changed the pick
+    and gives the flags that pin it on every node."""
+    two = TorchrunOptions(nnodes=2)
+    shared = plan_for("qwen3-8b-b16", 8, free_gib=139.0, options=two)
+    assert shared.mode == "colocated" and not shared.choice.node_local
+    line = shared.choice.lines()[-1]
+    assert "2 nodes, each launcher deciding alone" in line and "free memory did not change it" in line
+    assert line.endswith("pin it on every node: --set 'topology.mode=\"colocated\"' --set topology.ranks=16")
+    busy = plan_for("qwen3-8b-b16", 8, free_gib=40.0, options=two)  # a stray process on this node
+    assert busy.mode == "split" and busy.choice.node_local
+    line = busy.choice.lines()[-1]
+    assert "this node's free GPU memory (40.0 GiB) decided it" in line
+    assert f"--set topology.targets={busy.targets} --set topology.drafters={busy.drafters}" in line
+    assert busy.choice.to_json()["node_local"] is True
+
+
+def test_one_node_or_a_set_mode_has_no_nodes_line() -> None:
+    assert not any(
+        "nodes, each" in line for line in plan_for("qwen3-8b-b16", 8, free_gib=40.0).choice.lines()
+    )
+    pinned = plan_for(
+        "qwen3-8b-b16", 8, ['topology.mode="split"'], free_gib=40.0, options=TorchrunOptions(nnodes=2)
+    )
+    assert not pinned.choice.node_local and not any("nodes, each" in line for line in pinned.choice.lines())
+
+
+def test_the_gate_warns_when_this_nodes_free_memory_chose_the_topology(site: FakeSite) -> None:
+    got = findings(site, "qwen3-8b-b16", inventory(8, free_gib=40.0), nnodes=2, free_bytes=40 * GIB)
+    warned = got["launch.topology.node_local"]
+    assert warned.severity is Severity.WARN and "this node's free GPU memory (40.0 GiB)" in warned.summary
+    assert "pin the topology on every node: --set 'topology.mode=\"split\"'" in warned.remedy
+
+
+def test_the_gate_is_quiet_when_every_node_would_choose_alike(site: FakeSite) -> None:
+    roomy = findings(site, "qwen3-8b-b16", inventory(8), nnodes=2, free_bytes=139 * GIB)
+    assert "launch.topology.node_local" not in roomy and roomy["launch.topology"].severity is Severity.OK
+    one_node = findings(site, "qwen3-8b-b16", inventory(8, free_gib=40.0), free_bytes=40 * GIB)
+    assert "launch.topology.node_local" not in one_node
+
+
 def test_auto_on_cpu_is_one_colocated_process_per_node() -> None:
     plan = plan_for("tiny-cpu", 0, ['topology.mode="auto"'])
     assert (plan.mode, plan.world_size, plan.device_type) == ("colocated", 1, "cpu")
