@@ -103,26 +103,43 @@ def split_of(section: Any) -> Topology:
     return Topology(section.targets or 1, section.drafters or 1)
 
 
-def resolve_topology(section: Any, world_size: int | None = None) -> Topology:
+# The fix when the nodes of one run resolved different topologies.
+PIN_ON_EVERY_NODE = (
+    'set the topology explicitly and identically on every node (--set topology.mode="colocated" '
+    '--set topology.ranks=K, or --set topology.mode="split" --set topology.targets=N '
+    "--set topology.drafters=M), or free the GPU memory the gate named on the node that chose "
+    'differently (topology.mode = "auto" decides on each node\'s own GPUs)'
+)
+
+
+def resolve_topology(section: Any, world_size: int | None = None, nodes: int = 1) -> Topology:
     """The topology a trainer process runs, from `[topology]` and (under torchrun) the process count.
 
     `world_size` None: not started yet (`python -m trainer` decides how many processes to start).
-    Raises ConfigError when torchrun started a number of processes the topology cannot use.
+    Raises ConfigError when torchrun started a number of processes the topology cannot use; over several
+    `nodes` that usually means the nodes' launchers chose different topologies, and the hint says so.
     """
+    hint = (
+        f"with {nodes} nodes, they likely chose different topologies: {PIN_ON_EVERY_NODE}"
+        if nodes > 1
+        else None
+    )
     mode = section.mode
     if mode == SPLIT or (mode == AUTO and forces_split(section)):
         topology = split_of(section)
         if world_size is not None and world_size != topology.world_size:
             raise ConfigError(
                 f"topology: {topology.describe()} = {topology.world_size} processes, but torchrun started "
-                f"{world_size} (use --nproc-per-node {topology.world_size})"
+                f"{world_size} (use --nproc-per-node {topology.world_size})",
+                hint=hint,
             )
         return topology
     ranks = section.ranks or world_size or 1
     if world_size is not None and world_size != ranks:
         raise ConfigError(
             f"topology.ranks: {ranks} colocated ranks, but torchrun started {world_size} processes "
-            f"(use --nproc-per-node {ranks}, or remove topology.ranks)"
+            f"(use --nproc-per-node {ranks}, or remove topology.ranks)",
+            hint=hint,
         )
     return Topology.colocated_on(ranks)
 
@@ -230,11 +247,7 @@ def check_agreement(digests: list[RunDigest]) -> None:
             parts.append(f"node {node} ({who}): {first.describe()}")
     if len({d.run[:4] for d in digests}) > 1:
         raise ConfigError(
-            "the nodes of this run disagree on the topology: " + "; ".join(parts),
-            hint='set the topology explicitly and identically on every node (--set topology.mode="colocated" '
-            '--set topology.ranks=K, or --set topology.mode="split" --set topology.targets=N '
-            "--set topology.drafters=M), or free the GPU memory the gate named on the node that chose "
-            'differently (topology.mode = "auto" decides on each node\'s own GPUs)',
+            "the nodes of this run disagree on the topology: " + "; ".join(parts), hint=PIN_ON_EVERY_NODE
         )
     raise ConfigError(
         "the nodes of this run disagree on the graph config (drafter, shapes, dtype, steps): "

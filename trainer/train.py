@@ -106,7 +106,8 @@ def main(cfg: TrainConfig) -> int:
     # raise Stopped, so `finally` blocks still run; a rank whose torchrun is gone stops itself.
     install_stop_handlers()
     watch_parent(grace_s=min(cfg.run.timeout_s, 30))
-    topology = resolve_topology(cfg.topology, me.world_size)  # ConfigError if torchrun started too many
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's --nnodes
+    topology = resolve_topology(cfg.topology, me.world_size, nodes)  # ConfigError: not what torchrun started
     device = resolve_device(cfg.run.device, me.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -155,3 +155,22 @@ def test_nodes_that_chose_different_topologies_fail_fast_with_one_message(tmp_pa
     assert took < 300, f"took {took:.0f} s"
     assert processes_of(tmp_path) == []
     assert not (tmp_path / "out" / "metrics.jsonl").exists()  # no step ran
+
+
+@pytest.mark.slow
+def test_nodes_that_chose_different_sizes_fail_fast_naming_the_likely_cause(tmp_path: Path) -> None:
+    """Colocated 2 on node 0 (1 process) and colocated 4 on node 1 (2 processes): torchrun starts 3, which
+    fits neither, so every rank stops before the process group forms, the hint naming the nodes' choice."""
+    results = two_nodes(
+        tmp_path,
+        ["run.timeout_s=600", 'topology.mode="colocated"'],
+        per_node=(["topology.ranks=2"], ["topology.ranks=4"]),
+        shared_output=True,
+        timeout=300,
+    )
+    for node, (code, out) in enumerate(results):
+        text = " ".join(out.split())
+        assert code == 1, f"node {node}:\n{out[-4000:]}"
+        assert "but torchrun started 3 processes" in text, f"node {node}:\n{out[-4000:]}"
+        assert "with 2 nodes, they likely chose different topologies" in text
+    assert processes_of(tmp_path) == []

@@ -8,7 +8,7 @@ import pytest
 
 from dflash_doctor.errors import ConfigError
 from trainer.config import load_config
-from trainer.topology import RunDigest, Topology, check_agreement, graph_config_hash
+from trainer.topology import RunDigest, Topology, check_agreement, graph_config_hash, resolve_topology
 
 SHORT = ["optim.steps=4"]
 
@@ -65,3 +65,16 @@ def test_per_node_paths_do_not_count_and_the_digest_fits_an_int64_row() -> None:
     row = digest.to_row()
     assert len(row) == RunDigest.WIDTH and all(-(2**63) <= v < 2**63 for v in row)
     assert RunDigest.from_row(row) == digest
+
+
+def test_a_process_count_that_fits_no_nodes_topology_names_the_likely_cause() -> None:
+    """Nodes whose choices differ in size (colocated 2 on node 0, colocated 4 on node 1: torchrun starts
+    1 + 2) fail before the process group forms; over several nodes the hint says why and how to pin it."""
+    cfg = load_config("tiny-cpu", [*SHORT, 'topology.mode="colocated"', "topology.ranks=2"])
+    with pytest.raises(ConfigError) as caught:
+        resolve_topology(cfg.topology, world_size=3, nodes=2)
+    assert "torchrun started 3 processes" in caught.value.message
+    assert "with 2 nodes, they likely chose different topologies" in (caught.value.hint or "")
+    with pytest.raises(ConfigError) as alone:
+        resolve_topology(cfg.topology, world_size=3)
+    assert alone.value.hint is None  # one node: the message's --nproc-per-node is the fix
