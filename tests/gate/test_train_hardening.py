@@ -135,18 +135,28 @@ def held_output_dir(out: Path, run_id: str, node_rank: int = 0) -> Iterator[None
         holder.communicate()
 
 
+def refused_while_held(
+    capsys: pytest.CaptureFixture[str], started: list[list[str]], out: Path, node_rank: int, argv: list[str]
+) -> str:
+    """`run(argv)` while another launcher holds node `node_rank`'s lock on `out`: exit 2, nothing started,
+    nothing recorded; its stderr, on one line."""
+    with held_output_dir(out, "20261201-031500-beef", node_rank):
+        code = run(argv)
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2, err
+        assert started == [] and RunStore().all() == []
+    return err
+
+
 def test_a_second_run_on_the_same_output_dir_is_refused_naming_the_first(
     launches: list[list[str]],  # noqa: F811
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    with held_output_dir(out, "20261201-031500-beef"):
-        code = run(["train", "--no-deep", "--config", "tiny-cpu", "--set", f"output.dir='{out}'"])
-        err = capsys.readouterr().err
-        assert code == 2 and "in use by run 20261201-031500-beef" in err
-        assert launches == [] and RunStore().all() == []  # nothing started, nothing recorded
-    assert run(["train", "--no-deep", "--config", "tiny-cpu", "--set", f"output.dir='{out}'"]) == 0
+    argv = ["train", "--no-deep", "--config", "tiny-cpu", "--set", f"output.dir='{out}'"]
+    assert "in use by run 20261201-031500-beef" in refused_while_held(capsys, launches, out, 0, argv)
+    assert run(argv) == 0
     assert len(launches) == 1  # the folder is free again once its holder is gone
 
 
@@ -158,84 +168,19 @@ def node_launch(out: Path, node_rank: int) -> list[str]:
     ]  # fmt: skip
 
 
-def test_the_nodes_of_one_run_share_an_output_dir(
+def test_the_nodes_of_one_run_share_an_output_dir_but_one_node_rank_does_not(
     launches: list[list[str]],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
 ) -> None:
+    """Node 1's launcher holds its lock on a shared folder: a second node 1 is refused naming it (exit 2);
+    node 0 of the run launches beside it and keeps its own record."""
     out = tmp_path / "shared"
-    with held_output_dir(out, "20261201-031500-n0de", node_rank=1):  # node 1's launcher runs
+    err = refused_while_held(capsys, launches, out, 1, node_launch(out, 1))
+    assert "in use for node rank 1 by run 20261201-031500-beef (launcher pid 4242 on" in err
+    with held_output_dir(out, "20261201-031500-beef", node_rank=1):
         assert run(node_launch(out, 0)) == 0  # node 0 of the same run is not refused
     assert len(launches) == 1 and "--node-rank=0" in launches[0]
     [record] = RunStore().all()
     assert record.status == "succeeded" and record.output_dir == str(out.resolve())
     assert "node rank 0 of 2" in record.notes  # each node's launcher keeps its own record, saying which
-
-
-def test_two_launches_of_one_node_rank_on_one_output_dir_are_refused(
-    launches: list[list[str]],  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
-) -> None:
-    out = tmp_path / "shared"
-    with held_output_dir(out, "20261201-031500-n0de", node_rank=1):
-        code = run(node_launch(out, 1))
-        err = " ".join(capsys.readouterr().err.split())
-        assert code == 2, err
-        assert "in use for node rank 1 by run 20261201-031500-n0de (launcher pid 4242 on" in err
-        assert launches == [] and RunStore().all() == []  # nothing started, nothing recorded
-
-
-def test_train_json_prints_one_document_for_a_refused_launch(launches, monkeypatch, capsys) -> None:  # noqa: F811
-    monkeypatch.setenv("TORCHDYNAMO_SUPPRESS_ERRORS", "1")
-    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--json"]) == 1
-    document = json.loads(capsys.readouterr().out)
-    assert document["schema"] == "dflash-doctor/train/v1" and document["status"] == "refused"
-    assert any(f.startswith("hazards.") for f in document["failing"])
-    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["schema"] == "dflash-doctor/train/v1"
-
-
-def test_ctrl_c_during_the_gate_is_one_line_and_exit_130(launches, monkeypatch, capsys) -> None:  # noqa: F811
-    import os
-    import signal
-
-    from dflash_doctor.commands import train as train_command
-
-    def interrupted_gate(*args: object, **kwargs: object) -> None:
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the checks run
-        raise AssertionError("the signal did not stop the gate")
-
-    monkeypatch.setattr(train_command, "run_gate", interrupted_gate)
-    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 130
-    err = capsys.readouterr().err
-    assert "stopped by SIGINT" in err and "Traceback" not in err
-    assert launches == [] and RunStore().all() == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
-
-
-def test_a_crash_of_the_launcher_still_closes_the_record(launches, monkeypatch, capsys) -> None:  # noqa: F811
-    from dflash_doctor.commands import train as train_command
-
-    def broken(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("the warm-up child vanished")
-
-    monkeypatch.setattr(train_command, "prepare_compile_cache", broken)
-    assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 3  # a bug: one line, exit 3
-    assert "internal error: RuntimeError: the warm-up child vanished" in capsys.readouterr().err
-    (record,) = RunStore().all()
-    assert record.status == "failed" and any("the warm-up child vanished" in n for n in record.notes)
-    assert launches == []
-
-
-def test_a_config_with_a_bom_reads_and_a_fifo_as_data_is_refused(launches, capsys, tmp_path) -> None:  # noqa: F811
-    import os
-
-    bom = tmp_path / "bom.toml"
-    bom.write_bytes(b"\xef\xbb\xbf[optim]\nsteps = 5\n")  # saved by a Windows editor
-    assert run(["train", "--no-deep", "--dry-run", "--config", str(bom)]) == 0
-    fifo = tmp_path / "data.jsonl"
-    os.mkfifo(fifo)  # opening it to read would block for ever
-    err = refused(
-        capsys, "--config", "tiny-cpu", "--set", "data.kind='jsonl'", "--set", f"data.path='{fifo}'"
-    )
-    assert "not a regular file" in err
