@@ -140,6 +140,13 @@ class RunSection:
 
 
 @dataclass(frozen=True)
+class ProfileSection:
+    # torch.profiler over steps start .. start + steps - 1 (1-based), every rank (trainer/profiling.py)
+    start: int = 10
+    steps: int = 0  # 0: off
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     target: TargetSection = field(default_factory=TargetSection)
     drafter: DrafterSection = field(default_factory=DrafterSection)
@@ -151,6 +158,7 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     output: OutputSection = field(default_factory=OutputSection)
     run: RunSection = field(default_factory=RunSection)
+    profile: ProfileSection = field(default_factory=ProfileSection)
 
     @property
     def world_size(self) -> int:
@@ -476,6 +484,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "timeout_s": integer(1),
         },
     ),
+    "profile": (ProfileSection, {"start": integer(1), "steps": integer(0)}),
 }
 
 
@@ -512,6 +521,12 @@ def _check_relations(cfg: TrainConfig) -> None:
         require_extra("wandb", "output.wandb")
     if (o.steps is None) == (o.epochs is None):
         raise ConfigError("optim.steps: set exactly one of optim.steps and optim.epochs")
+    p = cfg.profile
+    if p.steps and o.steps is not None and p.start + p.steps - 1 > o.steps:
+        raise ConfigError(
+            f"profile.start: steps {p.start}-{p.start + p.steps - 1} do not all run (optim.steps = {o.steps}); "
+            "profile earlier steps or fewer"
+        )
     if d.kind in ("jsonl", "text", "chat") and d.path is None:
         raise ConfigError(f'data.path: required when data.kind = "{d.kind}"')
     if d.kind == "synthetic" and cfg.target.path != "tiny":

@@ -71,6 +71,7 @@ from trainer.metrics import (
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.parent_watch import watch_parent
 from trainer.pipeline import CaptureAhead, StepNumbers, StepTimer
+from trainer.profiling import StepProfiler
 from trainer.startup import StartupClock
 from trainer.target import (
     CaptureTarget,
@@ -364,6 +365,7 @@ class DrafterLoop:
             )
         self.fault = fault_from_env()
         self.timer = StepTimer(device)
+        self.profiler = StepProfiler(cfg.profile, cfg.output_dir, run.rank, device)
         self.queued: QueuedStep | None = None  # the last step, its numbers still on their way to the host
         self.prefetch: Callable[[int], None] | None = None
         run.clock.mark("optimizer + DDP")
@@ -384,7 +386,9 @@ class DrafterLoop:
         try:
             for step in range(run.resume_step, run.plan.total_steps):
                 maybe_hang_drafter(self.fault, self.index, step)
+                self.profiler.before(step + 1)
                 self.train_on(step, MicroBatches(next_batch, step, run.plan.accum), heldout_batch)
+                self.profiler.after(step + 1)
             self.log_queued()
             if finish_input is not None:
                 finish_input()

@@ -57,6 +57,7 @@ LOCK_TIMEOUT_S = 60.0  # a write takes milliseconds; a lock held this long belon
 _IGNORED_FIELDS = {
     "output": None,  # the whole section
     "checkpoint": None,
+    "profile": None,
     "optim": {"steps", "epochs"},
     "run": {"log_every", "timeout_s"},
 }

@@ -46,7 +46,9 @@ def stop_group(proc: subprocess.Popen[str], how: int) -> None:
 
 
 def compile_cache_line(output: str) -> str:
-    return next((line for line in output.splitlines() if line.startswith("compile cache:")), "")
+    """The launcher's verdict on the cache (the last `compile cache:` line; the first says it is warming)."""
+    lines = [line for line in output.splitlines() if line.startswith("compile cache:")]
+    return lines[-1] if lines else ""
 
 
 @pytest.mark.slow  # three real launches: ~1 min of CPU, ~3 min on a busy 2-core box

@@ -117,7 +117,8 @@ def test_a_local_target_folder_with_jsonl_data(tmp_path: Path) -> None:
 
     model = build_embedded_target("tiny", seed=0)
     model.save_pretrained(tmp_path / "target")
-    seqs = sample_sequences(model, 16, 64, 4, 0.5, 511, torch.Generator().manual_seed(0))
+    # 48 sequences: tiny-cpu holds out an eighth for evaluation, at least one batch of 4
+    seqs = sample_sequences(model, 48, 64, 4, 0.5, 511, torch.Generator().manual_seed(0))
     lines = [json.dumps({"input_ids": s.tolist(), "loss_mask": [0] * 4 + [1] * 60}) for s in seqs]
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
     overrides = {

@@ -1,0 +1,66 @@
+"""`[profile]`: off by default; a window of steps traced, summarised and written per rank; bad windows refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.errors import ConfigError
+from tests.trainer.trainer_runs import torchrun
+from trainer.config import load_config
+from trainer.profiling import merged_busy_us
+
+COLOCATED = {"topology.mode": '"colocated"'}
+
+
+def test_overlapping_kernels_count_once_and_gaps_not_at_all() -> None:
+    assert merged_busy_us([]) == 0.0
+    assert merged_busy_us([(0, 10), (5, 15), (20, 30)]) == 25.0  # 0-15 and 20-30
+    assert merged_busy_us([(20, 30), (0, 10), (10, 12)]) == 22.0  # touching intervals join
+    assert merged_busy_us([(0, 100), (10, 20), (30, 40)]) == 100.0  # nested ones add nothing
+
+
+def test_profiling_is_off_by_default_and_a_window_past_the_last_step_is_refused() -> None:
+    cfg = load_config("configs/tiny-cpu.toml")
+    assert cfg.profile.steps == 0
+    with pytest.raises(ConfigError, match=r"profile\.start: steps 299-301 do not all run"):
+        load_config("configs/tiny-cpu.toml", ["profile.start=299", "profile.steps=3"])
+    with pytest.raises(ConfigError, match=r"profile\.steps"):
+        load_config("configs/tiny-cpu.toml", ["profile.steps=-1"])
+
+
+def test_a_profiled_window_writes_a_trace_and_a_summary(tmp_path: Path) -> None:
+    run = torchrun(
+        "configs/tiny-cpu.toml",
+        tmp_path / "out",
+        nproc=1,
+        overrides={
+            **COLOCATED,
+            "optim.steps": "6",
+            "checkpoint.every": "0",
+            "profile.start": "3",
+            "profile.steps": "2",
+        },
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    folder = run.out_dir / "profile"
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.summary.json", "rank0.trace.json"]
+    summary = json.loads((folder / "rank0.summary.json").read_text())
+    assert summary["steps"] == [3, 4] and summary["wall_s"] > 0
+    assert summary["gpu_busy_share"] is None  # CPU: no kernels to be busy with
+    assert summary["top_cpu"] and all(row["self_ms"] > 0 for row in summary["top_cpu"])
+    assert "traceEvents" in json.loads((folder / "rank0.trace.json").read_text())
+    assert [m["step"] for m in run.metrics] == list(range(1, 7))  # the window changes nothing else
+
+
+def test_without_a_window_nothing_is_written(tmp_path: Path) -> None:
+    run = torchrun(
+        "configs/tiny-cpu.toml",
+        tmp_path / "out",
+        nproc=1,
+        overrides={**COLOCATED, "optim.steps": "3", "checkpoint.every": "0"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert not (run.out_dir / "profile").exists()
