@@ -3,9 +3,9 @@
 Runs inside the audited interpreter (`python path/to/warm_child.py ...`), which may not have
 dflash-doctor installed: it needs only the standard library and torch, and prints one JSON line
 prefixed with RESULT_PREFIX. With `--config`, the trainer's own warm-up (`trainer.warmup.warm_up`)
-is used when it can be imported; otherwise flex_attention with the DFlash block mask (context strictly
-before the anchor, own block both ways) at the given shapes, forward (+ backward on CUDA: CPU flex
-has no backward).
+is used when it can be imported; otherwise compiled flex_attention with the DFlash block mask (context
+strictly before the anchor, own block both ways; the mask built eagerly) at the given shapes, forward
+(+ backward on CUDA: CPU flex has no backward).
 """
 
 from __future__ import annotations
@@ -85,12 +85,14 @@ def warm_flex(args: argparse.Namespace) -> dict[str, Any]:
     v = torch.randn(
         1, args.kv_heads, kv_len, args.head_dim, device=device, dtype=dtype, requires_grad=backward
     )
-    compiled_mask = torch.compile(create_block_mask, dynamic=False)
     compiled_flex = torch.compile(flex_attention, dynamic=False)
-    mask_mod = dflash_mask_mod(anchors, args.context, args.block)
+    # The block mask eagerly: the trainer builds its own without compiling (trainer.attention), so a
+    # compiled create_block_mask here would only warm a graph no run uses (and cost minutes at b16's shapes).
+    mask = create_block_mask(
+        dflash_mask_mod(anchors, args.context, args.block), 1, None, q_len, kv_len, device=device
+    )
 
     def step() -> None:
-        mask = compiled_mask(mask_mod, 1, None, q_len, kv_len, device=device)
         out = compiled_flex(q, k, v, block_mask=mask, enable_gqa=args.heads != args.kv_heads)
         if backward:
             out.float().sum().backward()
@@ -104,7 +106,7 @@ def warm_flex(args: argparse.Namespace) -> dict[str, Any]:
     step()
     second = time.perf_counter() - start
     return {
-        "what": "flex_attention + create_block_mask (DFlash mask)",
+        "what": "flex_attention (DFlash block mask, built eagerly)",
         "shapes": {
             "heads": args.heads,
             "head_dim": args.head_dim,
