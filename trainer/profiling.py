@@ -70,7 +70,17 @@ class StepProfiler:
         wall_s = time.perf_counter() - self.began
         profiler, self.profiler = self.profiler, None
         profiler.__exit__(None, None, None)
-        self.write(profiler, wall_s)
+        summary_path = self.write(profiler, wall_s)
+        summary = json.loads(summary_path.read_text())
+        busy = summary["gpu_busy_share"]
+        busy_text = (
+            f"GPU busy {busy:.1%} of {wall_s:.2f} s" if busy is not None else f"{wall_s:.2f} s (no GPU)"
+        )
+        print(
+            f"dflash trainer: rank {self.rank} profiled steps {self.first}-{self.last}: {busy_text}; "
+            f"{summary_path} and rank{self.rank}.trace.json beside it",
+            flush=True,
+        )
 
     def write(self, profiler: Any, wall_s: float) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,7 @@ def test_a_profiled_window_writes_a_trace_and_a_summary(tmp_path: Path) -> None:
     assert summary["top_cpu"] and all(row["self_ms"] > 0 for row in summary["top_cpu"])
     assert "traceEvents" in json.loads((folder / "rank0.trace.json").read_text())
     assert [m["step"] for m in run.metrics] == list(range(1, 7))  # the window changes nothing else
+    assert "rank 0 profiled steps 3-4: " in run.stdout + run.stderr
 
 
 def test_without_a_window_nothing_is_written(tmp_path: Path) -> None:
