@@ -14,13 +14,13 @@ is late: syncs, launches, Python) or busy the whole time (the kernels themselves
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dflash_doctor.atomic import write_json_atomic
 from trainer.config import ProfileSection
 
 
@@ -70,27 +70,27 @@ class StepProfiler:
         wall_s = time.perf_counter() - self.began
         profiler, self.profiler = self.profiler, None
         profiler.__exit__(None, None, None)
-        summary_path = self.write(profiler, wall_s)
-        summary = json.loads(summary_path.read_text())
-        busy = summary["gpu_busy_share"]
+        busy = self.write(profiler, wall_s)["gpu_busy_share"]
         busy_text = (
             f"GPU busy {busy:.1%} of {wall_s:.2f} s" if busy is not None else f"{wall_s:.2f} s (no GPU)"
         )
         print(
             f"dflash trainer: rank {self.rank} profiled steps {self.first}-{self.last}: {busy_text}; "
-            f"{summary_path} and rank{self.rank}.trace.json beside it",
+            f"{self.summary_path} and rank{self.rank}.trace.json beside it",
             flush=True,
         )
 
-    def write(self, profiler: Any, wall_s: float) -> Path:
+    def write(self, profiler: Any, wall_s: float) -> dict[str, Any]:
+        """The trace and the summary (written atomically); returns the summary."""
         self.folder.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(self.folder / f"rank{self.rank}.trace.json"))
         summary = summarize(profiler, wall_s, self.first, self.last)
-        path = self.folder / f"rank{self.rank}.summary.json"
-        partial = path.with_suffix(".json.tmp")
-        partial.write_text(json.dumps(summary, indent=1) + "\n")
-        partial.replace(path)
-        return path
+        write_json_atomic(self.summary_path, summary)
+        return summary
+
+    @property
+    def summary_path(self) -> Path:
+        return self.folder / f"rank{self.rank}.summary.json"
 
 
 def summarize(profiler: Any, wall_s: float, first: int, last: int) -> dict[str, Any]:
