@@ -25,4 +25,9 @@ def test_dead_target_stops_the_job(tmp_path: Path) -> None:
     assert len(metrics) <= 5  # the drafter never trained past the last batch it received
     summary_file = run.out_dir / "summary.json"
     if summary_file.is_file():  # absent only when the drafter was stopped before its loop began
-        assert run.summary["status"] == "failed" and run.summary["error"]
+        # Two true endings race: the drafter notices the dead peer itself ("failed"), or torchrun, having
+        # seen the target exit, stops it with SIGTERM first ("interrupted"). Never "ok", never silent.
+        assert run.summary["status"] in {"failed", "interrupted"}, run.summary
+        assert run.summary["error"]
+        if run.summary["status"] == "interrupted":
+            assert "Stopped" in run.summary["error"], run.summary["error"]
