@@ -5,15 +5,17 @@ test suite: `python tests/interop/vllm_load_export.py EXPORT_DIR`. It prints one
 and exits 0 when the export loaded right, 1 when it did not, 2 when the folder is not an export.
 
 What it does, through vLLM's serving path rather than a copy of it:
-- builds the engine config exactly as `vllm serve TARGET --speculative-config '{"method": "dflash", ...}'`
-  does (`EngineArgs.create_engine_config`), for a stand-in target: a config.json-only Qwen3 sized like the
-  drafter's target (vLLM reads the target's layer count, hidden size and vocabulary, never its weights here);
+- builds the engine config from the `vllm serve` command our export's README.md gives, parsed by vLLM's
+  own CLI parser (`EngineArgs.add_cli_args`, `create_engine_config`), for a stand-in target: a
+  config.json-only Qwen3 sized like the drafter's target (vLLM reads the target's layer count, hidden size
+  and vocabulary, never its weights, to build the drafter);
 - resolves our `architectures` through vLLM's model registry and builds and loads the drafter with
   `get_model`, the call vLLM's speculative proposer makes (its loader, its safetensors reader, the model's
   own `load_weights`);
 - checks every parameter of vLLM's module against our safetensors (vLLM fuses q/k/v into `qkv_proj` and
-  gate/up into `gate_up_proj`: those are cut apart again to compare), and the config values vLLM resolved
-  (mask token, target layers, block width, attention mode, RoPE) against the ones we wrote.
+  gate/up into `gate_up_proj`: ours are concatenated in vLLM's order to compare), and the config values vLLM resolved
+  (mask token, target layers, block width, attention mode, RoPE, dtype, the drafter's path) against the
+  ones we wrote.
 
 Why not trust `load_weights` alone: vLLM's DFlash `load_weights` returns no set of loaded names, so its
 loader's strict "weights not initialized" check never runs; a weight we forgot would be served as
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -63,7 +66,7 @@ def fail_input(message: str) -> NoReturn:
 
 def read_export(folder: Path) -> dict[str, Any]:
     """Our config.json, checked for the fields this script needs to size the stand-in target."""
-    for name in ("config.json", "model.safetensors"):
+    for name in ("config.json", "model.safetensors", "README.md"):
         if not (folder / name).is_file():
             fail_input(f"{folder} has no {name}: pass a folder written by trainer.export.export_drafter")
     try:
@@ -97,19 +100,26 @@ def write_stand_in_target(export_config: dict[str, Any], folder: Path) -> Path:
     return folder
 
 
-def engine_config(target: Path, export: Path, num_speculative_tokens: int) -> Any:
-    """The VllmConfig `vllm serve` builds for this target and drafter (eager: nothing to compile)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    spec = {"method": "dflash", "model": str(export), "num_speculative_tokens": num_speculative_tokens}
-    args = EngineArgs(
-        model=str(target),
-        speculative_config=spec,
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        max_model_len=256,
+def serve_arguments(folder: Path) -> list[str]:
+    """The arguments after the target in the `vllm serve` command our export's README.md gives."""
+    for line in (folder / "README.md").read_text().splitlines():
+        if line.startswith("vllm serve "):
+            return shlex.split(line)[3:]
+    fail_input(
+        f"{folder / 'README.md'} has no `vllm serve` line: re-export with trainer.export.export_drafter"
     )
-    return args.create_engine_config()
+
+
+def engine_config(target: Path, serve_args: list[str]) -> Any:
+    """The VllmConfig that `vllm serve TARGET <our arguments>` builds, parsed by vLLM's own CLI parser;
+    eager (nothing to compile), no tokenizer (the stand-in target has none), a short context."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    extra = ["--enforce-eager", "--skip-tokenizer-init", "--max-model-len", "256"]
+    args = parser.parse_args(["--model", str(target), *serve_args, *extra])
+    return EngineArgs.from_cli_args(args).create_engine_config()
 
 
 def init_single_process_group(scratch: Path) -> None:
@@ -176,7 +186,9 @@ def torch_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b))
 
 
-def config_checks(vllm_config: Any, model: Any, ours: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def config_checks(
+    vllm_config: Any, model: Any, export: Path, ours: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
     """The DFlash values vLLM resolved from our config.json, beside the ones we meant."""
     from vllm.model_executor.models.qwen3_dflash import dflash_has_any_non_causal
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
@@ -197,6 +209,7 @@ def config_checks(vllm_config: Any, model: Any, ours: dict[str, Any]) -> dict[st
         "fc_input_size": (model.model.fc.input_size, len(layer_ids) * ours["hidden_size"]),
         "mask_token_id (proposer)": (get_parallel_drafting_token_id(draft_hf), dflash["mask_token_id"]),
         "mask_token_id (model)": (model.model.mask_token_id, dflash["mask_token_id"]),
+        "draft_model_path": (spec.draft_model_config.model, str(export)),
         "num_speculative_tokens": (spec.num_speculative_tokens, ours["block_size"] - 1),
         "parallel_drafting": (spec.parallel_drafting, True),
         "non_causal_attention": (dflash_has_any_non_causal(draft_hf), True),
@@ -230,7 +243,7 @@ def check_export(export: Path, ours_config: dict[str, Any], scratch: Path) -> di
     stage = "engine config"
     try:
         target = write_stand_in_target(ours_config, scratch / "target")
-        vllm_config = engine_config(target, export, ours_config["block_size"] - 1)
+        vllm_config = engine_config(target, serve_arguments(export))
         draft_config = vllm_config.speculative_config.draft_model_config
         stage = "model registry"
         model_cls, arch = ModelRegistry.resolve_model_cls(draft_config.architectures, draft_config)
@@ -246,7 +259,7 @@ def check_export(export: Path, ours_config: dict[str, Any], scratch: Path) -> di
     except Exception as err:  # vLLM refused the export: that is the verdict, not a crash
         return verdict | {"error": f"{stage}: {type(err).__name__}: {err}"}
     parameters = compare_parameters(model, load_file(str(export / "model.safetensors")))
-    config = config_checks(vllm_config, model, ours_config)
+    config = config_checks(vllm_config, model, export, ours_config)
     ok = not (
         parameters["different"]
         or parameters["not_loaded"]
