@@ -2,7 +2,10 @@
 
 Run by SGLang's python, not ours (this file imports nothing from dflash-doctor):
 
-    /work/venvs/sglang/bin/python tests/interop/sglang_load_export.py EXPORT_DIR [EXPORT_DIR ...]
+    /work/venvs/sglang/bin/python tests/interop/sglang_load_export.py [--dtype auto|bfloat16] EXPORT_DIR [...]
+
+`--dtype` is the server's `--dtype` (default `auto`: the dtype config.json names, except that SGLang reads
+float32 as float16); with a dtype given, our tensors are compared after a cast to it.
 
 Why: SGLang's `DFlashDraftModel.load_weights` skips checkpoint names it does not know and never reports a
 parameter it did not fill, so a renamed or missing weight would be served as garbage without a word. So every
@@ -24,6 +27,7 @@ Exit 0: every export loads with our values; 1: SGLang mis-loads one (the problem
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -74,7 +78,7 @@ def use_native_rope_kernel() -> None:
     base._is_cpu = True
 
 
-def load_with_sglang(folder: Path) -> tuple[Any, Any]:
+def load_with_sglang(folder: Path, dtype: str) -> tuple[Any, Any]:
     """SGLang's ModelConfig for `folder` as a DFLASH draft, and its model with every parameter loaded through
     SGLang's loader after a NaN fill (so a parameter the loader skipped stays NaN)."""
     import torch
@@ -84,7 +88,7 @@ def load_with_sglang(folder: Path) -> tuple[Any, Any]:
     from sglang.srt.model_loader.loader import DefaultModelLoader
 
     use_native_rope_kernel()
-    model_config = ModelConfig(str(folder), is_draft_model=True, dtype="auto", speculative_algorithm="DFLASH")
+    model_config = ModelConfig(str(folder), is_draft_model=True, dtype=dtype, speculative_algorithm="DFLASH")
     loader = DefaultModelLoader(LoadConfig())
     cpu = torch.device("cpu")
     model = loader.initialize_model_for_startup(model_config=model_config, device_config=DeviceConfig("cpu"))
@@ -202,12 +206,17 @@ def config_as_read(model_config: Any, model: Any, ours: dict[str, Any]) -> dict[
     }
 
 
-def check_export(folder: Path) -> dict[str, Any]:
+def check_export(folder: Path, dtype: str) -> dict[str, Any]:
+    """One export's verdict. `dtype` other than "auto": SGLang is told to serve in it, and ours is cast to it."""
+    import torch
     from safetensors.torch import load_file
 
     ours_config = json.loads((folder / "config.json").read_text())
     ours_weights = load_file(str(folder / "model.safetensors"))
-    model_config, model = load_with_sglang(folder)
+    if dtype != "auto":
+        ours_config["dtype"] = dtype
+        ours_weights = {name: t.to(getattr(torch, dtype)) for name, t in ours_weights.items()}
+    model_config, model = load_with_sglang(folder, dtype)
     config = config_as_read(model_config, model, ours_config)
     parameters = compare_parameters(model, ours_weights)
     problems = [f"config {field}: ours {v['ours']!r}, sglang {v['sglang']!r}" for field, v in config.items()
@@ -225,10 +234,13 @@ def check_export(folder: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        fail(EXIT_BAD_INPUT, "usage: sglang_load_export.py EXPORT_DIR [EXPORT_DIR ...] (folders written by "
-             "trainer.export.export_drafter)")  # fmt: skip
-    folders = [Path(arg).resolve() for arg in argv]
+    parser = argparse.ArgumentParser(description="Load DFlash exports with SGLang; print a JSON verdict.")
+    parser.add_argument(
+        "folders", nargs="+", type=Path, help="folders written by trainer.export.export_drafter"
+    )
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    args = parser.parse_args(argv)  # bad usage: argparse's message and exit 2
+    folders = [folder.resolve() for folder in args.folders]
     for folder in folders:
         absent = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
         if absent:
@@ -241,7 +253,7 @@ def main(argv: list[str]) -> int:
         fail(EXIT_CANNOT_CHECK, f"{sys.executable} cannot import SGLang's DFlash drafter ({err}); "
              "install an SGLang that has sglang/srt/models/dflash.py")  # fmt: skip
     start_single_process_sglang(folders[0])
-    verdicts = [check_export(folder) for folder in folders]
+    verdicts = [check_export(folder, args.dtype) for folder in folders]
     ok = all(v["ok"] for v in verdicts)
     print(
         json.dumps({"sglang_version": sglang.__version__, "ok": ok, "exports": verdicts}, indent=1),

@@ -67,8 +67,12 @@ def with_renamed_weight(export: Path, out: Path, old: str, new: str) -> Path:
     return out
 
 
-def run_sglang_check(python: str, folders: list[Path], scratch: Path) -> tuple[int, dict[str, Any]]:
-    """The script's exit code and JSON verdict; everything SGLang caches goes under `scratch`, on CPU only."""
+def run_sglang_check(
+    python: str, folders: list[Path], scratch: Path, dtype: str = "auto"
+) -> tuple[int, dict[str, Any]]:
+    """The script's exit code and JSON verdict (SGLang told `--dtype dtype`); everything SGLang caches goes
+    under `scratch`, on CPU only."""
+    scratch.mkdir()
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",
@@ -80,7 +84,7 @@ def run_sglang_check(python: str, folders: list[Path], scratch: Path) -> tuple[i
         "PYTHONPATH": "",  # SGLang's python must not see our package or our venv
     }
     done = subprocess.run(
-        [python, str(CHECK_SCRIPT), *map(str, folders)],
+        [python, str(CHECK_SCRIPT), "--dtype", dtype, *map(str, folders)],
         capture_output=True, text=True, env=env, cwd=scratch, timeout=900,
     )  # fmt: skip
     try:
@@ -103,10 +107,7 @@ def test_sglang_loads_every_weight_and_config_field_of_our_export(tmp_path: Path
     renamed = with_renamed_weight(
         tiny, tmp_path / "renamed", "layers.1.mlp.up_proj.weight", "layers.1.mlp.up.weight"
     )
-    scratch = tmp_path / "sglang-run"
-    scratch.mkdir()
-
-    code, verdict = run_sglang_check(python, [tiny, wider, renamed], scratch)
+    code, verdict = run_sglang_check(python, [tiny, wider, renamed], tmp_path / "sglang-run")
     by_name = {Path(v["folder"]).name: v for v in verdict["exports"]}
     summary = {
         name: {"ok": v["ok"], "problems": v["problems"], **v["parameters"]} for name, v in by_name.items()
@@ -129,3 +130,17 @@ def test_sglang_loads_every_weight_and_config_field_of_our_export(tmp_path: Path
     assert control["ignored_by_sglang"] == ["layers.1.mlp.up.weight"]
     assert control["not_loaded"] == ["layers.1.mlp.gate_up_proj.weight"]
     assert control["absent_from_export"] == ["layers.1.mlp.up_proj.weight"]
+
+
+@pytest.mark.slow
+def test_sglang_serves_an_fp32_export_in_bf16_with_the_printed_serve_commands_dtype(tmp_path: Path) -> None:
+    """SGLang reads a float32 config as float16 under `--dtype auto`, a dtype the drafter never trained in;
+    the serve command we print says `--dtype bfloat16`, which SGLang applies to the draft too."""
+    python = sglang_python()
+    fp32 = export_drafter(trained_looking(tiny_config(), seed=3), tmp_path / "fp32", dtype=torch.float32)
+    assert "--dtype bfloat16" in (fp32 / "README.md").read_text()
+    code, verdict = run_sglang_check(python, [fp32], tmp_path / "sglang-run", dtype="bfloat16")
+    export = verdict["exports"][0]
+    assert code == 0 and export["ok"], export["problems"]
+    assert export["config"]["dtype"]["sglang"] == "bfloat16"
+    assert export["parameters"]["tensors_compared"] == export["parameters"]["export_tensors"] == 25
