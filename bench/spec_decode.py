@@ -3,7 +3,9 @@
 With random weights (target `random:qwen3-8b`, an untrained drafter at the config's shapes) the acceptance
 length is ~1, so this measures the loop's overhead: a verify forward of B tokens plus a drafter forward,
 per accepted token, against one single-token target forward. With a trained drafter (`--export`) it is the
-real speed-up. Outputs must equal target-only greedy's; the row says whether they did.
+real speed-up. Outputs must equal target-only greedy's: the row says whether they were bitwise identical,
+how many prompts differed only by a near-tie flip (`ties`: bf16 rounding, see `trainer.eval_compare`) and how
+many really differed (`different`: a bug, exit 1).
 
     python3 bench/spec_decode.py --config qwen3-8b-b16 --prompts 8 --prompt-len 512 --max-new-tokens 256
     .venv/bin/python bench/spec_decode.py --config tiny-cpu --prompts 2 --max-new-tokens 16   # CPU dry run
@@ -31,7 +33,7 @@ from trainer.target_config import target_hf_config
 from trainer.warmup import build_drafter, resolve_device
 
 COLUMNS = ("prompts", "new_tokens", "block", "accept_len", "target_forwards", "baseline_forwards",
-           "tok_s", "baseline_tok_s", "speedup", "identical", "device")  # fmt: skip
+           "tok_s", "baseline_tok_s", "speedup", "identical", "ties", "different", "device")  # fmt: skip
 
 
 def main() -> int:
@@ -65,7 +67,8 @@ def main() -> int:
         "accept_len": round(report.mean_accept_len, 3), "target_forwards": report.target_forwards,
         "baseline_forwards": report.baseline_forwards, "tok_s": round(report.tok_s, 1),
         "baseline_tok_s": round(report.baseline_tok_s, 1), "speedup": round(report.speedup, 3),
-        "identical": report.identical, "device": device_name(device),
+        "identical": report.identical, "ties": report.ties, "different": report.differences,
+        "device": device_name(device),
     }  # fmt: skip
     print_rows(
         f"spec decode: {args.config}, prompt {args.prompt_len}, {args.max_new_tokens} new", COLUMNS, [row]
@@ -73,7 +76,7 @@ def main() -> int:
     name = f"spec_decode{'-' + args.tag if args.tag else ''}.json"
     path = write_result(RESULTS / name, {"config": args.config, "args": vars(args), "row": row})
     print(f"wrote {path}")
-    return 0 if report.identical else 1
+    return report.exit_code()
 
 
 if __name__ == "__main__":

@@ -453,7 +453,7 @@ def _rates(path: str, pick: int | None, other: int | None, margin: float | None)
 def _difference_line(number: int, row: PromptReport) -> str:
     """Where one prompt's outputs part, and how close the target's two choices were there."""
     c = row.comparison
-    where = f"  prompt {number}: {c.verdict} at new token {c.first_diff}"
+    where = f"  prompt {number}: {c.verdict} at new token index {c.first_diff}"
     if c.greedy_token is None:
         return f"{where}: one output stops early"
     a, b = c.greedy_token, c.spec_token
@@ -478,8 +478,8 @@ def _verdict_line(report: EvalReport) -> str:
         )
     return (
         f"output tokens DIFFERENT from target-only greedy decoding in {report.differences} of "
-        f"{report.prompts} prompts (a token the target did not choose: a bug); {ties}"
-    )
+        f"{report.prompts} prompts (a token the target did not choose: a bug)"
+    ) + (f"; {ties}" if report.ties else "")
 
 
 def format_report(report: EvalReport) -> str:
