@@ -440,7 +440,7 @@ def check_tie_tolerance(tolerance: float | None) -> None:
         raise ConfigError(
             f"--tie-tolerance: {tolerance} is not a logit tolerance; give a number >= 0, relative to "
             f"max(1, |logit|) (leave it out for the dtype's default: {TIE_TOLERANCE_LOW_PRECISION} in "
-            f"bf16/fp16, {TIE_TOLERANCE_FP32} in fp32; 0 counts only bitwise ties)"
+            f"bf16/fp16, {TIE_TOLERANCE_FP32} in fp32; 0 accepts only exact ties)"
         )
 
 

@@ -15,6 +15,7 @@ from torch import Tensor
 from dflash_doctor.cli import run
 from trainer.drafter import DFlashDrafter, DrafterConfig
 from trainer.eval import SpecTarget, evaluate, format_report, greedy_decode
+from trainer.eval import main as eval_main
 from trainer.export import export_drafter
 from trainer.tiny import build_embedded_target, tiny_qwen3_config
 
@@ -179,6 +180,8 @@ def test_cli_exit_codes_for_a_tie_strict_and_a_bad_tolerance(
     assert run([*args, "--tie-tolerance", "-0.5"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--tie-tolerance: -0.5 is not a logit tolerance; give a number >= 0" in err
+    assert eval_main([*args[1:], "--tie-tolerance", "nan"]) == 2  # python -m trainer.eval: the same check
+    assert "--tie-tolerance: nan is not a logit tolerance" in capsys.readouterr().err
 
 
 def test_cli_exits_1_on_a_real_difference(
