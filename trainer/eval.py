@@ -299,6 +299,9 @@ def evaluate(
 # ---------------------------------------------------------------- building the pieces
 
 
+EVAL_DTYPES = ("auto", "bf16", "fp32")
+
+
 @dataclass(frozen=True)
 class EvalSetup:
     """What `dflash-doctor eval` was asked for."""
@@ -399,9 +402,14 @@ def run_eval(
     on_prompt: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
     tie_tolerance: float | None = None,
+    dtype: str = "auto",
 ) -> EvalReport:
     """Everything `dflash-doctor eval` does: resolve the target and prompts, load, decode, report."""
     check_tie_tolerance(tie_tolerance)
+    if dtype not in EVAL_DTYPES:
+        raise ConfigError(
+            f'--dtype: "{dtype}" is not one of {", ".join(EVAL_DTYPES)} (auto: bf16 on CUDA, fp32 on CPU)'
+        )
     cfg = None
     if config is not None:
         from trainer.config import load_config
@@ -427,7 +435,7 @@ def run_eval(
     else:
         raise ConfigError("--prompts: give a prompts file, or --config for the run's held-out sequences")
     seed = cfg.run.seed if cfg is not None else 0
-    target, drafter = load_pieces(EvalSetup(export_dir, target_path, seed, device))
+    target, drafter = load_pieces(EvalSetup(export_dir, target_path, seed, device, dtype))
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     if on_start is not None:
         on_start(len(prompts))
@@ -509,12 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--tie-tolerance", type=float, help="near-tie flip tolerance (default: by dtype)")
     parser.add_argument("--strict", action="store_true", help="exit 1 on anything not bitwise identical")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
         report = run_eval(
             args.export, args.config, args.target, args.prompts, args.num_prompts, args.prompt_len,
             args.max_new_tokens, args.device, args.overrides, tie_tolerance=args.tie_tolerance,
+            dtype=args.dtype,
         )  # fmt: skip
     except DoctorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -46,6 +46,12 @@ def eval_command(
     strict: bool = typer.Option(
         False, "--strict", metavar=FLAG, help="Exit 1 on any output not bitwise identical (ties too)."
     ),
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32. fp32 on CPU makes the identity exact: "
+        "with --strict, the check that admits no near-tie.",
+    ),
     json_out: bool = JsonOption,
 ) -> None:
     """Decode prompts with the target alone and with the drafter proposing blocks; compare."""
@@ -61,6 +67,7 @@ def eval_command(
             export, config, target, prompts, num_prompts, prompt_len, max_new_tokens, device, overrides,
             on_prompt=lambda done: progress.update(task, completed=done),
             on_start=lambda total: progress.update(task, total=total), tie_tolerance=tie_tolerance,
+            dtype=dtype,
         )  # fmt: skip
     typer.echo(json.dumps(report.to_json(), indent=2) if json_out else format_report(report))
     raise typer.Exit(report.exit_code(strict))

@@ -207,3 +207,18 @@ def test_bf16_rounding_flips_are_ties_never_differences() -> None:
     for row in report.per_prompt:  # any flip is a tie whose both margins were seen in the top-k
         margins = (row.comparison.greedy_margin, row.comparison.spec_margin)
         assert row.identical or (row.comparison.verdict == "tie" and None not in margins)
+
+
+def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _cli_args(tmp_path)
+    assert run([*args, "--dtype", "bf16", "--json"]) in (0, 1)  # bf16 on CPU: ties allowed, not the point
+    report = json.loads(capsys.readouterr().out)
+    assert report["dtype"] == "bfloat16" and report["tie_tolerance"] == pytest.approx(2**-5)
+    assert run([*args, "--dtype", "fp32", "--strict", "--json"]) == 0  # fp32: bitwise identical
+    assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
+    assert run([*args, "--dtype", "fp64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert '--dtype: "fp64" is not one of auto, bf16, fp32' in err
+    assert eval_main([*args[1:], "--dtype", "fp64"]) == 2  # python -m trainer.eval: the same check
