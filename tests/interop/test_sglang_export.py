@@ -76,9 +76,8 @@ def run_sglang_check(
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",
-        "HOME": str(
-            scratch / "home"
-        ),  # SGLang's kernel packages keep state in ~/.humming and ~/.cache/sglang
+        # SGLang's kernel packages keep state in ~/.humming and ~/.cache/sglang
+        "HOME": str(scratch / "home"),
         "HF_HUB_OFFLINE": "1",
         "XDG_CACHE_HOME": str(scratch / "cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
