@@ -17,7 +17,7 @@ SGLang's own DFlash config parser (target layers, mask token).
 
 The model is built on CPU with the least SGLang machinery: a published `ServerArgs`, a one-process gloo group
 (its parallel linear layers ask for the tensor-parallel group even at TP=1), SGLang's `ModelConfig` (how the
-server reads a draft folder, `dtype="auto"`) and its `DefaultModelLoader` (file discovery and the weight
+server reads a draft folder, with the given `--dtype`) and its `DefaultModelLoader` (file discovery and the weight
 iterator the server uses), as SGLang's own layer tests set themselves up.
 
 Output: `{"sglang_version", "ok", "exports": [{"folder", "ok", "problems", "config", "parameters"}]}`.
@@ -164,8 +164,8 @@ def config_as_read(model_config: Any, model: Any, ours: dict[str, Any]) -> dict[
         "dtype": {"ours": ours["dtype"], "sglang": str(model_config.dtype).removeprefix("torch.")},
         "num_hidden_layers": {"ours": ours["num_hidden_layers"], "sglang": len(layers)},
         "hidden_size": {"ours": ours["hidden_size"], "sglang": model.fc.out_features},
-        "num_attention_heads": {"ours": ours["num_attention_heads"], "sglang": attn.num_heads},
-        "num_key_value_heads": {"ours": ours["num_key_value_heads"], "sglang": attn.num_kv_heads},
+        "num_attention_heads": {"ours": ours["num_attention_heads"], "sglang": attn.total_num_heads},
+        "num_key_value_heads": {"ours": ours["num_key_value_heads"], "sglang": attn.total_num_kv_heads},
         "head_dim": {"ours": ours["head_dim"], "sglang": attn.head_dim},
         "intermediate_size": {
             "ours": ours["intermediate_size"],
