@@ -3,10 +3,14 @@
 With random weights (target `random:qwen3-8b`, an untrained drafter at the config's shapes) the acceptance
 length is ~1, so this measures the loop's overhead: a verify forward of B tokens plus a drafter forward,
 per accepted token, against one single-token target forward. With a trained drafter (`--export`) it is the
-real speed-up. Outputs must equal target-only greedy's; the row says whether they did.
+real speed-up. Outputs must equal target-only greedy's: the row says whether they were bitwise identical,
+how many prompts differed only by a near-tie flip (`ties`: bf16 rounding, see `trainer.eval_compare`) and how
+many really differed (`different`: a bug, exit 1).
 
     python3 bench/spec_decode.py --config qwen3-8b-b16 --prompts 8 --prompt-len 512 --max-new-tokens 256
     .venv/bin/python bench/spec_decode.py --config tiny-cpu --prompts 2 --max-new-tokens 16   # CPU dry run
+    .venv/bin/python bench/spec_decode.py --config tiny-cpu --device cpu --dtype bf16 --prompts 16 \
+        --prompt-len 32 --max-new-tokens 64 --tag cpu-bf16   # bf16 near-tie flips without a GPU
 
 Writes bench/results/spec_decode[-<tag>].json.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -31,7 +36,7 @@ from trainer.target_config import target_hf_config
 from trainer.warmup import build_drafter, resolve_device
 
 COLUMNS = ("prompts", "new_tokens", "block", "accept_len", "target_forwards", "baseline_forwards",
-           "tok_s", "baseline_tok_s", "speedup", "identical", "device")  # fmt: skip
+           "tok_s", "baseline_tok_s", "speedup", "identical", "ties", "different", "dtype", "device")  # fmt: skip
 
 
 def main() -> int:
@@ -42,6 +47,9 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "bf16", "fp32"), help="auto: bf16 on CUDA"
+    )
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     cfg = load_config(args.config)
@@ -52,7 +60,7 @@ def main() -> int:
         model = build_drafter(cfg, target_hf_config(cfg.target.path), embed, head, device)
         export = str(export_drafter(model, Path(tempfile.mkdtemp(prefix="spec-bench-")) / "export"))
         del model, embed, head
-    target, drafter = load_pieces(EvalSetup(export, cfg.target.path, cfg.run.seed, args.device))
+    target, drafter = load_pieces(EvalSetup(export, cfg.target.path, cfg.run.seed, args.device, args.dtype))
     vocab = drafter.cfg.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [
@@ -65,15 +73,22 @@ def main() -> int:
         "accept_len": round(report.mean_accept_len, 3), "target_forwards": report.target_forwards,
         "baseline_forwards": report.baseline_forwards, "tok_s": round(report.tok_s, 1),
         "baseline_tok_s": round(report.baseline_tok_s, 1), "speedup": round(report.speedup, 3),
-        "identical": report.identical, "device": device_name(device),
+        "identical": report.identical, "ties": report.ties, "different": report.differences,
+        "dtype": report.dtype, "device": device_name(device),
     }  # fmt: skip
     print_rows(
         f"spec decode: {args.config}, prompt {args.prompt_len}, {args.max_new_tokens} new", COLUMNS, [row]
     )
     name = f"spec_decode{'-' + args.tag if args.tag else ''}.json"
-    path = write_result(RESULTS / name, {"config": args.config, "args": vars(args), "row": row})
+    differing = [  # where each non-identical prompt parted from target-only greedy, and by how much
+        {"prompt": number, **asdict(r.comparison)}
+        for number, r in enumerate(report.per_prompt, 1)
+        if not r.identical
+    ]
+    result = {"config": args.config, "args": vars(args), "row": row, "differing": differing}
+    path = write_result(RESULTS / name, result)
     print(f"wrote {path}")
-    return 0 if report.identical else 1
+    return report.exit_code()
 
 
 if __name__ == "__main__":

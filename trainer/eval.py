@@ -14,7 +14,9 @@ The loop, per prompt:
    repeat until --max-new-tokens (or the end-of-sequence token).
 
 The tokens equal target-only greedy decoding's by construction (every emitted token is the target's
-greedy choice after the emitted prefix); the report says so per prompt, and a test holds it to that.
+greedy choice after the emitted prefix), exactly so in fp32. In bf16 a B-token verify forward and a 1-token
+forward round differently and can flip a near-tie; both decodes keep the target's top-k logits at every
+emitted token, and `trainer.eval_compare` tells such a flip (`tie`) from a real difference (`different`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +37,15 @@ from torch import Tensor, nn
 
 from dflash_doctor.errors import ConfigError, DoctorError
 from trainer.data_files import jsonl_records
+from trainer.eval_compare import (
+    TIE_TOLERANCE_FP32,
+    TIE_TOLERANCE_LOW_PRECISION,
+    TOP_K,
+    Comparison,
+    TopChoices,
+    compare_outputs,
+    default_tie_tolerance,
+)
 
 
 @dataclass
@@ -44,18 +56,20 @@ class Decoded:
     target_forwards: int
     seconds: float
     accepted: list[int] = field(default_factory=list)  # per verify forward: tokens it accepted (1..B)
+    top: list[TopChoices] = field(default_factory=list)  # per token: the target's top-k where it chose it
 
 
 @dataclass
 class PromptReport:
     prompt_tokens: int
     new_tokens: int
-    identical: bool  # speculative output == target-only greedy output, token for token
+    identical: bool  # speculative output == target-only greedy output, token for token (bitwise)
     accept_len: float
     target_forwards: int
     baseline_forwards: int
     seconds: float
     baseline_seconds: float
+    comparison: Comparison  # identical, a near-tie flip (tie) or a real difference; where and by how much
 
 
 @dataclass
@@ -68,13 +82,37 @@ class EvalReport:
     tok_s: float
     baseline_tok_s: float
     speedup: float
-    identical: bool
+    identical: bool  # every prompt's output bitwise identical to target-only greedy's
+    ties: int  # prompts whose outputs differ only by a near-tie flip (rounding, not the drafter)
+    differences: int  # prompts whose outputs really differ (a bug)
+    tie_tolerance: float  # logits, relative to max(1, |logit|)
+    dtype: str
     block_size: int
     device: str
     per_prompt: list[PromptReport]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def exit_code(self, strict: bool = False) -> int:
+        """1 on a real difference (or, `strict`, on anything not bitwise identical), else 0."""
+        return 1 if self.differences or (strict and not self.identical) else 0
+
+
+@dataclass
+class TargetStep:
+    """One target forward, reduced to what decoding needs (per input position)."""
+
+    greedy: Tensor  # (L,) the target's greedy next token
+    top_logits: Tensor  # (L, k) its k highest logits, highest first
+    top_ids: Tensor  # (L, k)
+    features: Tensor  # (1, L, F) the captured layers' outputs
+    cache: Any
+
+    def top(self, rows: slice) -> list[TopChoices]:
+        """The top-k at these positions, on the host."""
+        logits, ids = self.top_logits[rows].float().tolist(), self.top_ids[rows].tolist()
+        return [TopChoices(tuple(i), tuple(v)) for i, v in zip(ids, logits, strict=True)]
 
 
 class SpecTarget:
@@ -100,8 +138,12 @@ class SpecTarget:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def forward(self, ids: Tensor, cache: Any) -> tuple[Tensor, Tensor, Any]:
-        """(greedy next token per position (L,), captured features (1, L, F), the cache)."""
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def logits(self, ids: Tensor, cache: Any) -> tuple[Tensor, Tensor, Any]:
+        """(logits (L, V), captured features (1, L, F), the cache) for `ids` (1, L) after the cache."""
         self._outputs.clear()
         out = self.model(
             input_ids=ids, use_cache=True, **({self.cache_name: cache} if cache is not None else {})
@@ -109,7 +151,13 @@ class SpecTarget:
         cache = getattr(out, self.cache_name, None) or out.past_key_values
         features = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
         self._outputs.clear()
-        return out.logits[0].argmax(-1), features, cache
+        return out.logits[0], features, cache
+
+    def forward(self, ids: Tensor, cache: Any) -> TargetStep:
+        """The greedy token and top-k logits per position (a topk on rows computed anyway), features, cache."""
+        logits, features, cache = self.logits(ids, cache)
+        top = logits.topk(TOP_K, dim=-1)
+        return TargetStep(logits.argmax(-1), top.values, top.indices, features, cache)
 
 
 def keep_first(cache: Any, length: int) -> None:
@@ -128,11 +176,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _finish(tokens: list[int], max_new: int, eos: int | None) -> list[int]:
+def _finish(tokens: list[int], max_new: int, eos: int | None) -> int:
+    """How many of the emitted tokens count: at most max_new, up to and including the first eos."""
     tokens = tokens[:max_new]
-    if eos is not None and eos in tokens:
-        tokens = tokens[: tokens.index(eos) + 1]
-    return tokens
+    return tokens.index(eos) + 1 if eos is not None and eos in tokens else len(tokens)
 
 
 @torch.inference_mode()
@@ -141,15 +188,17 @@ def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: int 
     device = target.device
     _sync(device)
     began = time.perf_counter()
-    greedy, _, cache = target.forward(torch.tensor([prompt], device=device), None)
-    tokens = [int(greedy[-1])]
+    step = target.forward(torch.tensor([prompt], device=device), None)
+    tokens, top = [int(step.greedy[-1])], step.top(slice(-1, None))
     forwards = 1
     while len(tokens) < max_new and tokens[-1] != eos:
-        greedy, _, cache = target.forward(torch.tensor([[tokens[-1]]], device=device), cache)
-        tokens.append(int(greedy[-1]))
+        step = target.forward(torch.tensor([[tokens[-1]]], device=device), step.cache)
+        tokens.append(int(step.greedy[-1]))
+        top += step.top(slice(-1, None))
         forwards += 1
     _sync(device)
-    return Decoded(_finish(tokens, max_new, eos), forwards, time.perf_counter() - began)
+    n = _finish(tokens, max_new, eos)
+    return Decoded(tokens[:n], forwards, time.perf_counter() - began, top=top[:n])
 
 
 @torch.inference_mode()
@@ -161,8 +210,9 @@ def speculative_decode(
     block = drafter.cfg.block_size
     _sync(device)
     began = time.perf_counter()
-    greedy, features, cache = target.forward(torch.tensor([prompt], device=device), None)
-    ids = [*prompt, int(greedy[-1])]
+    step = target.forward(torch.tensor([prompt], device=device), None)
+    features, cache = step.features, step.cache
+    ids, top = [*prompt, int(step.greedy[-1])], step.top(slice(-1, None))
     forwards, accepted = 1, []
     one = torch.ones(1, 1, dtype=torch.bool, device=device)
     while len(ids) - len(prompt) < max_new and ids[-1] != eos:
@@ -172,18 +222,22 @@ def speculative_decode(
         hidden = drafter.draft_hidden(torch.tensor([ids], device=device), context, anchor, one)[0, 0, 1:]
         draft = (hidden @ drafter.lm_head_weight.to(hidden.dtype).T).argmax(-1).tolist()  # B-1 tokens
         verify = torch.tensor([[ids[-1], *draft]], device=device)
-        greedy, new_features, cache = target.forward(verify, cache)
-        choices = greedy.tolist()  # the target's choice after each block position
+        step = target.forward(verify, cache)
+        cache = step.cache
+        choices = step.greedy.tolist()  # the target's choice after each block position
         k = 0
         while k < block - 1 and draft[k] == choices[k]:
             k += 1
         ids.extend([*draft[:k], choices[k]])
-        features = torch.cat([features, new_features[:, : k + 1]], dim=1)
+        top += step.top(slice(0, k + 1))  # the rows that chose the k + 1 emitted tokens
+        features = torch.cat([features, step.features[:, : k + 1]], dim=1)
         keep_first(cache, n + k)
         forwards += 1
         accepted.append(k + 1)
     _sync(device)
-    return Decoded(_finish(ids[len(prompt) :], max_new, eos), forwards, time.perf_counter() - began, accepted)
+    tokens = ids[len(prompt) :]
+    n = _finish(tokens, max_new, eos)
+    return Decoded(tokens[:n], forwards, time.perf_counter() - began, accepted, top[:n])
 
 
 def evaluate(
@@ -193,8 +247,10 @@ def evaluate(
     max_new: int,
     eos: int | None = None,
     on_prompt: Callable[[int], None] | None = None,
+    tie_tolerance: float | None = None,
 ) -> EvalReport:
-    """Decode every prompt both ways; the report compares them."""
+    """Decode every prompt both ways; the report compares them (tie_tolerance None: the dtype's default)."""
+    tolerance = default_tie_tolerance(target.dtype) if tie_tolerance is None else tie_tolerance
     rows: list[PromptReport] = []
     all_accepted: list[int] = []
     spec_s = base_s = 0.0
@@ -215,6 +271,7 @@ def evaluate(
                 baseline_forwards=base.target_forwards,
                 seconds=spec.seconds,
                 baseline_seconds=base.seconds,
+                comparison=compare_outputs(base.tokens, base.top, spec.tokens, spec.top, tolerance),
             )
         )
         if on_prompt is not None:
@@ -229,6 +286,10 @@ def evaluate(
         baseline_tok_s=new_tokens / base_s if base_s else 0.0,
         speedup=base_s / spec_s if spec_s else 0.0,
         identical=all(r.identical for r in rows),
+        ties=sum(r.comparison.verdict == "tie" for r in rows),
+        differences=sum(r.comparison.verdict == "different" for r in rows),
+        tie_tolerance=tolerance,
+        dtype=str(target.dtype).removeprefix("torch."),
         block_size=int(drafter.cfg.block_size),
         device=str(target.device),
         per_prompt=rows,
@@ -236,6 +297,9 @@ def evaluate(
 
 
 # ---------------------------------------------------------------- building the pieces
+
+
+EVAL_DTYPES = ("auto", "bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -337,8 +401,15 @@ def run_eval(
     overrides: list[str] | None = None,
     on_prompt: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    tie_tolerance: float | None = None,
+    dtype: str = "auto",
 ) -> EvalReport:
     """Everything `dflash-doctor eval` does: resolve the target and prompts, load, decode, report."""
+    check_tie_tolerance(tie_tolerance)
+    if dtype not in EVAL_DTYPES:
+        raise ConfigError(
+            f'--dtype: "{dtype}" is not one of {", ".join(EVAL_DTYPES)} (auto: bf16 on CUDA, fp32 on CPU)'
+        )
     cfg = None
     if config is not None:
         from trainer.config import load_config
@@ -364,25 +435,73 @@ def run_eval(
     else:
         raise ConfigError("--prompts: give a prompts file, or --config for the run's held-out sequences")
     seed = cfg.run.seed if cfg is not None else 0
-    target, drafter = load_pieces(EvalSetup(export_dir, target_path, seed, device))
+    target, drafter = load_pieces(EvalSetup(export_dir, target_path, seed, device, dtype))
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     if on_start is not None:
         on_start(len(prompts))
-    return evaluate(target, drafter, prompts, max_new_tokens, eos, on_prompt)
+    return evaluate(target, drafter, prompts, max_new_tokens, eos, on_prompt, tie_tolerance)
+
+
+def check_tie_tolerance(tolerance: float | None) -> None:
+    """--tie-tolerance: a finite number >= 0 (None: the compute dtype's default)."""
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ConfigError(
+            f"--tie-tolerance: {tolerance} is not a logit tolerance; give a number >= 0, relative to "
+            f"max(1, |logit|) (leave it out for the dtype's default: {TIE_TOLERANCE_LOW_PRECISION} in "
+            f"bf16/fp16, {TIE_TOLERANCE_FP32} in fp32; 0 accepts only exact ties)"
+        )
+
+
+def _rates(path: str, pick: int | None, other: int | None, margin: float | None) -> str:
+    if margin is None:
+        return f"{path} path has {other} outside its top {TOP_K}"
+    return f"{path} path rates {other} {margin:.4g} below {pick}"
+
+
+def _difference_line(number: int, row: PromptReport) -> str:
+    """Where one prompt's outputs part, and how close the target's two choices were there."""
+    c = row.comparison
+    where = f"  prompt {number}: {c.verdict} at new token index {c.first_diff}"
+    if c.greedy_token is None:
+        return f"{where}: one output stops early"
+    a, b = c.greedy_token, c.spec_token
+    allowed = "" if c.allowed_margin is None else f" (a tie allows {c.allowed_margin:.4g})"
+    return (
+        f"{where}: greedy {a} vs speculative {b}; {_rates('greedy', a, b, c.greedy_margin)}, "
+        f"{_rates('speculative', b, a, c.spec_margin)}{allowed}"
+    )
+
+
+def _verdict_line(report: EvalReport) -> str:
+    if report.identical:
+        return "output tokens identical to target-only greedy decoding (bitwise)"
+    ties = (
+        f"{report.ties} differ only by a near-tie flip ({report.dtype} rounding between a "
+        f"{report.block_size}-token and a 1-token forward, not the drafter; tolerance "
+        f"{report.tie_tolerance:g} x max(1, |logit|))"
+    )
+    if not report.differences:
+        return (
+            f"output tokens match target-only greedy decoding: {report.prompts - report.ties} bitwise, {ties}"
+        )
+    return (
+        f"output tokens DIFFERENT from target-only greedy decoding in {report.differences} of "
+        f"{report.prompts} prompts (a token the target did not choose: a bug)"
+    ) + (f"; {ties}" if report.ties else "")
 
 
 def format_report(report: EvalReport) -> str:
-    same = "identical to" if report.identical else "DIFFERENT from"
-    return "\n".join(
-        [
-            f"prompts {report.prompts}, new tokens {report.new_tokens}, block {report.block_size}, {report.device}",
-            f"mean acceptance length {report.mean_accept_len:.3f} tokens per target forward",
-            f"target forwards {report.target_forwards} (target-only greedy: {report.baseline_forwards})",
-            f"{report.tok_s:,.1f} tok/s vs {report.baseline_tok_s:,.1f} tok/s target-only: "
-            f"speed-up {report.speedup:.2f}x",
-            f"output tokens {same} target-only greedy decoding",
-        ]
-    )
+    lines = [
+        f"prompts {report.prompts}, new tokens {report.new_tokens}, block {report.block_size}, "
+        f"{report.device}, {report.dtype}",
+        f"mean acceptance length {report.mean_accept_len:.3f} tokens per target forward",
+        f"target forwards {report.target_forwards} (target-only greedy: {report.baseline_forwards})",
+        f"{report.tok_s:,.1f} tok/s vs {report.baseline_tok_s:,.1f} tok/s target-only: "
+        f"speed-up {report.speedup:.2f}x",
+        _verdict_line(report),
+    ]
+    lines += [_difference_line(n, r) for n, r in enumerate(report.per_prompt, 1) if not r.identical]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,18 +515,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--tie-tolerance", type=float, help="near-tie flip tolerance (default: by dtype)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on anything not bitwise identical")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
         report = run_eval(
             args.export, args.config, args.target, args.prompts, args.num_prompts, args.prompt_len,
-            args.max_new_tokens, args.device, args.overrides,
+            args.max_new_tokens, args.device, args.overrides, tie_tolerance=args.tie_tolerance,
+            dtype=args.dtype,
         )  # fmt: skip
     except DoctorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
     print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
-    return 0 if report.identical else 1
+    return report.exit_code(args.strict)
 
 
 if __name__ == "__main__":

@@ -97,25 +97,30 @@ class CaptureTarget:
         self._outputs.clear()
         return CapturedBatch(input_ids, loss_mask, hidden, index)
 
-    @torch.inference_mode()
     def capture_with_greedy(
         self, input_ids: torch.Tensor, loss_mask: torch.Tensor, index: int, chunk: int = 2048
     ) -> CapturedBatch:
         """A held-out batch: the captured layers as `capture`, plus `target_ids` (B, S): the target's greedy
         next token after each position (all layers, final norm, LM head; `chunk` positions of logits at a
-        time, since (S, vocab) logits would be GBs)."""
+        time, since (S, vocab) logits would be GBs).
+
+        In the same grad mode as `capture`: compiled layers guard on it, so a colocated rank (no_grad)
+        scoring under inference mode would recompile its layer graph in the middle of the run."""
         if self.lm_head is None:
             raise RuntimeError("capture_with_greedy needs the target built with keep_head=True")
         self._outputs.clear()
         self.body.config.num_hidden_layers = self.num_layers
-        try:
-            normed = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
-        finally:
-            self.body.config.num_hidden_layers = self.capture_layers
-        hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
-        self._outputs.clear()
-        flat = normed.reshape(-1, normed.shape[-1])
-        greedy = torch.cat([self.lm_head(flat[r : r + chunk]).argmax(-1) for r in range(0, len(flat), chunk)])
+        with torch.inference_mode() if self.inference_tensors else torch.no_grad():
+            try:
+                normed = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
+            finally:
+                self.body.config.num_hidden_layers = self.capture_layers
+            hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
+            self._outputs.clear()
+            flat = normed.reshape(-1, normed.shape[-1])
+            greedy = torch.cat(
+                [self.lm_head(flat[r : r + chunk]).argmax(-1) for r in range(0, len(flat), chunk)]
+            )
         return CapturedBatch(input_ids, loss_mask, hidden, index, greedy.view(input_ids.shape))
 
 

@@ -127,13 +127,15 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
     with autocast_for(cfg, device):
         out = model(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
     out.loss.backward()
+    model.zero_grad(set_to_none=True)
+    if cfg.data.holds_out:
+        warm_up_heldout(model, cfg, batch, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
-    model.zero_grad(set_to_none=True)
     compiled = ["flex_attention"] if model.attention == "flex" else []
     if model.layers_compiled:
-        compiled.append("decoder layers")
+        compiled.append("decoder layers" + (" (training and held-out)" if cfg.data.holds_out else ""))
     if model.compile_loss:
         compiled.append("LM head + CE")
     return {
@@ -152,6 +154,28 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
         "autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
         "autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"]),
     }
+
+
+def warm_up_heldout(
+    model: DFlashDrafter, cfg: TrainConfig, batch: CapturedBatch, device: torch.device
+) -> None:
+    """The held-out scoring forward (eval mode, no grad), as `heldout_over_drafters` runs it.
+
+    Compiled layers guard on grad mode and `training`: without this, the first evaluation compiles a
+    second layer graph in the middle of the run (measured on CPU: 3.8 s at tiny shapes; more on a GPU),
+    and the launcher's warm-up child would not have put it in the cache for the next launch."""
+    from trainer.anchors import sample_anchors
+    from trainer.heldout import draft_tokens
+
+    gen = torch.Generator(device=device).manual_seed(1)
+    anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, gen)
+    was_training = model.training
+    model.eval()
+    try:
+        with autocast_for(cfg, device):
+            draft_tokens(model, batch, anchors, valid)
+    finally:
+        model.train(was_training)
 
 
 def compile_lock_path() -> Path:

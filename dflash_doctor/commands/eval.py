@@ -1,7 +1,8 @@
 """`dflash-doctor eval --export DIR --config RUN.toml`: real greedy speculative decoding with the drafter.
 
-Exit codes: 0 the speculative output equals target-only greedy decoding; 1 it does not (a bug to report);
-2 bad usage, a bad config, export or prompts file.
+Exit codes: 0 every prompt's speculative output equals target-only greedy decoding's, bitwise or up to a
+near-tie flip (bf16 rounding: the report names each); 1 an output really differs (a bug to report), or, with
+--strict, any output is not bitwise identical; 2 bad usage, a bad config, export, prompts file or tolerance.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.commands.options import FLAG, JsonOption
 from dflash_doctor.console import make_console
 
 
@@ -36,6 +37,21 @@ def eval_command(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="New tokens per prompt."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set data.seq_len=256."),
+    tie_tolerance: float | None = typer.Option(
+        None,
+        "--tie-tolerance",
+        help="A first difference counts as a near-tie flip (exit 0) when each decode rates the other's token "
+        "within this many logits, times max(1, |logit|), of its own pick. Default: 2^-5 in bf16/fp16, 1e-4 in fp32.",
+    ),
+    strict: bool = typer.Option(
+        False, "--strict", metavar=FLAG, help="Exit 1 on any output not bitwise identical (ties too)."
+    ),
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32. fp32 on CPU makes the identity exact: "
+        "with --strict, the check that admits no near-tie.",
+    ),
     json_out: bool = JsonOption,
 ) -> None:
     """Decode prompts with the target alone and with the drafter proposing blocks; compare."""
@@ -50,10 +66,11 @@ def eval_command(
         report = run_eval(
             export, config, target, prompts, num_prompts, prompt_len, max_new_tokens, device, overrides,
             on_prompt=lambda done: progress.update(task, completed=done),
-            on_start=lambda total: progress.update(task, total=total),
+            on_start=lambda total: progress.update(task, total=total), tie_tolerance=tie_tolerance,
+            dtype=dtype,
         )  # fmt: skip
     typer.echo(json.dumps(report.to_json(), indent=2) if json_out else format_report(report))
-    raise typer.Exit(0 if report.identical else 1)
+    raise typer.Exit(report.exit_code(strict))
 
 
 def register(app: typer.Typer) -> None:

@@ -56,6 +56,10 @@ class PlanInputs:
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES  # on CPU: the process's own overhead
     on_gpu: bool = True
     compiled_layers: bool = True  # drafter.compile_layers (compiled on CUDA only; CPU runs stay eager)
+    # Held-out evaluation on (data.eval_fraction or data.eval_path): target ranks keep the whole target and
+    # its LM head to score the target's own greedy tokens (trainer/target.py::capture_with_greedy).
+    heldout: bool = False
+    heldout_chunk: int = 2048  # positions of logits at a time in capture_with_greedy
 
     @property
     def overhead_part(self) -> str:
@@ -88,21 +92,42 @@ ACT_PER_TOKEN_INTERMEDIATE = 8
 CTX_PER_TOKEN_KV = 10
 
 
+def target_weights(p: PlanInputs) -> int:
+    """Embedding, the kept layers and the final norm; with held-out evaluation on, every layer and the LM
+    head (a tied head shares the embedding's storage)."""
+    t, elt = p.target, 2 if p.bf16 else 4
+    if p.heldout:
+        kept = t.layers
+        head = 0 if t.tied_embeddings else t.vocab * t.hidden
+    else:
+        kept = max(p.captured_layers) + 1  # layers past the last captured one are dropped
+        head = 0
+    return (t.vocab * t.hidden + kept * t.layer_params + t.hidden + head) * elt
+
+
+def heldout_logits(p: PlanInputs) -> int:
+    """One chunk of the target's held-out logits (bf16 on GPU), alive while its greedy tokens are taken."""
+    if not p.heldout:
+        return 0
+    return min(p.heldout_chunk, p.batch_size * p.seq_len) * p.target.vocab * (2 if p.bf16 else 4)
+
+
 def target_estimate(p: PlanInputs) -> RoleEstimate:
     t, elt = p.target, 2 if p.bf16 else 4
-    kept = max(p.captured_layers) + 1  # layers past the last captured one are dropped
     tokens = p.batch_size * p.seq_len
     captured = tokens * len(p.captured_layers) * t.hidden * elt
     # The largest transient inside one layer: SwiGLU holds gate, up and their product (3 x I) beside
     # the residual stream; attention (flash/SDPA) needs O(S) only.
     transient = tokens * (3 * t.intermediate + 3 * t.hidden) * elt
+    logits = heldout_logits(p)
     return RoleEstimate(
         "target",
         {
-            "weights": (t.vocab * t.hidden + kept * t.layer_params + t.hidden) * elt,
+            "weights": target_weights(p),
             "layer_transient": transient,
             "captured_states": captured,
             "send_buffers": captured * p.in_flight,
+            **({"heldout_logits_chunk": logits} if logits else {}),
             p.overhead_part: p.cuda_context_bytes,
         },
     )
@@ -166,7 +191,7 @@ def colocated_estimate(p: PlanInputs) -> RoleEstimate:
     """One device holding both roles: the target's weights, one captured batch (no send or receive
     queues), the drafter's state and activations, one CUDA context. The capture's layer transient and the
     drafter's training transients never coexist (capture ends before the forward), so only the capture's
-    excess over them counts."""
+    excess over them counts; so does a held-out logits chunk, which exists only during a capture."""
     target = target_estimate(p).parts
     drafter = drafter_estimate(p).parts
     training_transient = (
@@ -180,7 +205,9 @@ def colocated_estimate(p: PlanInputs) -> RoleEstimate:
         "colocated",
         {
             "target_weights": target["weights"],
-            "capture_transient": max(0, target["layer_transient"] - training_transient),
+            "capture_transient": max(
+                0, max(target["layer_transient"], target.get("heldout_logits_chunk", 0)) - training_transient
+            ),
             "captured_states": target["captured_states"],
             **kept,
             "cuda_context": p.cuda_context_bytes,

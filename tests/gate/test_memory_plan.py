@@ -145,3 +145,40 @@ def test_the_plan_follows_the_configs_compile_layers() -> None:
     assert not plan_inputs(cfg, shapes, "cpu").compiled_layers
     eager = load_config("qwen3-8b-b16", ["drafter.compile_layers=false"])
     assert not plan_inputs(eager, shapes, "cuda").compiled_layers
+
+
+def test_heldout_evaluation_keeps_the_whole_target_and_its_head() -> None:
+    """Held-out scoring needs the target's own greedy tokens: every layer, the final norm and the LM head
+    stay on the target rank, and one chunk of logits exists while they are taken."""
+    plain = plan(inputs())["target"]
+    scored = plan(inputs(heldout=True))["target"]
+    per_layer = QWEN3_8B.layer_params * 2
+    head = QWEN3_8B.vocab * QWEN3_8B.hidden * 2
+    assert scored.parts["weights"] - plain.parts["weights"] == 2 * per_layer + head  # layers 34, 35 + head
+    assert scored.parts["heldout_logits_chunk"] == 2048 * QWEN3_8B.vocab * 2
+    assert "heldout_logits_chunk" not in plain.parts
+    tied = ModelShape(**{**QWEN3_8B.__dict__, "tied_embeddings": True})
+    tied_scored = plan(inputs(target=tied, heldout=True))["target"]
+    assert scored.parts["weights"] - tied_scored.parts["weights"] == head  # a tied head costs nothing
+
+
+def test_heldout_evaluation_grows_a_colocated_rank_by_the_rest_of_the_target() -> None:
+    plain = plan(inputs(), colocated=True)["colocated"]
+    scored = plan(inputs(heldout=True), colocated=True)["colocated"]
+    extra = scored.total - plain.total
+    per_layer = QWEN3_8B.layer_params * 2
+    head = QWEN3_8B.vocab * QWEN3_8B.hidden * 2
+    assert extra >= 2 * per_layer + head  # never less than the weights it keeps
+    assert extra < 2 * per_layer + head + GIB  # the logits chunk is a transient, not a second copy
+
+
+def test_the_plan_knows_held_out_evaluation_from_the_config() -> None:
+    from dflash_doctor.launch.plan import plan_inputs
+    from trainer.config import load_config
+    from trainer.target_config import target_shapes
+
+    cfg = load_config("tiny-cpu", ["data.eval_fraction=0.1"])
+    plain = load_config("tiny-cpu", ["data.eval_fraction=0.0"])
+    shapes = target_shapes(cfg.target.path)
+    assert plan_inputs(cfg, shapes, "cuda").heldout is True
+    assert plan_inputs(plain, shapes, "cuda").heldout is False

@@ -1,17 +1,21 @@
-"""`dflash-doctor eval`: greedy block speculative decoding emits exactly target-only greedy's tokens."""
+"""`dflash-doctor eval`: greedy block speculative decoding emits exactly target-only greedy's tokens, and a
+first difference is told apart: a near-tie flip (exit 0) from a token the target did not choose (exit 1)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
 import torch
 from torch import Tensor
 
 from dflash_doctor.cli import run
 from trainer.drafter import DFlashDrafter, DrafterConfig
-from trainer.eval import SpecTarget, evaluate, greedy_decode
+from trainer.eval import SpecTarget, evaluate, format_report, greedy_decode
+from trainer.eval import main as eval_main
 from trainer.export import export_drafter
 from trainer.tiny import build_embedded_target, tiny_qwen3_config
 
@@ -49,6 +53,9 @@ class OracleDrafter:
 def test_untrained_drafter_output_equals_target_only_greedy() -> None:
     report = evaluate(_tiny_target(), _untrained_drafter(), PROMPTS, max_new=20)
     assert report.identical and all(r.identical for r in report.per_prompt)
+    assert (report.ties, report.differences, report.exit_code(strict=True)) == (0, 0, 0)
+    assert {r.comparison.verdict for r in report.per_prompt} == {"identical"}
+    assert report.dtype == "float32" and report.tie_tolerance == 1e-4  # fp32's default
     assert report.new_tokens == 60 and 1.0 <= report.mean_accept_len <= 4.0
     assert report.baseline_forwards == 60  # one forward per token
     assert report.target_forwards <= report.baseline_forwards
@@ -82,3 +89,136 @@ def test_cli_eval_with_a_prompts_file_and_json(tmp_path: Path, capsys) -> None:
         run(["eval", "--export", str(tmp_path / "nowhere"), "--target", "tiny", "--prompts", str(prompts)])
         == 2
     )
+
+
+FLIP_AT = 9  # the absolute position rewritten below: new token 3 of PROMPTS[0] (6 tokens)
+
+
+def _rewrite_logits_at(monkeypatch: pytest.MonkeyPatch, position: int, how: str) -> None:
+    """Rewrite the target's logits for the token at `position`, as bf16 rounding (or a bug) would.
+
+    "tie": the runner-up sits 1e-5 below the top in a 1-token forward (greedy decoding) and 1e-5 above it in
+    a multi-token one (the verify forward): the argmax flips between the paths on a near-tie.
+    "bug": multi-token forwards put the target's lowest-rated token on top by 5 logits.
+    """
+    original = SpecTarget.logits
+
+    def logits(self: SpecTarget, ids: Tensor, cache: Any) -> tuple[Tensor, Tensor, Any]:
+        start = cache.get_seq_length() if cache is not None else 0
+        out, features, cache = original(self, ids, cache)
+        row = position - 1 - start  # row r predicts the token at start + r + 1
+        if not 0 <= row < ids.shape[1]:
+            return out, features, cache
+        out = out.clone()
+        best, runner_up = out[row].topk(2).indices.tolist()
+        if how == "tie":
+            out[row, runner_up] = out[row, best] + (1e-5 if ids.shape[1] > 1 else -1e-5)
+        elif ids.shape[1] > 1:
+            out[row, int(out[row].argmin())] = out[row, best] + 5.0
+        return out, features, cache
+
+    monkeypatch.setattr(SpecTarget, "logits", logits)
+
+
+def test_a_near_tie_flip_is_a_tie_and_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    _rewrite_logits_at(monkeypatch, FLIP_AT, "tie")
+    long_prompt = list(range(100, 112))  # position 9 lies inside it: its outputs stay untouched
+    report = evaluate(_tiny_target(), _untrained_drafter(), [PROMPTS[0], long_prompt], max_new=8)
+    flipped, untouched = report.per_prompt
+    assert not report.identical and not flipped.identical and untouched.identical
+    assert flipped.comparison.verdict == "tie" and flipped.comparison.first_diff == FLIP_AT - len(PROMPTS[0])
+    assert flipped.comparison.greedy_margin == pytest.approx(1e-5, rel=0.2)
+    assert flipped.comparison.spec_margin == pytest.approx(1e-5, rel=0.2)
+    assert (report.ties, report.differences) == (1, 0)
+    assert report.exit_code() == 0 and report.exit_code(strict=True) == 1
+    text = format_report(report)
+    assert (
+        "1 bitwise, 1 differ only by a near-tie flip" in text and "prompt 1: tie at new token index 3" in text
+    )
+
+
+def test_a_token_the_target_did_not_choose_is_different_and_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    _rewrite_logits_at(monkeypatch, FLIP_AT, "bug")
+    report = evaluate(_tiny_target(), _untrained_drafter(), PROMPTS[:1], max_new=8)
+    comparison = report.per_prompt[0].comparison
+    assert comparison.verdict == "different" and comparison.first_diff == 3
+    assert comparison.greedy_margin is None  # the greedy path has it nowhere near its top 4
+    assert (report.ties, report.differences, report.exit_code()) == (0, 1, 1)
+    assert "DIFFERENT from target-only greedy decoding in 1 of 1 prompts" in format_report(report)
+
+
+def _cli_args(tmp_path: Path) -> list[str]:
+    export = export_drafter(_untrained_drafter(), tmp_path / "export")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
+    return [
+        "eval",
+        "--export",
+        str(export),
+        "--target",
+        "tiny",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "8",
+    ]
+
+
+def test_cli_exit_codes_for_a_tie_strict_and_a_bad_tolerance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _cli_args(tmp_path)
+    _rewrite_logits_at(monkeypatch, FLIP_AT, "tie")
+    assert run([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["identical"], report["ties"], report["differences"]) == (False, 1, 0)
+    assert report["per_prompt"][0]["comparison"]["verdict"] == "tie"
+    assert report["per_prompt"][0]["comparison"]["first_diff"] == 3
+    assert run([*args, "--strict"]) == 1
+    assert run([*args, "--tie-tolerance", "0"]) == 1  # 0 accepts only bitwise ties: this one is 1e-5 apart
+    capsys.readouterr()
+    assert run([*args, "--tie-tolerance", "-0.5"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--tie-tolerance: -0.5 is not a logit tolerance; give a number >= 0" in err
+    assert eval_main([*args[1:], "--tie-tolerance", "nan"]) == 2  # python -m trainer.eval: the same check
+    assert "--tie-tolerance: nan is not a logit tolerance" in capsys.readouterr().err
+
+
+def test_cli_exits_1_on_a_real_difference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _cli_args(tmp_path)
+    _rewrite_logits_at(monkeypatch, FLIP_AT, "bug")
+    assert run(args) == 1
+    assert "prompt 1: different at new token index 3" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bf16_rounding_flips_are_ties_never_differences() -> None:
+    """Real bf16 (no rewritten logits): verify and decode forwards round differently; eval must still pass."""
+    model = build_embedded_target("tiny", seed=0, dtype=torch.bfloat16)
+    target = SpecTarget(model, [2])
+    drafter = _untrained_drafter().to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 511, (32,), generator=gen).tolist() for _ in range(16)]
+    report = evaluate(target, drafter, prompts, max_new=64)
+    assert report.dtype == "bfloat16" and report.tie_tolerance == 2**-5
+    assert report.differences == 0 and report.exit_code() == 0
+    for row in report.per_prompt:  # any flip is a tie whose both margins were seen in the top-k
+        margins = (row.comparison.greedy_margin, row.comparison.spec_margin)
+        assert row.identical or (row.comparison.verdict == "tie" and None not in margins)
+
+
+def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _cli_args(tmp_path)
+    assert run([*args, "--dtype", "bf16", "--json"]) in (0, 1)  # bf16 on CPU: ties allowed, not the point
+    report = json.loads(capsys.readouterr().out)
+    assert report["dtype"] == "bfloat16" and report["tie_tolerance"] == pytest.approx(2**-5)
+    assert run([*args, "--dtype", "fp32", "--strict", "--json"]) == 0  # fp32: bitwise identical
+    assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
+    assert run([*args, "--dtype", "fp64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert '--dtype: "fp64" is not one of auto, bf16, fp32' in err
+    assert eval_main([*args[1:], "--dtype", "fp64"]) == 2  # python -m trainer.eval: the same check

@@ -1,0 +1,266 @@
+"""Load dflash-doctor DFlash exports with SGLang's own DFlashDraftModel and weight loader; print a JSON verdict.
+
+Run by SGLang's python, not ours (this file imports nothing from dflash-doctor):
+
+    /work/venvs/sglang/bin/python tests/interop/sglang_load_export.py [--dtype auto|bfloat16] EXPORT_DIR [...]
+
+`--dtype` is the server's `--dtype` (default `auto`: the dtype config.json names, except that SGLang reads
+float32 as float16); with a dtype given, our tensors are compared after a cast to it.
+
+Why: SGLang's `DFlashDraftModel.load_weights` skips checkpoint names it does not know and never reports a
+parameter it did not fill, so a renamed or missing weight would be served as garbage without a word. So every
+parameter of SGLang's module is filled with NaN before the load, and after it each must equal our tensor
+exactly (the fused `qkv_proj` and `gate_up_proj` split back into q/k/v and gate/up); every tensor of the export
+must have been consumed; and the config fields SGLang reads must carry the values we wrote, read back from the
+modules SGLang built (heads, RoPE base, norm epsilon, attention type, block size, context features) or from
+SGLang's own DFlash config parser (target layers, mask token).
+
+The model is built on CPU with the least SGLang machinery: a published `ServerArgs`, a one-process gloo group
+(its parallel linear layers ask for the tensor-parallel group even at TP=1), SGLang's `ModelConfig` (how the
+server reads a draft folder, with the given `--dtype`) and its `DefaultModelLoader` (file discovery and the weight
+iterator the server uses), as SGLang's own layer tests set themselves up.
+
+Output: `{"sglang_version", "ok", "exports": [{"folder", "ok", "problems", "config", "parameters"}]}`.
+Exit 0: every export loads with our values; 1: SGLang mis-loads one (the problems say how); 2: bad input
+(a folder that is not an export); 3: this python cannot run the check (no SGLang, or one without DFlash).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_MISLOADED = 1
+EXIT_BAD_INPUT = 2
+EXIT_CANNOT_CHECK = 3
+
+# SGLang's fused parameters and the checkpoint names they are loaded from, in their order along dim 0.
+FUSED_PARTS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
+def fail(code: int, message: str) -> None:
+    print(json.dumps({"ok": False, "error": message}), flush=True)
+    sys.exit(code)
+
+
+def start_single_process_sglang(model_path: Path) -> None:
+    """Publish server args and a world-of-one gloo group: SGLang's layers read both at build time. The args'
+    model folder must hold a config.json (their resolution reads it): any export does."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+        reset_context()
+        publish(
+            ServerArgs(model_path=str(model_path), device="cpu"), role="test", ranks=SpawnRanks(world_rank=0)
+        )
+        get_parallel().override_permanently(world_group=parallel_state._WORLD)
+        parallel_state.initialize_model_parallel(backend="gloo")
+
+
+def use_native_rope_kernel() -> None:
+    """On a machine without CUDA, SGLang's RotaryEmbedding picks vLLM's CUDA kernel unless its platform flag
+    says CPU; its real CPU engine (`SGLANG_USE_CPU_ENGINE=1`) needs the sgl-kernel CPU build, which PyPI does
+    not ship. Loading never runs the kernel: set only the rotary module's flag, to its native torch path."""
+    from sglang.srt.layers.rotary_embedding import base
+
+    base._is_cpu = True
+
+
+def load_with_sglang(folder: Path, dtype: str) -> tuple[Any, Any]:
+    """SGLang's ModelConfig for `folder` as a DFLASH draft, and its model with every parameter loaded through
+    SGLang's loader after a NaN fill (so a parameter the loader skipped stays NaN)."""
+    import torch
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    use_native_rope_kernel()
+    model_config = ModelConfig(str(folder), is_draft_model=True, dtype=dtype, speculative_algorithm="DFLASH")
+    loader = DefaultModelLoader(LoadConfig())
+    cpu = torch.device("cpu")
+    model = loader.initialize_model_for_startup(model_config=model_config, device_config=DeviceConfig("cpu"))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(float("nan"))
+    loader.load_weights_and_postprocess(model, loader._get_all_weights(model_config, model), cpu)
+    return model_config, model
+
+
+def unfused(name: str, value: Any, model: Any) -> dict[str, Any]:
+    """SGLang parameter `name` as the checkpoint tensors it was loaded from (TP=1: whole rows)."""
+    for fused, parts in FUSED_PARTS.items():
+        if f".{fused}." not in name:
+            continue
+        if fused == "qkv_proj":
+            layer = int(name.split(".")[1])
+            attn = model.layers[layer].self_attn
+            pieces = value.split([attn.q_size, attn.kv_size, attn.kv_size], dim=0)
+        else:
+            pieces = value.chunk(2, dim=0)
+        return {name.replace(fused, part): piece for part, piece in zip(parts, pieces, strict=True)}
+    return {name: value}
+
+
+def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
+    """Every SGLang parameter against our tensors; and which of our tensors no parameter took."""
+    import torch
+
+    not_loaded, different, wrong_dtype, missing_in_export = [], [], [], []
+    consumed: set[str] = set()
+    checked = 0
+    for name, param in model.named_parameters():
+        pieces = unfused(name, param.detach(), model)
+        if torch.isnan(param).any():
+            not_loaded.append(name)
+        for source, value in pieces.items():
+            checked += 1
+            if source not in ours:
+                missing_in_export.append(source)
+                continue
+            consumed.add(source)
+            if value.dtype != ours[source].dtype:
+                wrong_dtype.append(f"{source}: sglang {value.dtype}, export {ours[source].dtype}")
+            elif value.shape != ours[source].shape or not torch.equal(value, ours[source]):
+                different.append(source)
+    return {
+        "sglang_parameters": len(dict(model.named_parameters())),
+        "tensors_compared": checked,
+        "export_tensors": len(ours),
+        "not_loaded": not_loaded,
+        "different_from_export": different,
+        "wrong_dtype": wrong_dtype,
+        "absent_from_export": missing_in_export,
+        "ignored_by_sglang": sorted(set(ours) - consumed),
+    }
+
+
+def config_as_read(model_config: Any, model: Any, ours: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each config field SGLang uses: {"ours": what config.json says, "sglang": what SGLang built or parsed}."""
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.speculative.dflash_utils import DEFAULT_DFLASH_MASK_TOKEN, parse_dflash_draft_config
+
+    dflash = ours["dflash_config"]
+    parsed = parse_dflash_draft_config(draft_hf_config=model_config.hf_config)
+    attn = model.layers[0].self_attn
+    rope = attn.rotary_emb
+    layers = list(model.layers)
+    return {
+        "architecture": {"ours": ours["architectures"][0], "sglang": type(model).__name__},
+        "dtype": {"ours": ours["dtype"], "sglang": str(model_config.dtype).removeprefix("torch.")},
+        "num_hidden_layers": {"ours": ours["num_hidden_layers"], "sglang": len(layers)},
+        "hidden_size": {"ours": ours["hidden_size"], "sglang": model.fc.out_features},
+        "num_attention_heads": {"ours": ours["num_attention_heads"], "sglang": attn.total_num_heads},
+        "num_key_value_heads": {"ours": ours["num_key_value_heads"], "sglang": attn.total_num_kv_heads},
+        "head_dim": {"ours": ours["head_dim"], "sglang": attn.head_dim},
+        "intermediate_size": {
+            "ours": ours["intermediate_size"],
+            "sglang": model.layers[0].mlp.down_proj.input_size,
+        },
+        "rms_norm_eps": {"ours": ours["rms_norm_eps"], "sglang": model.norm.variance_epsilon},
+        "plain_rms_norm (not Gemma's 1+w)": {"ours": True, "sglang": type(model.norm) is RMSNorm},
+        "hidden_act silu": {
+            "ours": ours["hidden_act"] == "silu",
+            "sglang": isinstance(layers[0].mlp.act_fn, SiluAndMul),
+        },
+        "rope_theta": {"ours": ours["rope_theta"], "sglang": rope.base},
+        "rotary_dim": {"ours": ours["head_dim"], "sglang": rope.rotary_dim},
+        "rope neox style (rotate_half)": {"ours": True, "sglang": rope.is_neox_style},
+        "non-causal attention in every layer": {
+            "ours": True,
+            "sglang": all(layer.self_attn.attn_type == AttentionType.ENCODER_ONLY for layer in layers),
+        },
+        "no sliding window": {
+            "ours": True,
+            "sglang": all(layer.self_attn.sliding_window_size == -1 for layer in layers),
+        },
+        "block_size": {"ours": ours["block_size"], "sglang": model.block_size},
+        "num_target_layers": {"ours": ours["num_target_layers"], "sglang": parsed.num_target_layers},
+        "target_layer_ids": {"ours": dflash["target_layer_ids"], "sglang": parsed.target_layer_ids},
+        "context features (fc input / hidden_size)": {
+            "ours": len(dflash["target_layer_ids"]),
+            "sglang": model.fc.in_features // model.fc.out_features,
+        },
+        "mask_token_id": {"ours": dflash["mask_token_id"], "sglang": parsed.mask_token_id},
+        # SGLang puts its default string in place of a null mask_token; with mask_token_id set it only uses the
+        # string to cross-check the target tokenizer's id for it.
+        "mask_token": {
+            "ours": dflash.get("mask_token") or DEFAULT_DFLASH_MASK_TOKEN,
+            "sglang": parsed.mask_token,
+        },
+        "vocab_size": {"ours": ours["vocab_size"], "sglang": model_config.vocab_size},
+    }
+
+
+def check_export(folder: Path, dtype: str) -> dict[str, Any]:
+    """One export's verdict. `dtype` other than "auto": SGLang is told to serve in it, and ours is cast to it."""
+    import torch
+    from safetensors.torch import load_file
+
+    ours_config = json.loads((folder / "config.json").read_text())
+    ours_weights = load_file(str(folder / "model.safetensors"))
+    if dtype != "auto":
+        ours_config["dtype"] = dtype
+        ours_weights = {name: t.to(getattr(torch, dtype)) for name, t in ours_weights.items()}
+    model_config, model = load_with_sglang(folder, dtype)
+    config = config_as_read(model_config, model, ours_config)
+    parameters = compare_parameters(model, ours_weights)
+    problems = [f"config {field}: ours {v['ours']!r}, sglang {v['sglang']!r}" for field, v in config.items()
+                if v["ours"] != v["sglang"]]  # fmt: skip
+    for kind in (
+        "not_loaded",
+        "different_from_export",
+        "wrong_dtype",
+        "absent_from_export",
+        "ignored_by_sglang",
+    ):
+        problems += [f"{kind}: {name}" for name in parameters[kind]]
+    return {"folder": str(folder), "ok": not problems, "problems": problems, "config": config,
+            "parameters": parameters}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="Load DFlash exports with SGLang; print a JSON verdict.")
+    parser.add_argument(
+        "folders", nargs="+", type=Path, help="folders written by trainer.export.export_drafter"
+    )
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    args = parser.parse_args(argv)  # bad usage: argparse's message and exit 2
+    folders = [folder.resolve() for folder in args.folders]
+    for folder in folders:
+        absent = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
+        if absent:
+            fail(EXIT_BAD_INPUT, f"{folder} is not a DFlash export: it lacks {', '.join(absent)}; "
+                 "write one with trainer.export.export_drafter")  # fmt: skip
+    try:
+        import sglang
+        import sglang.srt.models.dflash  # the DFlash drafter: absent before SGLang had DFlash
+    except ImportError as err:
+        fail(EXIT_CANNOT_CHECK, f"{sys.executable} cannot import SGLang's DFlash drafter ({err}); "
+             "install an SGLang that has sglang/srt/models/dflash.py")  # fmt: skip
+    start_single_process_sglang(folders[0])
+    verdicts = [check_export(folder, args.dtype) for folder in folders]
+    ok = all(v["ok"] for v in verdicts)
+    print(
+        json.dumps({"sglang_version": sglang.__version__, "ok": ok, "exports": verdicts}, indent=1),
+        flush=True,
+    )
+    return 0 if ok else EXIT_MISLOADED
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
