@@ -152,6 +152,8 @@ def expected_tensor(ours: dict[str, Any], vllm_name: str) -> tuple[Any | None, l
 
 def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
     """Every vLLM parameter against our export: equal, different, not in the export, or shared."""
+    import torch
+
     equal, different, not_loaded, shared = 0, [], [], {}
     vllm_names = set()
     for name, param in model.named_parameters():
@@ -164,7 +166,7 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
                 not_loaded.append(f"{name} (the export lacks {', '.join(missing)})")
             continue
         got = param.detach()
-        if tuple(got.shape) == tuple(want.shape) and torch_equal(got, want.to(got.dtype)):
+        if tuple(got.shape) == tuple(want.shape) and torch.equal(got, want.to(got.dtype)):
             equal += 1
         else:
             different.append(
@@ -178,12 +180,6 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
         "shared_with_target": shared,
         "export_names_without_a_vllm_parameter": sorted(set(ours) - vllm_names - unfused),
     }
-
-
-def torch_equal(a: Any, b: Any) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))
 
 
 def config_checks(
@@ -224,6 +220,7 @@ def config_checks(
         "uses_aux_hidden_states": (model.model.use_aux_hidden_state, True),
         "own_embed_tokens": (bool(getattr(model, "has_own_embed_tokens", False)), False),
         "own_lm_head": (bool(getattr(model, "has_own_lm_head", False)), False),
+        # vLLM serves the draft in the target's dtype; the stand-in target carries ours.
         "dtype": (str(spec.draft_model_config.dtype).removeprefix("torch."), ours["torch_dtype"]),
     }
     return {name: {"vllm": got, "ours": want, "ok": got == want} for name, (got, want) in checks.items()}
