@@ -4,6 +4,7 @@
 #   1. `train --config qwen3-8b-b16` colocated, 60 steps, a profiler window over steps 30-34: the GPU's busy
 #      share (~1.0: only faster kernels help; lower: the capture could overlap the drafter on a second
 #      stream) and the top operations, from <output>/profile/rank0.summary.json
+#   1b. the same with topology.overlap_capture=true (the next capture on a second stream): tok/s side by side
 #   2. bench/layer_compile.py at seed-b32: per-layer against whole-stack step time (issue 17's 1% budget)
 #   3. bench/spec_decode.py at qwen3-8b-b16: eval's bf16 near-tie classification on the GPU
 #   bash bench/carried_wheels.sh   # here, first: .whl/ is not in git
@@ -32,6 +33,19 @@ stage profile_b16 300 python3 bench/e2e.py $TINY --config "$CONFIG" --steps "$ST
     --timeout-s 280 --workdir /tmp/profile-run --out "$RES/profile_run.json" "${WINDOW[@]}" "${EXTRA[@]}"
 cp /tmp/profile-run/"$RECIPE"/profile/*.summary.json "$RES/" 2>/dev/null
 cp /tmp/profile-run/*.log "$LOGS/profile-train.log" 2>/dev/null
+# The same run with the next capture on a second stream (topology.overlap_capture), warm cache: A/B in one call.
+stage overlap_b16 150 python3 bench/e2e.py $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
+    --timeout-s 140 --workdir /tmp/overlap-run --out "$RES/overlap_run.json" --set topology.overlap_capture=true \
+    "${EXTRA[@]}"
+python3 - "$RES" <<'PY'
+import json, pathlib, sys
+res = pathlib.Path(sys.argv[1])
+rows = {name: json.loads((res / f"{name}.json").read_text()) for name in ("profile_run", "overlap_run")
+        if (res / f"{name}.json").is_file()}
+for name, row in rows.items():
+    flat = row.get("rows", [row])[0] if isinstance(row, dict) else row
+    print(name, {k: flat.get(k) for k in ("steady_tok_s", "data_wait_fraction", "median_step_s", "peak_memory_gib_nvml") if k in flat})
+PY
 python3 - "$RES" <<'PY'
 import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("rank*.summary.json")):

@@ -34,6 +34,11 @@ class CapturedBatch:
     def seq_len(self) -> int:
         return int(self.input_ids.shape[1])
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the batch holds."""
+        held = [self.input_ids, self.loss_mask, self.hidden]
+        return held if self.target_ids is None else [*held, self.target_ids]
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> CapturedBatch:
         return CapturedBatch(
             self.input_ids.to(device, non_blocking=non_blocking),

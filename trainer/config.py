@@ -89,6 +89,9 @@ class TopologySection:
     drafters: int | None = None
     ranks: int | None = None  # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
     in_flight: int = 4  # batches a target rank may have sent and not yet seen received
+    # Colocated on CUDA: capture the next step's batch on a second stream, so it can run beside this step's
+    # backward and optimizer update instead of after them (trainer/pipeline.py). Off until measured faster.
+    overlap_capture: bool = False
 
 
 @dataclass(frozen=True)
@@ -449,6 +452,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "drafters": integer(1, MAX_RANKS_PER_ROLE),
             "ranks": integer(1, MAX_RANKS_PER_ROLE),
             "in_flight": integer(1),
+            "overlap_capture": boolean(),
         },
     ),
     "optim": (

@@ -25,20 +25,49 @@ from trainer.batch import CapturedBatch
 
 
 class CaptureAhead:
-    """Micro-batch `m` of a colocated rank, captured when asked or earlier by `prefetch(m)`."""
+    """Micro-batch `m` of a colocated rank, captured when asked or earlier by `prefetch(m)`.
 
-    def __init__(self, capture: Callable[[int], CapturedBatch], total_micro_steps: int) -> None:
-        self.capture, self.total = capture, total_micro_steps
-        self.ready: dict[int, CapturedBatch] = {}
+    With a `stream` (`topology.overlap_capture`, CUDA), a prefetched capture is queued on that second stream:
+    the GPU may run it beside the work already queued on the training stream (this step's backward and
+    optimizer update) rather than after it. The training stream waits for the capture's event before using
+    the batch, and the batch's tensors are marked as used there, so the caching allocator does not hand
+    their memory back to the capture stream while training still reads them. The capture reads only the
+    frozen target and its own fresh inputs, so it needs to wait for nothing on the training stream.
+    """
+
+    def __init__(
+        self,
+        capture: Callable[[int], CapturedBatch],
+        total_micro_steps: int,
+        stream: torch.cuda.Stream | None = None,
+    ) -> None:
+        self.capture, self.total, self.stream = capture, total_micro_steps, stream
+        self.ready: dict[int, tuple[CapturedBatch, torch.cuda.Event | None]] = {}
 
     def next_batch(self, micro_step: int) -> CapturedBatch:
-        batch = self.ready.pop(micro_step, None)
-        return batch if batch is not None else self.capture(micro_step)
+        entry = self.ready.pop(micro_step, None)
+        if entry is None:
+            return self.capture(micro_step)
+        batch, done = entry
+        if done is not None:
+            training = torch.cuda.current_stream()
+            training.wait_event(done)
+            for tensor in batch.tensors():
+                tensor.record_stream(training)
+        return batch
 
     def prefetch(self, micro_step: int) -> None:
         """Queue micro-step `micro_step`'s capture now (a no-op past the last one, or when already queued)."""
-        if micro_step < self.total and micro_step not in self.ready:
-            self.ready[micro_step] = self.capture(micro_step)
+        if micro_step >= self.total or micro_step in self.ready:
+            return
+        if self.stream is None:
+            self.ready[micro_step] = (self.capture(micro_step), None)
+            return
+        with torch.cuda.stream(self.stream):
+            batch = self.capture(micro_step)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        self.ready[micro_step] = (batch, done)
 
 
 class StepNumbers:

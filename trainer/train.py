@@ -301,7 +301,9 @@ def run_colocated(run: RunContext) -> int:
     def heldout_batch(eval_index: int) -> CapturedBatch:
         return side.capture_heldout(run.split, eval_index, run.device)
 
-    ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum)
+    overlap = run.cfg.topology.overlap_capture and run.device.type == "cuda"
+    stream = torch.cuda.Stream(run.device) if overlap else None  # CPU work is synchronous: nothing to overlap
+    ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum, stream)
     return loop.run(ahead.next_batch, heldout_batch, prefetch=ahead.prefetch)
 
 

@@ -60,6 +60,8 @@ class PlanInputs:
     # its LM head to score the target's own greedy tokens (trainer/target.py::capture_with_greedy).
     heldout: bool = False
     heldout_chunk: int = 2048  # positions of logits at a time in capture_with_greedy
+    # topology.overlap_capture (colocated, CUDA): the next batch's capture runs beside this step's training
+    overlap_capture: bool = False
 
     @property
     def overhead_part(self) -> str:
@@ -191,7 +193,9 @@ def colocated_estimate(p: PlanInputs) -> RoleEstimate:
     """One device holding both roles: the target's weights, one captured batch (no send or receive
     queues), the drafter's state and activations, one CUDA context. The capture's layer transient and the
     drafter's training transients never coexist (capture ends before the forward), so only the capture's
-    excess over them counts; so does a held-out logits chunk, which exists only during a capture."""
+    excess over them counts; so does a held-out logits chunk, which exists only during a capture. With
+    `overlap_capture` the next capture runs beside training: its transient counts whole, and two captured
+    batches (the one in training, the one being captured) are held."""
     target = target_estimate(p).parts
     drafter = drafter_estimate(p).parts
     training_transient = (
@@ -201,14 +205,16 @@ def colocated_estimate(p: PlanInputs) -> RoleEstimate:
         + drafter.get("first_layer_input_grad", 0)
     )
     kept = {k: v for k, v in drafter.items() if k not in ("incoming_batches", "cuda_context")}
+    capture_transient = max(target["layer_transient"], target.get("heldout_logits_chunk", 0))
+    beside = p.overlap_capture and p.on_gpu
     return RoleEstimate(
         "colocated",
         {
             "target_weights": target["weights"],
-            "capture_transient": max(
-                0, max(target["layer_transient"], target.get("heldout_logits_chunk", 0)) - training_transient
-            ),
-            "captured_states": target["captured_states"],
+            "capture_transient": capture_transient
+            if beside
+            else max(0, capture_transient - training_transient),
+            "captured_states": target["captured_states"] * (2 if beside else 1),
             **kept,
             "cuda_context": p.cuda_context_bytes,
         },

@@ -182,3 +182,15 @@ def test_the_plan_knows_held_out_evaluation_from_the_config() -> None:
     shapes = target_shapes(cfg.target.path)
     assert plan_inputs(cfg, shapes, "cuda").heldout is True
     assert plan_inputs(plain, shapes, "cuda").heldout is False
+
+
+def test_an_overlapped_capture_counts_beside_training() -> None:
+    """topology.overlap_capture: the next capture runs while this step trains, so its transient is no longer
+    hidden under the training transients, and two captured batches exist at once."""
+    plain = plan(inputs(), colocated=True)["colocated"].parts
+    beside = plan(inputs(overlap_capture=True), colocated=True)["colocated"].parts
+    assert plain["capture_transient"] == 0  # at b16 the capture's transient fits under training's
+    assert beside["capture_transient"] == plan(inputs())["target"].parts["layer_transient"]
+    assert beside["captured_states"] == 2 * plain["captured_states"]
+    on_cpu = plan(inputs(overlap_capture=True, on_gpu=False), colocated=True)["colocated"].parts
+    assert on_cpu["captured_states"] == plain["captured_states"]  # CPU runs never overlap

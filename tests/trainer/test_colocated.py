@@ -76,6 +76,31 @@ def test_colocated_on_one_gpu_with_compiled_target_and_drafter_layers(tmp_path: 
 
 
 @pytest.mark.gpu
+def test_an_overlapped_capture_trains_on_the_same_batches(tmp_path: Path) -> None:
+    """topology.overlap_capture: the next capture on a second CUDA stream changes when it runs, not what it
+    computes: the losses equal the single-stream run's, step for step."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    over = {**COLOCATED, "run.device": '"cuda"', "optim.steps": "8", "checkpoint.every": "0"}
+    runs = {
+        flag: torchrun(
+            "configs/tiny-cpu.toml",
+            tmp_path / f"out-{flag}",
+            nproc=1,
+            overrides={**over, "topology.overlap_capture": flag},
+        )
+        for flag in ("false", "true")
+    }
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr[-3000:]
+    losses = {flag: [m["loss"] for m in run.metrics] for flag, run in runs.items()}
+    assert len(losses["true"]) == 8
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.gpu
 def test_warm_up_covers_the_colocated_target_on_its_device() -> None:
     """The launcher's warm-up child (trainer.warmup.warm_up) compiles both roles' layers on one device."""
     import torch

@@ -3,6 +3,7 @@ are the numbers of that step."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainer.batch import CapturedBatch
@@ -57,3 +58,35 @@ def test_cpu_timer_measures_host_time_between_marks() -> None:
     start = timer.mark()
     end = timer.mark()
     assert 0.0 <= timer.seconds(start, end) < 1.0
+
+
+def test_overlap_capture_is_a_boolean_in_the_config() -> None:
+    from dflash_doctor.errors import ConfigError
+    from trainer.config import load_config
+
+    assert load_config("tiny-cpu").topology.overlap_capture is False  # off until measured faster
+    assert load_config("tiny-cpu", ["topology.overlap_capture=true"]).topology.overlap_capture is True
+    with pytest.raises(ConfigError, match=r"topology\.overlap_capture"):
+        load_config("tiny-cpu", ['topology.overlap_capture="sometimes"'])
+
+
+@pytest.mark.gpu
+def test_a_batch_captured_on_a_second_stream_is_complete_when_training_reads_it() -> None:
+    """CUDA: the capture stream is held up (a spin kernel) before it writes the batch; the training stream
+    must still read the finished values, because next_batch makes it wait for the capture's event."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = torch.device("cuda", 0)
+
+    def slow_capture(micro_step: int) -> CapturedBatch:
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on the current (capture) stream
+        ids = torch.full((1, 4), micro_step, device=device)
+        hidden = torch.full((1, 4, 2), float(micro_step), device=device) * 2
+        return CapturedBatch(ids, torch.ones(1, 4, dtype=torch.bool, device=device), hidden, micro_step)
+
+    ahead = CaptureAhead(slow_capture, total_micro_steps=3, stream=torch.cuda.Stream(device))
+    for m in (1, 2):
+        ahead.prefetch(m)
+        batch = ahead.next_batch(m)
+        assert float(batch.hidden.sum()) == 2.0 * m * 8  # read on the training stream
+        assert int(batch.input_ids.sum()) == 4 * m
