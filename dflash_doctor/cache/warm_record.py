@@ -60,6 +60,7 @@ _IGNORED_FIELDS = {
     "profile": None,
     "optim": {"steps", "epochs"},
     "run": {"log_every", "timeout_s"},
+    "topology": {"overlap_capture"},  # which stream a capture runs on: the same graphs
 }
 _TRAINER_DIR = Path(__file__).resolve().parents[2] / "trainer"
 
