@@ -4,9 +4,11 @@
 #   1. `train --config qwen3-8b-b16` colocated, 60 steps, a profiler window over steps 30-34: the GPU's busy
 #      share (~1.0: only faster kernels help; lower: the capture could overlap the drafter on a second
 #      stream) and the top operations, from <output>/profile/rank0.summary.json
-#   1b. the same with topology.overlap_capture=true (the next capture on a second stream): tok/s side by side
-#   2. bench/layer_compile.py at seed-b32: per-layer against whole-stack step time (issue 17's 1% budget)
-#   3. bench/spec_decode.py at qwen3-8b-b16: eval's bf16 near-tie classification on the GPU
+#   0. the GPU test of the second-stream capture (tests/trainer/test_pipeline.py -m gpu)
+#   1b. the same run with topology.overlap_capture=true (the next capture on a second stream): tok/s side by
+#      side, and the final losses, which must be equal
+#   2. bench/spec_decode.py at qwen3-8b-b16: eval's bf16 near-tie classification on the GPU
+#   3. bench/layer_compile.py at seed-b32, with what is left: per-layer against whole-stack (issue 17's 1%)
 #   bash bench/carried_wheels.sh   # here, first: .whl/ is not in git
 #   run(kind="nvidia-h200", carry=[".whl"], timeout_s=600, command="bash bench/profile_h200.sh")
 # CPU dry run of the plumbing: SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/profile_h200.sh
@@ -22,6 +24,8 @@ unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 
 stage setup 25 bash -c install_carried_wheels
+[ -z "$SUITE_TINY" ] && stage pytest_stream 60 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests/trainer/test_pipeline.py
 if [ -n "$SUITE_TINY" ]; then
     CONFIG=tiny-cpu; RECIPE=tiny-cpu; STEPS=12; WINDOW=(--set profile.start=4 --set profile.steps=2)
     EXTRA=(--set data.num_samples=64 --set data.seq_len=64 --set optim.batch_size=4)
@@ -44,7 +48,8 @@ rows = {name: json.loads((res / f"{name}.json").read_text()) for name in ("profi
         if (res / f"{name}.json").is_file()}
 for name, row in rows.items():
     flat = row.get("rows", [row])[0] if isinstance(row, dict) else row
-    print(name, {k: flat.get(k) for k in ("steady_tok_s", "data_wait_fraction", "median_step_s", "peak_memory_gib_nvml") if k in flat})
+    final = (flat.get("summary") or {}).get("final_loss")
+    print(name, {k: flat.get(k) for k in ("steady_tok_s", "data_wait_fraction", "median_step_s", "peak_memory_gib_nvml") if k in flat}, "final_loss", final)
 PY
 python3 - "$RES" <<'PY'
 import json, pathlib, sys
@@ -55,10 +60,10 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("rank*.summary.json")):
         print("   ", op)
 PY
 if [ -z "$SUITE_TINY" ]; then
-    stage layer_compile_b32 $(( $(left) - 150 )) python3 bench/layer_compile.py --config seed-b32 --repeats 5 \
-        --out "$RES/layer_compile-b32.json"
-    stage spec_decode_b16 $(( $(left) - 15 )) python3 bench/spec_decode.py --config qwen3-8b-b16 --prompts 4 \
+    stage spec_decode_b16 120 python3 bench/spec_decode.py --config qwen3-8b-b16 --prompts 4 \
         --prompt-len 512 --max-new-tokens 128 --tag h200-ties
     cp bench/results/spec_decode-h200-ties.json "$RES/" 2>/dev/null
+    stage layer_compile_b32 $(( $(left) - 15 )) python3 bench/layer_compile.py --config seed-b32 --repeats 5 \
+        --out "$RES/layer_compile-b32.json"
 fi
 finish profile
