@@ -18,7 +18,7 @@ from typing import Any
 import tomllib
 
 from dflash_doctor.errors import ConfigError
-from trainer.data_files import check_data_file
+from trainer.data_files import check_data_file, count_records
 from trainer.mask_token import resolve_mask_token
 from trainer.metric_sinks import require_extra
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
@@ -711,4 +711,38 @@ def load_config(
         check_data_file(cfg.data.kind, cfg.data.path, vocab_size=int(shapes.vocab_size))
     if check_data and cfg.data.eval_path is not None:
         check_data_file(cfg.data.kind, cfg.data.eval_path, int(shapes.vocab_size), field="data.eval_path")
+    if check_data:
+        check_heldout_fills_a_batch(completed)
     return completed
+
+
+def num_sequences(cfg: TrainConfig) -> int:
+    """How many sequences the training data holds, cheaply (every rank plans the run from it)."""
+    if cfg.data.kind in ("synthetic", "random"):
+        return cfg.data.num_samples
+    return count_records(str(cfg.data.path))
+
+
+def heldout_sequences(cfg: TrainConfig) -> tuple[int, str] | None:
+    """How many sequences held-out evaluation scores, and a phrase saying where they come from; None when
+    nothing is held out. Counts only (no torch): the launch refuses a too-small share before any worker."""
+    d = cfg.data
+    if d.eval_path is not None:
+        records = count_records(d.eval_path, "data.eval_path")
+        return records, f"data.eval_path: {d.eval_path} holds {records} records"
+    if d.eval_fraction > 0:
+        total = num_sequences(cfg)
+        held = max(1, round(total * d.eval_fraction))
+        return held, f"data.eval_fraction: holds out {held} of {total} sequences"
+    return None
+
+
+def check_heldout_fills_a_batch(cfg: TrainConfig) -> None:
+    """Held-out scoring runs whole batches: a share smaller than one would score nothing."""
+    held = heldout_sequences(cfg)
+    batch = cfg.optim.batch_size
+    if held is not None and held[0] < batch:
+        raise ConfigError(
+            f"{held[1]}, fewer than one batch of optim.batch_size = {batch}",
+            hint="hold out more (data.eval_fraction, data.eval_path) or lower optim.batch_size",
+        )

@@ -22,7 +22,13 @@ from torch import nn
 
 from dflash_doctor.errors import ConfigError
 from trainer.chat import TemplateMarks, chat_tokens_and_mask, check_messages
-from trainer.config import DataSection, TrainConfig
+from trainer.config import (
+    DataSection,
+    TrainConfig,
+    check_heldout_fills_a_batch,
+    heldout_sequences,
+    num_sequences,
+)
 from trainer.data_files import count_records, jsonl_records, record_problem
 
 PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
@@ -227,13 +233,6 @@ def load_tokenizer(target_path: str) -> Any:
         raise ConfigError(f"target.path: cannot load the tokenizer of {target_path}: {exc}") from exc
 
 
-def num_sequences(cfg: TrainConfig) -> int:
-    """How many sequences the data holds, cheaply (every rank plans the run from it)."""
-    if cfg.data.kind in ("synthetic", "random"):
-        return cfg.data.num_samples
-    return count_records(str(cfg.data.path))
-
-
 @dataclass(frozen=True)
 class DataSplit:
     """Which sequences train and which are held out; the same on every rank (counts and the seed only)."""
@@ -255,20 +254,15 @@ def split_data(cfg: TrainConfig) -> DataSplit:
     """`data.eval_fraction` of the sequences (a fixed draw by run.seed) or `data.eval_path`'s records held out."""
     d, b = cfg.data, cfg.optim.batch_size
     total = num_sequences(cfg)
+    check_heldout_fills_a_batch(cfg)  # load_config checked it too, unless told not to read the data
     if d.eval_path is not None:
-        split = DataSplit(list(range(total)), list(range(count_records(d.eval_path, "data.eval_path"))), b)
-        what = f"data.eval_path: {d.eval_path} holds {len(split.eval_ids)} records"
-    elif d.eval_fraction > 0:
-        held = max(1, round(total * d.eval_fraction))
+        return DataSplit(list(range(total)), list(range(count_records(d.eval_path, "data.eval_path"))), b)
+    held = heldout_sequences(cfg)
+    if held is not None:  # data.eval_fraction's share of the training data
         gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + 15485863)
         perm = torch.randperm(total, generator=gen).tolist()
-        split = DataSplit(sorted(perm[held:]), sorted(perm[:held]), b)
-        what = f"data.eval_fraction: holds out {held} of {total} sequences"
-    else:
-        return DataSplit(list(range(total)), [], b)
-    if split.eval_batches == 0:
-        raise ConfigError(f"{what}, fewer than one batch of optim.batch_size = {b}; hold out more")
-    return split
+        return DataSplit(sorted(perm[held[0] :]), sorted(perm[: held[0]]), b)
+    return DataSplit(list(range(total)), [], b)
 
 
 # ---------------------------------------------------------------- order and plan

@@ -70,9 +70,11 @@ class TopologyChoice:
     nodes: int = 1  # --nnodes: each node's launcher decides alone
     node_local: bool = False  # auto: this node's free memory changed the pick (other nodes may differ)
 
-    def _count(self) -> str:
+    def _count(self, count: int | None = None) -> str:
+        """'1 GPU', '2 GPUs', '2 processes': `count` (default: the ranks chosen for) of this unit."""
+        count = self.gpus if count is None else count
         plural = "processes" if self.unit == "process" else f"{self.unit}s"
-        return f"{self.gpus} {self.unit if self.gpus == 1 else plural}"
+        return f"{count} {self.unit if count == 1 else plural}"
 
     @property
     def pin(self) -> str:
@@ -137,7 +139,7 @@ class TopologyChoice:
         if self.split is not None:
             split = f"{self.split}"
         else:
-            split = f"needs 2 {self.unit}s" if self.gpus < 2 else "no rates at these shapes"
+            split = f"needs {self._count(2)}" if self.gpus < 2 else "no rates at these shapes"
         out = [
             f"topology: {self.topology.describe()}: {self.reason}",
             f"  colocated on {self._count()}: {colocated}; {memory(self.fit.colocated_bytes, self.fit.colocated_fits)}",

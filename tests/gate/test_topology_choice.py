@@ -205,3 +205,24 @@ def test_auto_sizes_the_gpus_cuda_visible_devices_leaves(launches, monkeypatch, 
     run(["train", "--config", "seed-b32", "--no-deep", "--dry-run", "--json"])
     assert json.loads(capsys.readouterr().out)["plan"]["topology"]["gpus"] == 8
     assert launches == []
+
+
+def test_one_gpu_or_process_says_a_split_needs_two_in_its_own_unit() -> None:
+    gpu = plan_for("qwen3-8b-b16", 1).choice.lines()
+    assert any("best split of 1 GPU: needs 2 GPUs;" in line for line in gpu), gpu
+    cpu = plan_for("tiny-cpu", 0, ['topology.mode="colocated"']).choice.lines()
+    assert any("best split of 1 process: needs 2 processes;" in line for line in cpu), cpu
+
+
+def test_a_held_out_share_smaller_than_a_batch_is_refused_before_any_worker(launches, capsys) -> None:  # noqa: F811
+    """tiny-cpu holds out 10%: of 64 sequences that is 6, less than its batch of 8. Refused at config time
+    (exit 2, nothing started), not by every worker after it started."""
+    args = ["train", "--config", "tiny-cpu", "--no-deep", "--set", "data.num_samples=64"]
+    assert run([*args, "--dry-run"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        "data.eval_fraction: holds out 6 of 64 sequences, fewer than one batch of optim.batch_size = 8" in err
+    )
+    assert "lower optim.batch_size" in err
+    assert launches == []
+    assert run([*args, "--set", "optim.batch_size=4", "--dry-run"]) == 0  # 6 held out: one batch of 4

@@ -413,3 +413,22 @@ def test_topology_refuses_a_process_count_it_cannot_use() -> None:
     colocated = parse_config(apply_overrides(_raw(), ["topology.ranks=2"])).topology
     with pytest.raises(ConfigError, match=r"topology.ranks: 2 colocated ranks, but torchrun started 4"):
         resolve_topology(colocated, 4)
+
+
+def test_held_out_data_must_fill_one_batch(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="holds out 6 of 64 sequences, fewer than one batch"):
+        load_config("tiny-cpu", ["data.num_samples=64"])
+    assert load_config("tiny-cpu", ["data.num_samples=80"]).data.eval_fraction == 0.1  # 8 held out: fits
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n' * 3)
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n' * 40)
+    overrides = [
+        'data.kind="jsonl"',
+        f'data.path="{train_file}"',
+        "data.eval_fraction=0.0",
+        "data.seq_len=16",
+    ]
+    with pytest.raises(ConfigError, match=r"holds 3 records, fewer than one batch of optim\.batch_size = 8"):
+        load_config("tiny-cpu", [*overrides, f'data.eval_path="{eval_file}"'])
+    assert load_config("tiny-cpu", [*overrides, f'data.eval_path="{eval_file}"', "optim.batch_size=2"])
