@@ -712,7 +712,7 @@ def load_config(
     if check_data and cfg.data.eval_path is not None:
         check_data_file(cfg.data.kind, cfg.data.eval_path, int(shapes.vocab_size), field="data.eval_path")
     if check_data:
-        check_heldout_fills_a_batch(completed)
+        heldout_sequences(completed)  # ConfigError: fewer than one batch held out
     return completed
 
 
@@ -723,26 +723,24 @@ def num_sequences(cfg: TrainConfig) -> int:
     return count_records(str(cfg.data.path))
 
 
-def heldout_sequences(cfg: TrainConfig) -> tuple[int, str] | None:
-    """How many sequences held-out evaluation scores, and a phrase saying where they come from; None when
-    nothing is held out. Counts only (no torch): the launch refuses a too-small share before any worker."""
+def heldout_sequences(cfg: TrainConfig, total: int | None = None) -> int:
+    """How many sequences held-out evaluation scores (0: none held out), given the training data's `total`
+    (counted when not given). Counts only, no torch. Raises ConfigError when the share is smaller than one
+    batch: held-out scoring runs whole batches, so it would score nothing (the launch refuses that before
+    any worker starts)."""
     d = cfg.data
     if d.eval_path is not None:
-        records = count_records(d.eval_path, "data.eval_path")
-        return records, f"data.eval_path: {d.eval_path} holds {records} records"
-    if d.eval_fraction > 0:
-        total = num_sequences(cfg)
+        held = count_records(d.eval_path, "data.eval_path")
+        where = f"data.eval_path: {d.eval_path} holds {held} records"
+    elif d.eval_fraction > 0:
+        total = num_sequences(cfg) if total is None else total
         held = max(1, round(total * d.eval_fraction))
-        return held, f"data.eval_fraction: holds out {held} of {total} sequences"
-    return None
-
-
-def check_heldout_fills_a_batch(cfg: TrainConfig) -> None:
-    """Held-out scoring runs whole batches: a share smaller than one would score nothing."""
-    held = heldout_sequences(cfg)
-    batch = cfg.optim.batch_size
-    if held is not None and held[0] < batch:
+        where = f"data.eval_fraction: holds out {held} of {total} sequences"
+    else:
+        return 0
+    if held < cfg.optim.batch_size:
         raise ConfigError(
-            f"{held[1]}, fewer than one batch of optim.batch_size = {batch}",
+            f"{where}, fewer than one batch of optim.batch_size = {cfg.optim.batch_size}",
             hint="hold out more (data.eval_fraction, data.eval_path) or lower optim.batch_size",
         )
+    return held

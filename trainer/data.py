@@ -22,14 +22,8 @@ from torch import nn
 
 from dflash_doctor.errors import ConfigError
 from trainer.chat import TemplateMarks, chat_tokens_and_mask, check_messages
-from trainer.config import (
-    DataSection,
-    TrainConfig,
-    check_heldout_fills_a_batch,
-    heldout_sequences,
-    num_sequences,
-)
-from trainer.data_files import count_records, jsonl_records, record_problem
+from trainer.config import DataSection, TrainConfig, heldout_sequences, num_sequences
+from trainer.data_files import jsonl_records, record_problem
 
 PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
 
@@ -252,16 +246,15 @@ class DataSplit:
 
 def split_data(cfg: TrainConfig) -> DataSplit:
     """`data.eval_fraction` of the sequences (a fixed draw by run.seed) or `data.eval_path`'s records held out."""
-    d, b = cfg.data, cfg.optim.batch_size
+    b = cfg.optim.batch_size
     total = num_sequences(cfg)
-    check_heldout_fills_a_batch(cfg)  # load_config checked it too, unless told not to read the data
-    if d.eval_path is not None:
-        return DataSplit(list(range(total)), list(range(count_records(d.eval_path, "data.eval_path"))), b)
-    held = heldout_sequences(cfg)
-    if held is not None:  # data.eval_fraction's share of the training data
+    held = heldout_sequences(cfg, total)  # ConfigError: fewer than one batch
+    if cfg.data.eval_path is not None:
+        return DataSplit(list(range(total)), list(range(held)), b)
+    if held:  # data.eval_fraction's share of the training data, a fixed draw by the seed
         gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + 15485863)
         perm = torch.randperm(total, generator=gen).tolist()
-        return DataSplit(sorted(perm[held[0] :]), sorted(perm[: held[0]]), b)
+        return DataSplit(sorted(perm[held:]), sorted(perm[:held]), b)
     return DataSplit(list(range(total)), [], b)
 
 
