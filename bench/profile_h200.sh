@@ -5,8 +5,9 @@
 #      share (~1.0: only faster kernels help; lower: the capture could overlap the drafter on a second
 #      stream) and the top operations, from <output>/profile/rank0.summary.json
 #   0. the GPU test of the second-stream capture (tests/trainer/test_pipeline.py -m gpu)
-#   1b. the same run with topology.overlap_capture=true (the next capture on a second stream): tok/s side by
-#      side, and the final losses, which must be equal
+#   1b. the same run with topology.overlap_capture = "step" and = "optimizer" (the next capture on a second
+#      stream, from when it is queued / from the optimizer update's start): tok/s side by side, and the
+#      final losses, which must be equal
 #   2. bench/spec_decode.py at qwen3-8b-b16: eval's bf16 near-tie classification on the GPU
 #   3. bench/layer_compile.py at seed-b32, with what is left: per-layer against whole-stack (issue 17's 1%)
 #   bash bench/carried_wheels.sh   # here, first: .whl/ is not in git
@@ -38,13 +39,15 @@ stage profile_b16 300 python3 bench/e2e.py $TINY --config "$CONFIG" --steps "$ST
 cp /tmp/profile-run/"$RECIPE"/profile/*.summary.json "$RES/" 2>/dev/null
 cp /tmp/profile-run/*.log "$LOGS/profile-train.log" 2>/dev/null
 # The same run with the next capture on a second stream (topology.overlap_capture), warm cache: A/B in one call.
-stage overlap_b16 150 python3 bench/e2e.py $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
-    --timeout-s 140 --workdir /tmp/overlap-run --out "$RES/overlap_run.json" --set topology.overlap_capture=true \
-    "${EXTRA[@]}"
+for mode in step optimizer; do
+    stage "overlap_$mode" 110 python3 bench/e2e.py $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
+        --timeout-s 100 --workdir "/tmp/overlap-$mode" --out "$RES/overlap_$mode.json" \
+        --set "topology.overlap_capture=\"$mode\"" "${EXTRA[@]}"
+done
 python3 - "$RES" <<'PY'
 import json, pathlib, sys
 res = pathlib.Path(sys.argv[1])
-rows = {name: json.loads((res / f"{name}.json").read_text()) for name in ("profile_run", "overlap_run")
+rows = {name: json.loads((res / f"{name}.json").read_text()) for name in ("profile_run", "overlap_step", "overlap_optimizer")
         if (res / f"{name}.json").is_file()}
 for name, row in rows.items():
     flat = row.get("rows", [row])[0] if isinstance(row, dict) else row

@@ -22,7 +22,15 @@ from trainer.data_files import check_data_file, count_records
 from trainer.mask_token import resolve_mask_token
 from trainer.metric_sinks import require_extra
 from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
-from trainer.topology import COLOCATED, MODES, SPLIT, forces_split, resolve_topology, split_of
+from trainer.topology import (
+    COLOCATED,
+    MODES,
+    OVERLAP_MODES,
+    SPLIT,
+    forces_split,
+    resolve_topology,
+    split_of,
+)
 
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -89,9 +97,10 @@ class TopologySection:
     drafters: int | None = None
     ranks: int | None = None  # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
     in_flight: int = 4  # batches a target rank may have sent and not yet seen received
-    # Colocated on CUDA: capture the next step's batch on a second stream, so it can run beside this step's
-    # backward and optimizer update instead of after them (trainer/pipeline.py). Off until measured faster.
-    overlap_capture: bool = False
+    # Colocated on CUDA: capture the next step's batch on a second stream (trainer/pipeline.py), beside what
+    # is left of this step ("step": as soon as it is queued) or beside its optimizer update only
+    # ("optimizer": the memory-bound AdamW next to the capture's matmuls). "off" until measured faster.
+    overlap_capture: str = "off"
 
 
 @dataclass(frozen=True)
@@ -452,7 +461,7 @@ SCHEMA: dict[str, tuple[type, dict[str, Parser]]] = {
             "drafters": integer(1, MAX_RANKS_PER_ROLE),
             "ranks": integer(1, MAX_RANKS_PER_ROLE),
             "in_flight": integer(1),
-            "overlap_capture": boolean(),
+            "overlap_capture": choice(*OVERLAP_MODES),
         },
     ),
     "optim": (

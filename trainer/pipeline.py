@@ -24,15 +24,29 @@ import torch
 from trainer.batch import CapturedBatch
 
 
+class OptimizerStart:
+    """The training stream's position at the start of each optimizer update: an event recorded by a step
+    pre-hook, so a capture on another stream can be held until the update begins."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.event: torch.cuda.Event | None = None
+        optimizer.register_step_pre_hook(self._record)
+
+    def _record(self, *_: Any) -> None:
+        self.event = torch.cuda.Event(enable_timing=True)  # timed: a test can place captures against it
+        self.event.record()
+
+
 class CaptureAhead:
     """Micro-batch `m` of a colocated rank, captured when asked or earlier by `prefetch(m)`.
 
     With a `stream` (`topology.overlap_capture`, CUDA), a prefetched capture is queued on that second stream:
-    the GPU may run it beside the work already queued on the training stream (this step's backward and
-    optimizer update) rather than after it. The training stream waits for the capture's event before using
-    the batch, and the batch's tensors are marked as used there, so the caching allocator does not hand
-    their memory back to the capture stream while training still reads them. The capture reads only the
-    frozen target and its own fresh inputs, so it needs to wait for nothing on the training stream.
+    the GPU may run it beside the work already queued on the training stream rather than after it; with
+    `start_at`, not before the optimizer update begins (its memory-bound kernels beside the capture's
+    matmuls, the backward's matmuls left alone). The training stream waits for the capture's event before
+    using the batch, and the batch's tensors are marked as used there, so the caching allocator does not
+    hand their memory back to the capture stream while training still reads them. The capture reads only
+    the frozen target and its own fresh inputs, so nothing else on the training stream must come first.
     """
 
     def __init__(
@@ -40,8 +54,9 @@ class CaptureAhead:
         capture: Callable[[int], CapturedBatch],
         total_micro_steps: int,
         stream: torch.cuda.Stream | None = None,
+        start_at: OptimizerStart | None = None,
     ) -> None:
-        self.capture, self.total, self.stream = capture, total_micro_steps, stream
+        self.capture, self.total, self.stream, self.start_at = capture, total_micro_steps, stream, start_at
         self.ready: dict[int, tuple[CapturedBatch, torch.cuda.Event | None]] = {}
 
     def next_batch(self, micro_step: int) -> CapturedBatch:
@@ -63,6 +78,8 @@ class CaptureAhead:
         if self.stream is None:
             self.ready[micro_step] = (self.capture(micro_step), None)
             return
+        if self.start_at is not None and self.start_at.event is not None:
+            self.stream.wait_event(self.start_at.event)
         with torch.cuda.stream(self.stream):
             batch = self.capture(micro_step)
             done = torch.cuda.Event()

@@ -28,6 +28,8 @@ SPLIT = "split"
 COLOCATED = "colocated"
 AUTO = "auto"
 MODES = (AUTO, SPLIT, COLOCATED)
+# topology.overlap_capture: when a colocated rank's next capture may run (trainer/pipeline.py)
+OVERLAP_MODES = ("off", "step", "optimizer")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ from trainer.metrics import (
 )
 from trainer.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.parent_watch import watch_parent
-from trainer.pipeline import CaptureAhead, StepNumbers, StepTimer
+from trainer.pipeline import CaptureAhead, OptimizerStart, StepNumbers, StepTimer
 from trainer.profiling import StepProfiler
 from trainer.startup import StartupClock
 from trainer.target import (
@@ -301,9 +301,10 @@ def run_colocated(run: RunContext) -> int:
     def heldout_batch(eval_index: int) -> CapturedBatch:
         return side.capture_heldout(run.split, eval_index, run.device)
 
-    overlap = run.cfg.topology.overlap_capture and run.device.type == "cuda"
-    stream = torch.cuda.Stream(run.device) if overlap else None  # CPU work is synchronous: nothing to overlap
-    ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum, stream)
+    overlap = run.cfg.topology.overlap_capture if run.device.type == "cuda" else "off"  # CPU: synchronous
+    stream = torch.cuda.Stream(run.device) if overlap != "off" else None
+    start_at = OptimizerStart(loop.optimizer) if overlap == "optimizer" else None
+    ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum, stream, start_at)
     return loop.run(ahead.next_batch, heldout_batch, prefetch=ahead.prefetch)
 
 

@@ -61,7 +61,7 @@ class PlanInputs:
     heldout: bool = False
     heldout_chunk: int = 2048  # positions of logits at a time in capture_with_greedy
     # topology.overlap_capture (colocated, CUDA): the next batch's capture runs beside this step's training
-    overlap_capture: bool = False
+    overlap_capture: bool = False  # any mode but "off"
 
     @property
     def overhead_part(self) -> str:

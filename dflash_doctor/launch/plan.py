@@ -154,7 +154,7 @@ def plan_inputs(
         on_gpu=on_gpu,
         compiled_layers=on_gpu and cfg.drafter.compile_layers,  # as trainer/warmup.py compiles them
         heldout=cfg.data.holds_out,  # target ranks then keep the whole target and its LM head
-        overlap_capture=cfg.topology.overlap_capture,
+        overlap_capture=cfg.topology.overlap_capture != "off",
     )
 
 

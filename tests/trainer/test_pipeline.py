@@ -60,14 +60,19 @@ def test_cpu_timer_measures_host_time_between_marks() -> None:
     assert 0.0 <= timer.seconds(start, end) < 1.0
 
 
-def test_overlap_capture_is_a_boolean_in_the_config() -> None:
+def test_overlap_capture_is_one_of_three_modes_in_the_config() -> None:
     from dflash_doctor.errors import ConfigError
     from trainer.config import load_config
 
-    assert load_config("tiny-cpu").topology.overlap_capture is False  # off until measured faster
-    assert load_config("tiny-cpu", ["topology.overlap_capture=true"]).topology.overlap_capture is True
-    with pytest.raises(ConfigError, match=r"topology\.overlap_capture"):
-        load_config("tiny-cpu", ['topology.overlap_capture="sometimes"'])
+    assert load_config("tiny-cpu").topology.overlap_capture == "off"  # off until measured faster
+    for mode in ("step", "optimizer"):
+        assert (
+            load_config("tiny-cpu", [f'topology.overlap_capture="{mode}"']).topology.overlap_capture == mode
+        )
+    with pytest.raises(
+        ConfigError, match=r'topology\.overlap_capture: must be one of "off", "step", "optimizer"'
+    ):
+        load_config("tiny-cpu", ["topology.overlap_capture=true"])
 
 
 @pytest.mark.gpu
@@ -90,3 +95,36 @@ def test_a_batch_captured_on_a_second_stream_is_complete_when_training_reads_it(
         batch = ahead.next_batch(m)
         assert float(batch.hidden.sum()) == 2.0 * m * 8  # read on the training stream
         assert int(batch.input_ids.sum()) == 4 * m
+
+
+@pytest.mark.gpu
+def test_an_optimizer_gated_capture_starts_after_the_update_begins() -> None:
+    """CUDA: the training stream is held up (a spin kernel) before its optimizer step; a capture gated by
+    OptimizerStart must begin on the GPU after that step's start, not while the spin still runs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from trainer.pipeline import OptimizerStart
+
+    device = torch.device("cuda", 0)
+    weight = torch.nn.Parameter(torch.ones(4, device=device))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    start_at = OptimizerStart(optimizer)
+    started: list[torch.cuda.Event] = []
+
+    def capture(micro_step: int) -> CapturedBatch:
+        began = torch.cuda.Event(enable_timing=True)
+        began.record()  # on the capture stream: when the capture's first kernel may run
+        started.append(began)
+        ids = torch.full((1, 4), micro_step, device=device)
+        return CapturedBatch(ids, torch.ones(1, 4, dtype=torch.bool, device=device), ids[..., None].float())
+
+    ahead = CaptureAhead(capture, total_micro_steps=2, stream=torch.cuda.Stream(device), start_at=start_at)
+    weight.grad = torch.ones_like(weight)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s on the training stream before the update
+    optimizer.step()  # the pre-hook records the update's start
+    ahead.prefetch(1)
+    batch = ahead.next_batch(1)
+    torch.cuda.synchronize()
+    assert start_at.event is not None and started
+    assert start_at.event.elapsed_time(started[0]) >= 0.0  # ms from the update's start to the capture's
+    assert int(batch.input_ids.sum()) == 4
