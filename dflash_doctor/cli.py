@@ -91,6 +91,7 @@ def _register_for(argv: list[str]) -> None:
     """Only the module of the command being run: `check` must not pay for importing `train` and `cache`.
     Anything else (no command, --help, a typo) registers every command, so help and errors list them all."""
     word = _command_word(argv)
+    word = word.replace("-", "_") if word else word  # `serve-check` lives in commands/serve_check.py
     modules = _command_modules()
     if word in modules:
         _register([word])

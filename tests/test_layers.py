@@ -23,6 +23,7 @@ LAYERS = {
     "lock": 3,
     "launch": 4,
     "trainer": 4,
+    "serving": 4,
 }
 LAYERS |= {"commands": 5, "checks": 5, "cli": 6}
 
@@ -33,6 +34,12 @@ ALLOWED_UPWARD = {
     # A script run by path in the audited interpreter: it imports the trainer in that other process.
     ("dflash_doctor.cache.warm_child", "trainer.config"),
     ("dflash_doctor.cache.warm_child", "trainer.warmup"),
+}
+# Scripts run by path in another interpreter (an engine's venv, which pins its own torch and has no
+# dflash-doctor): they may import nothing of ours at all, not even the core.
+RUN_IN_ANOTHER_PYTHON = {
+    "dflash_doctor.serving.vllm_loader",
+    "dflash_doctor.serving.sglang_loader",
 }
 
 
@@ -86,6 +93,13 @@ def test_every_import_in_dflash_doctor_points_down() -> None:
             if LAYERS[theirs] > LAYERS[mine]:
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} ({theirs})")
     assert not upward, "imports that point up the layer map:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("module", sorted(RUN_IN_ANOTHER_PYTHON))
+def test_scripts_run_in_another_python_import_nothing_of_ours(module: str) -> None:
+    path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+    ours = [f"{target} (line {line})" for target, line, _ in imports_of(path) if layer_of(target) is not None]
+    assert not ours, f"{path.relative_to(ROOT)} runs in an engine's python, where {ours} cannot be imported"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "checks").glob("*.py")), ids=lambda p: p.name)

@@ -1,8 +1,9 @@
-"""Load dflash-doctor DFlash exports with SGLang's own DFlashDraftModel and weight loader; print a JSON verdict.
+"""Load a dflash-doctor DFlash export with SGLang's own DFlashDraftModel and weight loader; print a JSON verdict.
 
-Run by SGLang's python, not ours (this file imports nothing from dflash-doctor):
+Run by SGLang's python, not ours (this file imports nothing from dflash-doctor), as
+`dflash-doctor serve-check --engine sglang` does:
 
-    /work/venvs/sglang/bin/python tests/interop/sglang_load_export.py [--dtype auto|bfloat16] EXPORT_DIR [...]
+    SGLANG_PYTHON dflash_doctor/serving/sglang_loader.py [--dtype auto|bfloat16|float16|float32] EXPORT_DIR
 
 `--dtype` is the server's `--dtype` (default `auto`: the dtype config.json names, except that SGLang reads
 float32 as float16); with a dtype given, our tensors are compared after a cast to it.
@@ -20,9 +21,11 @@ The model is built on CPU with the least SGLang machinery: a published `ServerAr
 server reads a draft folder, with the given `--dtype`) and its `DefaultModelLoader` (file discovery and the weight
 iterator the server uses), as SGLang's own layer tests set themselves up.
 
-Output: `{"sglang_version", "ok", "exports": [{"folder", "ok", "problems", "config", "parameters"}]}`.
-Exit 0: every export loads with our values; 1: SGLang mis-loads one (the problems say how); 2: bad input
-(a folder that is not an export); 3: this python cannot run the check (no SGLang, or one without DFlash).
+Output, one JSON line, the last of stdout: `{"engine", "engine_version", "ok", "parameters": {"equal",
+"missing", "different", "unused", ...}, "config": {field: {"engine", "ours", "ok"}}}`, or
+`{"ok": false, "reason", "error"}`. Exit 0: the export loads with our values; 1: SGLang mis-loads it;
+2: bad input (a folder that is not an export); 3: this python has no SGLang (or one without DFlash);
+4: SGLang's internals are not where SGLang 0.5.23 had them (a module, name or attribute this script reads).
 """
 
 from __future__ import annotations
@@ -32,11 +35,31 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_MISLOADED = 1
 EXIT_BAD_INPUT = 2
-EXIT_CANNOT_CHECK = 3
+EXIT_ENGINE_MISSING = 3
+EXIT_INTERNALS_CHANGED = 4
+# Every SGLang name this script imports: checked first, so an SGLang that moved one says so (exit 4).
+INTERNALS = (
+    ("sglang.srt.distributed", "parallel_state"),
+    ("sglang.srt.runtime_context", "SpawnRanks"),
+    ("sglang.srt.runtime_context", "get_parallel"),
+    ("sglang.srt.runtime_context", "publish"),
+    ("sglang.srt.runtime_context", "reset_context"),
+    ("sglang.srt.server_args", "ServerArgs"),
+    ("sglang.srt.layers.rotary_embedding.base", "_is_cpu"),
+    ("sglang.srt.configs.device_config", "DeviceConfig"),
+    ("sglang.srt.configs.load_config", "LoadConfig"),
+    ("sglang.srt.configs.model_config", "ModelConfig"),
+    ("sglang.srt.model_loader.loader", "DefaultModelLoader"),
+    ("sglang.srt.layers.activation", "SiluAndMul"),
+    ("sglang.srt.layers.layernorm", "RMSNorm"),
+    ("sglang.srt.layers.radix_attention", "AttentionType"),
+    ("sglang.srt.speculative.dflash_utils", "DEFAULT_DFLASH_MASK_TOKEN"),
+    ("sglang.srt.speculative.dflash_utils", "parse_dflash_draft_config"),
+)
 
 # SGLang's fused parameters and the checkpoint names they are loaded from, in their order along dim 0.
 FUSED_PARTS = {
@@ -45,9 +68,35 @@ FUSED_PARTS = {
 }
 
 
-def fail(code: int, message: str) -> None:
-    print(json.dumps({"ok": False, "error": message}), flush=True)
+def stop(code: int, reason: str, message: str, version: str | None = None) -> NoReturn:
+    """No verdict on the export (bad input, no SGLang, an SGLang this script does not know): say why and exit."""
+    print(json.dumps({"engine": "sglang", "engine_version": version, "ok": False, "reason": reason,
+                      "error": message}), flush=True)  # fmt: skip
     sys.exit(code)
+
+
+def require_sglang() -> str:
+    """SGLang's version, after checking that its DFlash drafter and every name this script imports are where
+    SGLang 0.5.23 had them."""
+    import importlib
+
+    try:
+        import sglang
+    except ImportError as err:
+        stop(EXIT_ENGINE_MISSING, "engine missing", f"{sys.executable} cannot import sglang ({err})")
+    version = str(getattr(sglang, "__version__", "unknown"))
+    try:
+        import sglang.srt.models.dflash  # the DFlash drafter: absent before SGLang had DFlash
+    except ImportError as err:
+        stop(EXIT_ENGINE_MISSING, "engine missing",
+             f"SGLang {version} has no DFlash drafter ({err}): install one with sglang/srt/models/dflash.py",
+             version)  # fmt: skip
+    for module, name in INTERNALS:
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            stop(EXIT_INTERNALS_CHANGED, "internals changed", f"{module}.{name}: {err}", version)
+    return version
 
 
 def start_single_process_sglang(model_path: Path) -> None:
@@ -120,9 +169,10 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
 
     not_loaded, different, wrong_dtype, missing_in_export = [], [], [], []
     consumed: set[str] = set()
-    checked = 0
+    checked = equal = 0
     for name, param in model.named_parameters():
         pieces = unfused(name, param.detach(), model)
+        problems_before = len(not_loaded) + len(different) + len(wrong_dtype) + len(missing_in_export)
         if torch.isnan(param).any():
             not_loaded.append(name)
         for source, value in pieces.items():
@@ -135,20 +185,29 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
                 wrong_dtype.append(f"{source}: sglang {value.dtype}, export {ours[source].dtype}")
             elif value.shape != ours[source].shape or not torch.equal(value, ours[source]):
                 different.append(source)
+        if len(not_loaded) + len(different) + len(wrong_dtype) + len(missing_in_export) == problems_before:
+            equal += 1
     return {
-        "sglang_parameters": len(dict(model.named_parameters())),
+        "equal": equal,
+        # a parameter SGLang left unfilled, and the export tensor it wanted (absent from the export)
+        "missing": not_loaded + [f"{source} (absent from the export)" for source in missing_in_export],
+        "different": different + wrong_dtype,
+        "unused": sorted(set(ours) - consumed),  # export tensors SGLang skipped without a word
+        "engine_parameters": len(dict(model.named_parameters())),
         "tensors_compared": checked,
         "export_tensors": len(ours),
-        "not_loaded": not_loaded,
-        "different_from_export": different,
-        "wrong_dtype": wrong_dtype,
-        "absent_from_export": missing_in_export,
-        "ignored_by_sglang": sorted(set(ours) - consumed),
     }
 
 
 def config_as_read(model_config: Any, model: Any, ours: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each config field SGLang uses: {"ours": what config.json says, "sglang": what SGLang built or parsed}."""
+    """Each config field SGLang uses: {"ours": what config.json says, "engine": what SGLang built or parsed}."""
+    read = sglang_values(model_config, model, ours)
+    return {field: {"engine": v["sglang"], "ours": v["ours"], "ok": v["sglang"] == v["ours"]}
+            for field, v in read.items()}  # fmt: skip
+
+
+def sglang_values(model_config: Any, model: Any, ours: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The values behind `config_as_read`, field by field."""
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import RMSNorm
     from sglang.srt.layers.radix_attention import AttentionType
@@ -206,8 +265,8 @@ def config_as_read(model_config: Any, model: Any, ours: dict[str, Any]) -> dict[
     }
 
 
-def check_export(folder: Path, dtype: str) -> dict[str, Any]:
-    """One export's verdict. `dtype` other than "auto": SGLang is told to serve in it, and ours is cast to it."""
+def check_export(folder: Path, dtype: str, version: str) -> dict[str, Any]:
+    """The export's verdict. `dtype` other than "auto": SGLang is told to serve in it, and ours is cast to it."""
     import torch
     from safetensors.torch import load_file
 
@@ -216,50 +275,37 @@ def check_export(folder: Path, dtype: str) -> dict[str, Any]:
     if dtype != "auto":
         ours_config["dtype"] = dtype
         ours_weights = {name: t.to(getattr(torch, dtype)) for name, t in ours_weights.items()}
-    model_config, model = load_with_sglang(folder, dtype)
-    config = config_as_read(model_config, model, ours_config)
-    parameters = compare_parameters(model, ours_weights)
-    problems = [f"config {field}: ours {v['ours']!r}, sglang {v['sglang']!r}" for field, v in config.items()
-                if v["ours"] != v["sglang"]]  # fmt: skip
-    for kind in (
-        "not_loaded",
-        "different_from_export",
-        "wrong_dtype",
-        "absent_from_export",
-        "ignored_by_sglang",
-    ):
-        problems += [f"{kind}: {name}" for name in parameters[kind]]
-    return {"folder": str(folder), "ok": not problems, "problems": problems, "config": config,
-            "parameters": parameters}  # fmt: skip
+    verdict: dict[str, Any] = {"engine": "sglang", "engine_version": version, "ok": False, "dtype": dtype}
+    try:
+        model_config, model = load_with_sglang(folder, dtype)
+    except Exception as err:  # SGLang refused the export: that is the verdict, not a crash
+        return verdict | {"error": f"model load: {type(err).__name__}: {err}"}
+    try:  # SGLang built the model: an attribute we read off it that is gone means SGLang changed
+        config = config_as_read(model_config, model, ours_config)
+        parameters = compare_parameters(model, ours_weights)
+    except AttributeError as err:
+        stop(EXIT_INTERNALS_CHANGED, "internals changed", f"reading SGLang's model: {err}", version)
+    ok = not (parameters["missing"] or parameters["different"] or parameters["unused"]) and all(
+        field["ok"] for field in config.values()
+    )
+    return verdict | {"ok": ok, "parameters": parameters, "config": config}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description="Load DFlash exports with SGLang; print a JSON verdict.")
-    parser.add_argument(
-        "folders", nargs="+", type=Path, help="folders written by trainer.export.export_drafter"
-    )
+    parser = argparse.ArgumentParser(description="Load a DFlash export with SGLang; print a JSON verdict.")
+    parser.add_argument("export", type=Path, help="a folder written by trainer.export.export_drafter")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     args = parser.parse_args(argv)  # bad usage: argparse's message and exit 2
-    folders = [folder.resolve() for folder in args.folders]
-    for folder in folders:
-        absent = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
-        if absent:
-            fail(EXIT_BAD_INPUT, f"{folder} is not a DFlash export: it lacks {', '.join(absent)}; "
-                 "write one with trainer.export.export_drafter")  # fmt: skip
-    try:
-        import sglang
-        import sglang.srt.models.dflash  # the DFlash drafter: absent before SGLang had DFlash
-    except ImportError as err:
-        fail(EXIT_CANNOT_CHECK, f"{sys.executable} cannot import SGLang's DFlash drafter ({err}); "
-             "install an SGLang that has sglang/srt/models/dflash.py")  # fmt: skip
-    start_single_process_sglang(folders[0])
-    verdicts = [check_export(folder, args.dtype) for folder in folders]
-    ok = all(v["ok"] for v in verdicts)
-    print(
-        json.dumps({"sglang_version": sglang.__version__, "ok": ok, "exports": verdicts}, indent=1),
-        flush=True,
-    )
-    return 0 if ok else EXIT_MISLOADED
+    folder = args.export.resolve()
+    absent = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
+    if absent:
+        stop(EXIT_BAD_INPUT, "bad input", f"{folder} is not a DFlash export: it lacks {', '.join(absent)}; "
+             "write one with trainer.export.export_drafter")  # fmt: skip
+    version = require_sglang()
+    start_single_process_sglang(folder)
+    verdict = check_export(folder, args.dtype, version)
+    print(json.dumps(verdict, default=str), flush=True)  # one line, the last: the verdict
+    return 0 if verdict["ok"] else EXIT_MISLOADED
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """Load a dflash-doctor DFlash export with the real vLLM, on CPU, and say whether it loaded right.
 
-Run by vLLM's own python (vLLM pins its own torch, so it lives in a venv of its own), never imported by our
-test suite: `python tests/interop/vllm_load_export.py EXPORT_DIR`. It prints one JSON verdict on stdout
-and exits 0 when the export loaded right, 1 when it did not, 2 when the folder is not an export.
+Run by vLLM's own python (vLLM pins its own torch, so it lives in a venv of its own), never imported by
+dflash-doctor (it imports nothing from it): `VLLM_PYTHON dflash_doctor/serving/vllm_loader.py EXPORT_DIR`, as
+`dflash-doctor serve-check --engine vllm` does. It prints one JSON verdict as the last line of stdout:
+`{"engine", "engine_version", "ok", "parameters": {"equal", "missing", "different", "unused",
+"shared_with_target"}, "config": {field: {"engine", "ours", "ok"}}}`, or `{"ok": false, "reason", "error"}`.
+Exit 0 the export loaded right; 1 it did not; 2 the folder is not an export; 3 this python has no vLLM;
+4 vLLM's internals are not where vLLM 0.33.0 had them (a module, name or attribute this script reads).
 
 What it does, through vLLM's serving path rather than a copy of it:
 - builds the engine config from the `vllm serve` command our export's README.md gives, parsed by vLLM's
@@ -42,7 +46,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
-BAD_INPUT = 2
+EXIT_MISLOADED = 1
+EXIT_BAD_INPUT = 2
+EXIT_ENGINE_MISSING = 3
+EXIT_INTERNALS_CHANGED = 4
+# Every vLLM name this script imports: checked first, so a vLLM that moved one says so (exit 4), not a crash.
+INTERNALS = (
+    ("vllm.engine.arg_utils", "EngineArgs"),
+    ("vllm.utils.argparse_utils", "FlexibleArgumentParser"),
+    ("vllm.distributed", "init_distributed_environment"),
+    ("vllm.distributed", "initialize_model_parallel"),
+    ("vllm.model_executor.models.qwen3_dflash", "dflash_has_any_non_causal"),
+    ("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils", "get_eagle3_aux_layers_from_config"),
+    ("vllm.v1.worker.gpu.spec_decode.utils", "get_parallel_drafting_token_id"),
+    ("vllm.config", "set_current_vllm_config"),
+    ("vllm.model_executor.model_loader", "get_model"),
+    ("vllm.model_executor.model_loader.utils", "get_draft_load_config"),
+    ("vllm.model_executor.models.registry", "ModelRegistry"),
+)
 # Parameters vLLM's drafter has that a DFlash checkpoint may leave out, and what vLLM does then.
 SHARED_WITH_TARGET = {
     "model.embed_tokens.weight": "the target's embedding (no embed_tokens in the checkpoint)",
@@ -58,10 +79,32 @@ NEEDED_FIELDS = (
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
+def stop(code: int, reason: str, message: str, version: str | None = None) -> NoReturn:
+    """No verdict on the export (bad input, no vLLM, a vLLM this script does not know): say why and exit."""
+    print(json.dumps({"engine": "vllm", "engine_version": version, "ok": False, "reason": reason,
+                      "error": message}), flush=True)  # fmt: skip
+    sys.exit(code)
+
+
 def fail_input(message: str) -> NoReturn:
-    """A folder that is not an export: say so and exit 2 (not a vLLM verdict)."""
-    print(json.dumps({"ok": False, "error": message}))
-    sys.exit(BAD_INPUT)
+    stop(EXIT_BAD_INPUT, "bad input", message)
+
+
+def require_vllm() -> str:
+    """vLLM's version, after checking that every name this script imports is where vLLM 0.33.0 had it."""
+    import importlib
+
+    try:
+        import vllm
+    except ImportError as err:
+        stop(EXIT_ENGINE_MISSING, "engine missing", f"{sys.executable} cannot import vllm ({err})")
+    version = str(getattr(vllm, "__version__", "unknown"))
+    for module, name in INTERNALS:
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            stop(EXIT_INTERNALS_CHANGED, "internals changed", f"{module}.{name}: {err}", version)
+    return version
 
 
 def read_export(folder: Path) -> dict[str, Any]:
@@ -175,10 +218,10 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
     unfused = {n.replace(f, p) for n in vllm_names for f, ps in FUSED.items() if f".{f}." in n for p in ps}
     return {
         "equal": equal,
+        "missing": not_loaded,
         "different": different,
-        "not_loaded": not_loaded,
+        "unused": sorted(set(ours) - vllm_names - unfused),  # export tensors no vLLM parameter took
         "shared_with_target": shared,
-        "export_names_without_a_vllm_parameter": sorted(set(ours) - vllm_names - unfused),
     }
 
 
@@ -223,20 +266,21 @@ def config_checks(
         # vLLM serves the draft in the target's dtype; the stand-in target carries ours.
         "dtype": (str(spec.draft_model_config.dtype).removeprefix("torch."), ours["torch_dtype"]),
     }
-    return {name: {"vllm": got, "ours": want, "ok": got == want} for name, (got, want) in checks.items()}
+    return {name: {"engine": got, "ours": want, "ok": got == want} for name, (got, want) in checks.items()}
 
 
-def check_export(export: Path, ours_config: dict[str, Any], scratch: Path) -> dict[str, Any]:
+def check_export(export: Path, ours_config: dict[str, Any], scratch: Path, version: str) -> dict[str, Any]:
     """Build and load the drafter the way vLLM serves it; the verdict as a dict."""
     import torch
-    import vllm
     from safetensors.torch import load_file
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
     from vllm.model_executor.model_loader.utils import get_draft_load_config
     from vllm.model_executor.models.registry import ModelRegistry
 
-    verdict: dict[str, Any] = {"ok": False, "vllm": vllm.__version__, "torch": torch.__version__}
+    verdict: dict[str, Any] = {
+        "engine": "vllm", "engine_version": version, "ok": False, "torch": torch.__version__,
+    }  # fmt: skip
     stage = "engine config"
     try:
         target = write_stand_in_target(ours_config, scratch / "target")
@@ -255,13 +299,14 @@ def check_export(export: Path, ours_config: dict[str, Any], scratch: Path) -> di
             )
     except Exception as err:  # vLLM refused the export: that is the verdict, not a crash
         return verdict | {"error": f"{stage}: {type(err).__name__}: {err}"}
-    parameters = compare_parameters(model, load_file(str(export / "model.safetensors")))
-    config = config_checks(vllm_config, model, export, ours_config)
-    ok = not (
-        parameters["different"]
-        or parameters["not_loaded"]
-        or parameters["export_names_without_a_vllm_parameter"]
-    ) and all(check["ok"] for check in config.values())
+    try:  # vLLM built the model: an attribute we read off it that is gone means vLLM changed, not our export
+        parameters = compare_parameters(model, load_file(str(export / "model.safetensors")))
+        config = config_checks(vllm_config, model, export, ours_config)
+    except AttributeError as err:
+        stop(EXIT_INTERNALS_CHANGED, "internals changed", f"reading vLLM's model: {err}", version)
+    ok = not (parameters["different"] or parameters["missing"] or parameters["unused"]) and all(
+        check["ok"] for check in config.values()
+    )
     return verdict | {"ok": ok, "parameters": parameters, "config": config}
 
 
@@ -270,14 +315,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("export", type=Path, help="a folder written by trainer.export.export_drafter")
     export = parser.parse_args(argv).export.resolve()
     ours_config = read_export(export)
+    version = require_vllm()
     with tempfile.TemporaryDirectory(prefix="vllm-interop-") as scratch_name:
         scratch = Path(scratch_name)
         # vLLM keeps a model-info cache under ~/.cache/vllm: keep it in the scratch folder instead.
         os.environ["VLLM_CACHE_ROOT"] = str(scratch / "vllm-cache")
         os.environ["VLLM_CONFIG_ROOT"] = str(scratch / "vllm-config")
-        verdict = check_export(export, ours_config, scratch)
-    print(json.dumps(verdict, indent=2, default=str))
-    return 0 if verdict["ok"] else 1
+        verdict = check_export(export, ours_config, scratch, version)
+    print(json.dumps(verdict, default=str), flush=True)  # one line, the last: the verdict
+    return 0 if verdict["ok"] else EXIT_MISLOADED
 
 
 if __name__ == "__main__":
