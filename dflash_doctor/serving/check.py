@@ -259,8 +259,8 @@ def load_finding(engine: Engine, verdict: dict[str, Any]) -> Finding:
     tally = ", ".join(f"{len(names)} {kind}" for kind, names in problems.items() if names)
     return findings.fail(
         load_id,
-        f"{engine.title} {version} mis-loads the export ({tally}); it would serve "
-        "those weights as whatever memory held, without a word",
+        f"{engine.title} {version} mis-loads the export ({tally}) without a word: "
+        "a weight it did not fill would be served as whatever memory held",
         REMEDY_MISLOADED,
         engine_version=version,
         equal=params["equal"],
