@@ -4,13 +4,16 @@ graph, and the target scores in its capture's grad mode (compiled graphs guard o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
+from trainer.batch import CapturedBatch
 from trainer.config import TrainConfig, load_config
 from trainer.drafter import DFlashDrafter
-from trainer.heldout import evaluate_heldout
+from trainer.heldout import HeldoutSums, evaluate_heldout
 from trainer.target import load_capture_target
 from trainer.target_config import target_hf_config
 from trainer.warmup import build_drafter, dummy_batch, warm_up_model
@@ -18,48 +21,55 @@ from trainer.warmup import build_drafter, dummy_batch, warm_up_model
 SMALL = ["data.seq_len=32", "optim.anchors=4", "optim.batch_size=1"]
 
 
-def compiled_drafter(eval_fraction: float) -> tuple[TrainConfig, DFlashDrafter, torch.device]:
+def graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+@dataclass
+class Warmed:
+    """A compiled CPU drafter after the trainer's warm-up, and a held-out batch at the run's shapes."""
+
+    cfg: TrainConfig
+    model: DFlashDrafter
+    report: dict
+    graphs: int  # Dynamo graphs the warm-up left
+    batch: CapturedBatch
+
+    def score(self) -> HeldoutSums:
+        return evaluate_heldout(self.model, [self.batch], self.cfg.optim.anchors, self.cfg.run.seed)
+
+
+def warmed_drafter(eval_fraction: float) -> Warmed:
+    torch._dynamo.reset()
+    counters.clear()
     cfg = load_config("tiny-cpu", [*SMALL, f"data.eval_fraction={eval_fraction}"])
     device = torch.device("cpu")
     hf = target_hf_config(cfg.target.path)
     frozen = torch.zeros(int(hf.vocab_size), int(hf.hidden_size))
     model = build_drafter(cfg, hf, frozen, frozen, device)
     model.compile_layers(None)  # CPU runs are eager by default; compile here to see the graphs
-    return cfg, model, device
-
-
-def graphs() -> int:
-    return int(counters["stats"]["unique_graphs"])
+    report = warm_up_model(model, cfg, device)
+    batch = dummy_batch(cfg, model, device)
+    batch.target_ids = batch.input_ids.clone()
+    return Warmed(cfg, model, report, graphs(), batch)
 
 
 def test_the_warm_up_compiles_the_held_out_graph_when_the_run_evaluates() -> None:
-    torch._dynamo.reset()
-    counters.clear()
-    cfg, model, device = compiled_drafter(0.1)
-    report = warm_up_model(model, cfg, device)
-    assert "decoder layers (training and held-out)" in report["compiled"]
-    warmed = graphs()
-    batch = dummy_batch(cfg, model, device)
-    batch.target_ids = batch.input_ids.clone()
+    warmed = warmed_drafter(0.1)
+    assert "decoder layers (training and held-out)" in warmed.report["compiled"]
     with torch._dynamo.config.patch(error_on_recompile=True):
-        sums = evaluate_heldout(model, [batch], cfg.optim.anchors, cfg.run.seed)
-    assert graphs() == warmed
-    assert sums.anchors > 0 and model.training  # scored, and back in training mode
+        sums = warmed.score()
+    assert graphs() == warmed.graphs
+    assert sums.anchors > 0 and warmed.model.training  # scored, and back in training mode
 
 
 def test_without_held_out_data_the_warm_up_compiles_only_training() -> None:
     """The other side: a run that never evaluates pays for no scoring graph, and scoring would need one
     (what the warm-up above saves the first evaluation of a run that does)."""
-    torch._dynamo.reset()
-    counters.clear()
-    cfg, model, device = compiled_drafter(0.0)
-    report = warm_up_model(model, cfg, device)
-    assert "decoder layers" in report["compiled"]
-    warmed = graphs()
-    batch = dummy_batch(cfg, model, device)
-    batch.target_ids = batch.input_ids.clone()
-    evaluate_heldout(model, [batch], cfg.optim.anchors, cfg.run.seed)
-    assert graphs() > warmed
+    warmed = warmed_drafter(0.0)
+    assert "decoder layers" in warmed.report["compiled"]
+    warmed.score()
+    assert graphs() > warmed.graphs
 
 
 def test_a_colocated_target_scores_held_out_data_with_its_capture_graph() -> None:
