@@ -25,7 +25,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dflash_doctor.atomic import write_json_atomic  # noqa: E402
+from dflash_base.atomic import write_json_atomic  # noqa: E402
 from dflash_doctor.audit.packages import libraries_worth_hashing  # noqa: E402
 from dflash_doctor.context import CheckContext  # noqa: E402
 from dflash_doctor.env.environment import Environment  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
 from dflash_doctor.env.gpus import GpuInventory, probe_gpus
 
 ROOT = Path(__file__).resolve().parent.parent

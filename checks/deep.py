@@ -295,7 +295,7 @@ def deep_context(ctx: CheckContext) -> Iterator[Finding]:
 def _locked_overhead(ctx: CheckContext) -> dict[str, float]:
     if ctx.options.lock_path is None:
         return {}
-    from dflash_doctor.errors import DoctorError
+    from dflash_base.errors import DoctorError
     from dflash_doctor.lock.lockfile import read_lock
 
     try:

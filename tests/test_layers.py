@@ -6,6 +6,7 @@ A new module that needs something from a higher layer is in the wrong folder; th
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Higher numbers sit above lower ones; a module may import its own layer and anything below.
 LAYERS = {
+    "base": -1,
     "core": 0,
     "env": 1,
     "deep": 1,
@@ -45,6 +47,8 @@ RUN_IN_ANOTHER_PYTHON = {
 
 def layer_of(module: str) -> str | None:
     parts = module.split(".")
+    if parts[0] == "dflash_base":
+        return "base"
     if parts[0] in ("checks", "trainer"):
         return parts[0]
     if parts[0] != "dflash_doctor":
@@ -116,3 +120,14 @@ def test_every_subpackage_says_what_it_owns_and_may_import() -> None:
             continue
         assert "Owns" in doc or "Module map" in doc, f"{init.parent.name}/__init__.py: say what it owns"
         assert "May import" in doc, f"{init.parent.name}/__init__.py: say what it may import"
+
+
+def test_the_shared_base_imports_only_the_standard_library() -> None:
+    """`dflash_base` is what the doctor and the trainer share; it imports neither, nor anything outside stdlib."""
+    bad = []
+    for path in sorted((ROOT / "dflash_base").rglob("*.py")):
+        for target, line, _ in imports_of(path):
+            top = target.split(".")[0]
+            if top != "dflash_base" and top not in sys.stdlib_module_names:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "dflash_base must import the standard library only:\n" + "\n".join(bad)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError, DoctorError
+from dflash_base.errors import ConfigError, DoctorError
 from dflash_doctor.launch.run_curves import Curves, plot_curves, read_curves, sparkline, sparkline_rows
 from trainer.metric_sinks import TensorBoardSink, WandbSink, require_extra, scalars_of
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 from dflash_doctor.launch.split import (
     DEFAULT_RATES_PATH,
     RoleRates,

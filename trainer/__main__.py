@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from dflash_doctor.errors import DoctorError
-from dflash_doctor.stopping import Stopped, install_stop_handlers
+from dflash_base.errors import DoctorError
+from dflash_base.stopping import Stopped, install_stop_handlers
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

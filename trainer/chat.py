@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 
 _PROBE_USER, _PROBE_ANSWER, _PROBE_NEXT = "dflashprobeuser", "dflashprobeanswer", "dflashprobenext"
 

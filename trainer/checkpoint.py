@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dflash_doctor.atomic import fsync_dir
+from dflash_base.atomic import fsync_dir
 
 PREFIX = "step_"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import tomllib
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.data_files import check_data_file, count_records
 from trainer.mask_token import resolve_mask_token
 from trainer.metric_sinks import require_extra

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.chat import TemplateMarks, chat_tokens_and_mask, check_messages
 from trainer.config import DataSection, TrainConfig, heldout_sequences, num_sequences
 from trainer.data_files import jsonl_records, record_problem

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dflash_doctor.errors import ConfigError, DoctorError
+from dflash_base.errors import ConfigError, DoctorError
 from trainer.data_files import jsonl_records
 from trainer.eval_compare import (
     TIE_TOLERANCE_FP32,

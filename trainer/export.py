@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from dflash_doctor.atomic import fsync_dir
+from dflash_base.atomic import fsync_dir
 from trainer.drafter import AttentionKind, DFlashDrafter, DrafterConfig
 
 CONFIG_NAME = "config.json"

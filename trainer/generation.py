@@ -144,7 +144,7 @@ def load_generation_target(path: str, device: Any) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash_doctor.errors import ConfigError
+    from dflash_base.errors import ConfigError
     from trainer.target_config import is_embedded
 
     if is_embedded(path):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.target_config import TINY
 
 # (model_type prefix, id, family): the ids the published DFlash drafters use; the longer prefix first.

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 
 EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from dflash_doctor.atomic import write_bytes_atomic, write_json_atomic
+from dflash_base.atomic import write_bytes_atomic, write_json_atomic
 from trainer.metric_sinks import MetricSink, scalars_of
 
 

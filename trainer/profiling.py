@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
 from trainer.config import ProfileSection
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 from trainer.conversations import PromptRecord, RecordError, Regeneration, read_records
 from trainer.generation import Engine, GenerationSettings
 

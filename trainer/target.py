@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.batch import CapturedBatch
 from trainer.target_config import is_embedded, target_hf_config
 from trainer.tiny import build_embedded_target, seeded_frozen_weights

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 
 if TYPE_CHECKING:
     from transformers import Qwen3Config

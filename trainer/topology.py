@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 
 SPLIT = "split"
 COLOCATED = "colocated"

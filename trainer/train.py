@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dflash_doctor.errors import ConfigError
-from dflash_doctor.stopping import Stopped, install_stop_handlers
+from dflash_base.errors import ConfigError
+from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer import checkpoint as ckpt
 from trainer.anchors import sample_anchors
 from trainer.batch import CapturedBatch

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.batch import CapturedBatch
 from trainer.config import TrainConfig, load_config
 from trainer.drafter import DFlashDrafter, DrafterConfig

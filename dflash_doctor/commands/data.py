@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from dflash_base.errors import ConfigError, DoctorError
 from dflash_doctor.commands.options import JsonOption
 from dflash_doctor.console import make_console
-from dflash_doctor.errors import ConfigError, DoctorError
 
 if TYPE_CHECKING:
     from rich.text import Text

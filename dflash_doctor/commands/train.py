@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dflash_base.stopping import Stopped, handling_stop_signals, signal_name
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
 from dflash_doctor.console import make_console
 from dflash_doctor.launch import supervise
@@ -34,7 +35,6 @@ from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_laun
 from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
-from dflash_doctor.stopping import Stopped, handling_stop_signals, signal_name
 
 TRAIN_SCHEMA = "dflash-doctor/train/v1"
 

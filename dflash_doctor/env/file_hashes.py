@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
 from dflash_doctor.paths import cache_root
 
 CACHE_DIR_ENV = "DFLASH_DOCTOR_CACHE_DIR"

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.locations import managed_inductor_dir, snapshots_dir
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.deep.run import CACHE_ENV, deep_report
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key

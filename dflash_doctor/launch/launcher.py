@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.atomic import write_bytes_atomic
+from dflash_base.atomic import write_bytes_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.locations import snapshots_dir, warm_configs_dir
 from dflash_doctor.cache.restore import restore_snapshot
@@ -32,7 +33,6 @@ from dflash_doctor.cache.warm_record import (
     warm_key,
 )
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.errors import DoctorError
 
 KEEP_SNAPSHOTS = 5
 WARM_CONFIG_MAX_AGE_S = 7 * 24 * 3600  # warm-up configs unused this long are pruned

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 
 SPARK = "▁▂▃▄▅▆▇█"
 

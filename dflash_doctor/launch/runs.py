@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.atomic import write_json_atomic
-from dflash_doctor.errors import DoctorError
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.paths import runs_dir
 
 RECORD_SCHEMA = "dflash-doctor/run/v1"

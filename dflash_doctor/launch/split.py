@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 from trainer.topology import forces_split, split_of
 
 # Shipped with the package, in dflash_doctor/data/.

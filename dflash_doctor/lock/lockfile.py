@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor import __version__
-from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.file_hashes import HashCache
 from dflash_doctor.env.gpus import GpuInventory
-from dflash_doctor.errors import DoctorError
 
 LOCK_SCHEMA = "dflash-doctor/lock/v1"
 LOCK_SCHEMA_PREFIX = "dflash-doctor/lock/"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.errors import DoctorError
 from dflash_doctor import findings
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding
 from dflash_doctor.processes import ChildTimedOut, run_child
 

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.warm import WarmShapes, child_command
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.launch import launcher
 from dflash_doctor.launch.launcher import _config_with_overrides
 from trainer.config import load_config, resolve_config_path

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
 from trainer.chat import TemplateMarks, chat_tokens_and_mask
 from trainer.config import parse_config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.config import SHIPPED_CONFIGS, apply_overrides, load_config, parse_config, resolve_config_path
 from trainer.tiny import tiny_qwen3_config
 
@@ -243,7 +243,7 @@ def test_every_field_rejects_a_wrong_type_by_name(section: str, key: str) -> Non
 def test_data_file_mistakes_are_config_errors_before_anything_starts(
     tmp_path, content, kind, message
 ) -> None:
-    from dflash_doctor.errors import ConfigError
+    from dflash_base.errors import ConfigError
     from trainer.config import load_config
 
     data = tmp_path / "data.jsonl"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.config import DataSection, parse_config
 from trainer.data import (
     BatchOrder,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.config import parse_config
 from trainer.data import RunPlan, evaluates_after, split_data, target_work
 from trainer.heldout import acceptance_hits, leading_run

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.config import load_config
 from trainer.mask_token import (
     RULE_CONFIG,

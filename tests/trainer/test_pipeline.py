@@ -61,7 +61,7 @@ def test_cpu_timer_measures_host_time_between_marks() -> None:
 
 
 def test_overlap_capture_is_one_of_three_modes_in_the_config() -> None:
-    from dflash_doctor.errors import ConfigError
+    from dflash_base.errors import ConfigError
     from trainer.config import load_config
 
     assert load_config("tiny-cpu").topology.overlap_capture == "off"  # off until measured faster

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from tests.trainer.trainer_runs import torchrun
 from trainer.config import load_config
 from trainer.profiling import merged_busy_us

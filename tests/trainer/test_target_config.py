@@ -152,7 +152,7 @@ def test_an_incomplete_config_json_asks_transformers_for_the_class_defaults(
 @pytest.mark.parametrize("content", ["{", "[1, 2]", json.dumps({**QWEN3_JSON, "num_hidden_layers": "6"})])
 def test_a_broken_config_json_is_a_config_error(tmp_path: Path, content: str) -> None:
     """Exit 2 with the file named, not a traceback from transformers."""
-    from dflash_doctor.errors import ConfigError
+    from dflash_base.errors import ConfigError
     from trainer.target_config import target_shapes
 
     (tmp_path / "config.json").write_text(content)
@@ -161,7 +161,7 @@ def test_a_broken_config_json_is_a_config_error(tmp_path: Path, content: str) ->
 
 
 def test_unknown_targets_name_what_is_known(tmp_path: Path) -> None:
-    from dflash_doctor.errors import ConfigError
+    from dflash_base.errors import ConfigError
     from trainer.target_config import target_shapes
 
     with pytest.raises(ConfigError, match=r'unknown embedded target "random:nope".*"random:qwen3-8b"'):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from trainer.config import load_config
 from trainer.topology import RunDigest, Topology, check_agreement, graph_config_hash, resolve_topology
 
