@@ -44,9 +44,9 @@ from bench.roles import (
     time_repeats,
     write_result,
 )
-from trainer.batch import CapturedBatch
-from trainer.target import CaptureTarget, target_dtype
-from trainer.tiny import build_embedded_target
+from trainer.model.batch import CapturedBatch
+from trainer.target.capture import CaptureTarget, target_dtype
+from trainer.target.tiny import build_embedded_target
 
 COLUMNS = ("recipe", "target_ms", "drafter_ms", "colocated_ms", "colocated_samples_s", "colocated_tok_s",
            "x2_colocated_tok_s", "ideal_1p1_tok_s", "ideal_vs_x2", "peak_gib")  # fmt: skip
@@ -125,7 +125,7 @@ def main() -> int:
         first.target.path, first.run.seed, device, target_dtype(first.target.dtype, device)
     )
     compile_target = first.target.compile_layers and device.type == "cuda"  # as the trainer does
-    # as a colocated trainer rank builds it (trainer.train.build_target): no inference tensors
+    # as a colocated trainer rank builds it (trainer.run.train.build_target): no inference tensors
     layers = list(first.drafter.target_layer_ids or [])
     target = CaptureTarget(model, layers, compile_target, inference_tensors=False)
     result: dict[str, Any] = {

@@ -30,9 +30,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.anchors import sample_anchors
-from trainer.attention import dense_mask
-from trainer.drafter import DFlashDrafter, DrafterConfig
+from trainer.model.anchors import sample_anchors
+from trainer.model.attention import dense_mask
+from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
 PRESETS = {
     "cpu-small": dict(

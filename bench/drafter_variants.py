@@ -1,6 +1,6 @@
 """Drafter step variants at each recipe's shapes: find the bottleneck, measure each predicted effect.
 
-Every row is the REAL drafter (`trainer.warmup.build_drafter`) stepped by the REAL `trainer.train.train_step`
+Every row is the REAL drafter (`trainer.run.warmup.build_drafter`) stepped by the REAL `trainer.run.train.train_step`
 (anchors, bf16 autocast, forward, backward, grad clip, AdamW, schedule); a variant only sets config values
 or patches from here (nothing under trainer/ is edited). Rows, each against the first ("trainer"), same run:
 
@@ -41,8 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trainer.drafter
-import trainer.loss
+import trainer.model.drafter
+import trainer.model.loss
 from bench.flops import H200_BF16_PEAK_TFLOPS
 from bench.roles import (
     RESULTS,
@@ -61,7 +61,7 @@ from bench.roles import (
     time_repeats,
     write_result,
 )
-from trainer.config import load_config
+from trainer.spec.config import load_config
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Variant:
     sets: tuple[str, ...] = ()  # config overrides (section.key=value)
     recompute_head: bool = False
     unpadded_kv: bool = (
-        False  # the flex context laid out unpadded (before trainer.attention.flex_context_len)
+        False  # the flex context laid out unpadded (before trainer.model.attention.flex_context_len)
     )
     profile: bool = False
 
@@ -140,12 +140,16 @@ def checkpointed_head_ce(
     chunk: int,
     compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The previous `trainer.loss.chunked_weighted_ce`: each chunk under activation checkpointing, so
+    """The previous `trainer.model.loss.chunked_weighted_ce`: each chunk under activation checkpointing, so
     backward recomputes the chunk's logits before it can form their gradient."""
     from torch.utils.checkpoint import checkpoint
 
-    fn = trainer.loss.compiled_chunk(trainer.loss._head_and_ce) if compiled else trainer.loss._head_and_ce
-    step = trainer.loss.even_chunk(hidden.shape[0], chunk) if compiled else chunk
+    fn = (
+        trainer.model.loss.compiled_chunk(trainer.model.loss._head_and_ce)
+        if compiled
+        else trainer.model.loss._head_and_ce
+    )
+    step = trainer.model.loss.even_chunk(hidden.shape[0], chunk) if compiled else chunk
     total, correct = hidden.new_zeros((), dtype=torch.float32), []
     for start in range(0, hidden.shape[0], step):
         rows = slice(start, start + step)
@@ -159,25 +163,25 @@ def checkpointed_head_ce(
 @contextmanager
 def unpadded_flex_context(unpadded: bool) -> Iterator[None]:
     """Lay the flex keys out as before the padding: the drafter looks `flex_context_len` up at call time."""
-    original = trainer.drafter.flex_context_len
+    original = trainer.model.drafter.flex_context_len
     if unpadded:
-        trainer.drafter.flex_context_len = lambda seq_len: seq_len
+        trainer.model.drafter.flex_context_len = lambda seq_len: seq_len
     try:
         yield
     finally:
-        trainer.drafter.flex_context_len = original
+        trainer.model.drafter.flex_context_len = original
 
 
 @contextmanager
 def head_ce(recompute: bool) -> Iterator[None]:
-    """Swap trainer.loss's chunked head + CE (looked up at call time) for the checkpointed one, then restore."""
-    original = trainer.loss.chunked_weighted_ce
+    """Swap trainer.model.loss's chunked head + CE (looked up at call time) for the checkpointed one, then restore."""
+    original = trainer.model.loss.chunked_weighted_ce
     if recompute:
-        trainer.loss.chunked_weighted_ce = checkpointed_head_ce
+        trainer.model.loss.chunked_weighted_ce = checkpointed_head_ce
     try:
         yield
     finally:
-        trainer.loss.chunked_weighted_ce = original
+        trainer.model.loss.chunked_weighted_ce = original
 
 
 def top_kernels(role: DrafterRole, batch: Any, count: int = 10) -> list[dict[str, Any]]:

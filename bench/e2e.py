@@ -40,8 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, print_rows, write_result
-from trainer.config import apply_overrides, config_to_toml, load_config, read_raw, resolve_config_path
-from trainer.topology import resolve_topology
+from trainer.spec.config import apply_overrides, config_to_toml, load_config, read_raw, resolve_config_path
+from trainer.spec.topology import resolve_topology
 
 COLUMNS = ("recipe", "exit", "steps", "steady_tok_s", "steady_samples_s", "data_wait_fraction",
            "time_to_first_step_s", "x2_colocated_tok_s", "vs_x2_colocated", "wall_s")  # fmt: skip
@@ -214,7 +214,7 @@ def main() -> int:
             code = stop_group(proc) or -9
     wall = time.perf_counter() - began
 
-    from trainer.metrics import read_metrics
+    from trainer.run.metrics import read_metrics
 
     records = read_metrics(output_dir / "metrics.jsonl")
     summary_path = output_dir / "summary.json"

@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.flops import H200_BF16_PEAK_TFLOPS, attended_pairs
 from bench.roles import RESULTS, Recipe, describe_error, device_name, median, print_rows, write_result
-from trainer.anchors import sample_anchors
-from trainer.attention import context_ends, dflash_block_mask, dflash_flex_attention
+from trainer.model.anchors import sample_anchors
+from trainer.model.attention import context_ends, dflash_block_mask, dflash_flex_attention
 
 TILE = 128  # create_block_mask's default block size: kernel tiles must divide it
 

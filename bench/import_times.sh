@@ -21,11 +21,11 @@ timed() {  # LABEL PYTHON-CODE
     timed "import torch" "import torch"
     timed "import transformers.Qwen3Config" "from transformers import Qwen3Config"
     timed "gate: load_training_config" "from dflash_doctor.launch.gate import load_training_config; load_training_config('$CONFIG')"
-    timed "import trainer.train (a worker)" "import trainer.train"
+    timed "import trainer.run.train (a worker)" "import trainer.run.train"
     timed "import torch._dynamo + inductor" "import torch, torch._dynamo, torch._inductor.compile_fx"
 } 2>&1 | tee "$OUT/import_times$TAG.txt"
 [ -n "${IMPORT_QUICK:-}" ] && exit 0  # IMPORT_QUICK=1: the timed lines only
-python3 -X importtime -c "import trainer.train" 2> "$OUT/importtime-worker.txt"
+python3 -X importtime -c "import trainer.run.train" 2> "$OUT/importtime-worker.txt"
 python3 -X importtime -c "from dflash_doctor.launch.gate import load_training_config; load_training_config('$CONFIG')" \
     2> "$OUT/importtime-gate.txt"
 python3 -m cProfile -o /tmp/gate.prof -m dflash_doctor train --config "$CONFIG" --dry-run --no-deep > /dev/null 2>&1

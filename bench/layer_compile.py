@@ -1,6 +1,6 @@
 """Compile the decoder layer, not the stack: cold compile time, graph count and step time, per mode, same run.
 
-Every row is the REAL drafter (`trainer.warmup.build_drafter`) stepped by the REAL `trainer.train.train_step`
+Every row is the REAL drafter (`trainer.run.warmup.build_drafter`) stepped by the REAL `trainer.run.train.train_step`
 at a recipe's shapes, in a fresh process with an empty compile cache (a cold start, as on a fresh machine):
 
   layers            what the trainer does (issue 17): each decoder layer compiled, the first layer's input

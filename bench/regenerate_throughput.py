@@ -1,6 +1,6 @@
 """`data regenerate`'s torch engine on one device: generated tok/s per batch size, against the decode roofline.
 
-Each row runs `trainer.generation.generate_token_batch` (what the engine runs) on random prompts of a fixed
+Each row runs `trainer.decode.generation.generate_token_batch` (what the engine runs) on random prompts of a fixed
 length with no stop token, so every row generates exactly `--new-tokens` per sequence. The roofline is that of
 decoding: every step reads the weights once (bf16: 2 bytes per parameter, the input embedding excluded: a
 lookup reads one row), so steps/s <= bandwidth / weight bytes and tok/s <= batch x that, until compute binds
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.flops import H200_BF16_PEAK_TFLOPS
 from bench.roles import RESULTS, describe_error, device_name, peak_gib, print_rows, reset_peak, write_result
-from trainer.generation import GenerationSettings, generate_token_batch
-from trainer.tiny import build_embedded_target
+from trainer.decode.generation import GenerationSettings, generate_token_batch
+from trainer.target.tiny import build_embedded_target
 
 H200_HBM_TBPS = 4.8  # HBM3e bandwidth of an H200 (spec sheet); a measured copy reaches ~90% of it
 

@@ -1,8 +1,8 @@
 """Build each trainer role at a recipe's shapes through the trainer's own code, and time it properly.
 
-The benchmarks measure OUR path: the target is `trainer.tiny.build_embedded_target` cut by
-`trainer.target.CaptureTarget` (what `load_capture_target` does for an embedded target), the drafter is
-`trainer.warmup.build_drafter`, and one drafter step is `trainer.train.train_step` (anchors, forward,
+The benchmarks measure OUR path: the target is `trainer.target.tiny.build_embedded_target` cut by
+`trainer.target.capture.CaptureTarget` (what `load_capture_target` does for an embedded target), the drafter is
+`trainer.run.warmup.build_drafter`, and one drafter step is `trainer.run.train.train_step` (anchors, forward,
 backward, grad clip, fused AdamW on CUDA, schedule). A recipe is a trainer config (shipped name or path)
 plus `--set` overrides, so a benchmark and a run cannot disagree about the shapes.
 
@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
-from trainer.batch import CapturedBatch
-from trainer.config import TrainConfig, load_config
-from trainer.drafter import DFlashDrafter
-from trainer.optim import build_optimizer, build_scheduler
-from trainer.target import target_dtype, target_hf_config
-from trainer.train import train_step
-from trainer.warmup import build_drafter
+from trainer.model.batch import CapturedBatch
+from trainer.model.drafter import DFlashDrafter
+from trainer.run.optim import build_optimizer, build_scheduler
+from trainer.run.train import train_step
+from trainer.run.warmup import build_drafter
+from trainer.spec.config import TrainConfig, load_config
+from trainer.target.capture import target_dtype, target_hf_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -197,7 +197,7 @@ def drafter_step_flops(recipe: Recipe, model: DFlashDrafter, device: torch.devic
     """(model FLOPs of one step, mask density) at this recipe, the pairs counted from sampled anchors."""
     from bench.drafter_step import model_flops
     from bench.flops import attended_pairs
-    from trainer.anchors import sample_anchors
+    from trainer.model.anchors import sample_anchors
 
     gen = torch.Generator(device=device).manual_seed(123)
     loss_mask = torch.ones(recipe.batch, recipe.seq_len, dtype=torch.bool, device=device)

@@ -34,8 +34,8 @@ ALLOWED_UPWARD = {
     # The registry discovers the checks that plug into it (imported lazily, inside a function).
     ("dflash_doctor.registry", "checks"),
     # A script run by path in the audited interpreter: it imports the trainer in that other process.
-    ("dflash_doctor.cache.warm_child", "trainer.config"),
-    ("dflash_doctor.cache.warm_child", "trainer.warmup"),
+    ("dflash_doctor.cache.warm_child", "trainer.spec.config"),
+    ("dflash_doctor.cache.warm_child", "trainer.run.warmup"),
 }
 # Scripts run by path in another interpreter (an engine's venv, which pins its own torch and has no
 # dflash-doctor): they may import nothing of ours at all, not even the core.

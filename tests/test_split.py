@@ -16,7 +16,7 @@ from dflash_doctor.launch.split import (
     recommend_split,
     recommendation_for_config,
 )
-from trainer.config import load_config
+from trainer.spec.config import load_config
 
 
 def rates(target: float, drafter: float, seq_len: int = 40000) -> RoleRates:

@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         # Before torch is imported: a stop while importing is one line, not a KeyboardInterrupt traceback.
         install_stop_handlers()
     try:
-        from trainer.config import load_config
+        from trainer.spec.config import load_config
 
         cfg = load_config(args.config, args.overrides)
         if not under_torchrun():
             relaunch_under_torchrun(cfg.world_size, argv)
-        from trainer.train import main as train_main
+        from trainer.run.train import main as train_main
 
         return train_main(cfg)
     except DoctorError as exc:

@@ -55,7 +55,7 @@ def eval_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Decode prompts with the target alone and with the drafter proposing blocks; compare."""
-    from trainer.eval import format_report, run_eval
+    from trainer.decode.eval import format_report, run_eval
 
     progress = Progress(
         TextColumn("[bold]decoding"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

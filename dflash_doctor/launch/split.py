@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import DoctorError
-from trainer.topology import forces_split, split_of
+from trainer.spec.topology import forces_split, split_of
 
 # Shipped with the package, in dflash_doctor/data/.
 DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"

@@ -29,7 +29,7 @@ from dflash_doctor.launch.split import (
     rates_for_config,
     recommend_split,
 )
-from trainer.topology import AUTO, COLOCATED, SPLIT, Topology, forces_split, split_of
+from trainer.spec.topology import AUTO, COLOCATED, SPLIT, Topology, forces_split, split_of
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ import pytest
 
 from dflash_base.errors import ConfigError
 from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
-from trainer.chat import TemplateMarks, chat_tokens_and_mask
-from trainer.config import parse_config
-from trainer.data import TokenizedSource
+from trainer.data.chat import TemplateMarks, chat_tokens_and_mask
+from trainer.data.sources import TokenizedSource
+from trainer.spec.config import parse_config
 
 TWO_TURNS = [
     {"role": "user", "content": "Hi"},

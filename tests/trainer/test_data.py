@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from dflash_base.errors import ConfigError
-from trainer.config import DataSection, parse_config
-from trainer.data import (
+from trainer.data.sources import (
     BatchOrder,
     JsonlSource,
     RunPlan,
@@ -22,7 +21,8 @@ from trainer.data import (
     sample_sequences,
     target_work,
 )
-from trainer.tiny import build_embedded_target
+from trainer.spec.config import DataSection, parse_config
+from trainer.target.tiny import build_embedded_target
 
 
 def test_pad_and_truncate_keep_padding_out_of_the_loss() -> None:

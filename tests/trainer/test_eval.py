@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from dflash_doctor.cli import run
-from trainer.drafter import DFlashDrafter, DrafterConfig
-from trainer.eval import SpecTarget, evaluate, format_report, greedy_decode
-from trainer.eval import main as eval_main
-from trainer.export import export_drafter
-from trainer.tiny import build_embedded_target, tiny_qwen3_config
+from trainer.decode.eval import SpecTarget, evaluate, format_report, greedy_decode
+from trainer.decode.eval import main as eval_main
+from trainer.model.drafter import DFlashDrafter, DrafterConfig
+from trainer.model.export import export_drafter
+from trainer.target.tiny import build_embedded_target, tiny_qwen3_config
 
 PROMPTS = [[5, 17, 300, 42, 9, 77], [1, 2, 3], [400, 401, 402, 403, 404, 405, 406, 407]]
 
@@ -180,7 +180,9 @@ def test_cli_exit_codes_for_a_tie_strict_and_a_bad_tolerance(
     assert run([*args, "--tie-tolerance", "-0.5"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--tie-tolerance: -0.5 is not a logit tolerance; give a number >= 0" in err
-    assert eval_main([*args[1:], "--tie-tolerance", "nan"]) == 2  # python -m trainer.eval: the same check
+    assert (
+        eval_main([*args[1:], "--tie-tolerance", "nan"]) == 2
+    )  # python -m trainer.decode.eval: the same check
     assert "--tie-tolerance: nan is not a logit tolerance" in capsys.readouterr().err
 
 
@@ -221,4 +223,4 @@ def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
     assert run([*args, "--dtype", "fp64"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert '--dtype: "fp64" is not one of auto, bf16, fp32' in err
-    assert eval_main([*args[1:], "--dtype", "fp64"]) == 2  # python -m trainer.eval: the same check
+    assert eval_main([*args[1:], "--dtype", "fp64"]) == 2  # python -m trainer.decode.eval: the same check

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 RANK = r"""
 import sys, time
 from dflash_base.stopping import Stopped, install_stop_handlers
-from trainer.parent_watch import watch_parent
+from trainer.run.parent_watch import watch_parent
 install_stop_handlers()
 watch_parent(grace_s=5, poll_s=0.1)
 print("ready", flush=True)

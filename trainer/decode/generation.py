@@ -145,7 +145,7 @@ def load_generation_target(path: str, device: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash_base.errors import ConfigError
-    from trainer.target_config import is_embedded
+    from trainer.spec.target_shapes import is_embedded
 
     if is_embedded(path):
         raise ConfigError(

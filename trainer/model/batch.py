@@ -1,7 +1,7 @@
 """What a target rank hands a drafter rank: one batch of captured context.
 
-This is the contract between `trainer/target.py` (producer), `trainer/transport.py` (the wire) and
-`trainer/drafter.py` (consumer). Shapes are static per run (sequences padded to `seq_len`), so
+This is the contract between `trainer/target/capture.py` (producer), `trainer/run/transport.py` (the wire) and
+`trainer/model/drafter.py` (consumer). Shapes are static per run (sequences padded to `seq_len`), so
 nothing downstream recompiles.
 """
 

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from dflash_base.atomic import fsync_dir
-from trainer.drafter import AttentionKind, DFlashDrafter, DrafterConfig
+from trainer.model.drafter import AttentionKind, DFlashDrafter, DrafterConfig
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

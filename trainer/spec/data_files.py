@@ -1,7 +1,7 @@
 """The JSONL data files, read and checked without torch.
 
 The config's check before launch (`check_data_file`, a ConfigError while it can still be exit 2) and the
-trainer's sources (`trainer.data`) read records through the same functions, so both name a bad line
+trainer's sources (`trainer.data.sources`) read records through the same functions, so both name a bad line
 the same way.
 
 Before launch every line is checked, not a sample: a string where token ids belong, an id >= the

@@ -4,12 +4,12 @@ Read top to bottom: config, norm and RoPE, attention, MLP, layer, model.
 
 Inputs per step (one CapturedBatch plus sampled anchors):
   input_ids (B, S), loss_mask (B, S), hidden (B, S, n*H): n captured target layers, concatenated;
-  anchors (B, N) and anchor_valid (B, N): the block starts (see trainer/anchors.py).
+  anchors (B, N) and anchor_valid (B, N): the block starts (see trainer/model/anchors.py).
 The context `hidden_norm(fc(hidden))` (B, S, H) is projected by every layer's k_proj/v_proj into extra
 keys and values. The block tokens (slot 0 = the anchor token, slots 1.. = the mask token, embedded with
 the target's frozen embedding) are the queries; positions are anchor + slot. Keys/values are laid out
-[context S | blocks N*B] and masked as trainer/attention.py describes. The final norm's output goes
-through the target's frozen LM head into the decayed loss (trainer/loss.py).
+[context S | blocks N*B] and masked as trainer/model/attention.py describes. The final norm's output goes
+through the target's frozen LM head into the decayed loss (trainer/model/loss.py).
 
 Parameter names match the checkpoints SGLang and vLLM load (`layers.{i}.self_attn.q_proj.weight`, ...,
 `fc.weight`, `hidden_norm.weight`, `norm.weight`); the frozen embedding and LM head are non-persistent
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from trainer.attention import (
+from trainer.model.attention import (
     attend,
     context_ends,
     dense_mask,
@@ -34,8 +34,8 @@ from trainer.attention import (
     flex_context_len,
     keys_layout,
 )
-from trainer.loss import LossOutput, block_targets, default_gamma, dflash_loss
-from trainer.target_config import default_target_layer_ids  # re-exported: callers import it from here
+from trainer.model.loss import LossOutput, block_targets, default_gamma, dflash_loss
+from trainer.spec.target_shapes import default_target_layer_ids  # re-exported: callers import it from here
 
 AttentionKind = Literal["sdpa", "flex"]
 Mask = Tensor | BlockMask  # dense boolean (SDPA) or sparse block mask (flex)
@@ -275,7 +275,7 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         self.attention = attention
         self.loss_chunk = loss_chunk
-        self.compile_loss = compile_loss  # LM head + CE chunk through torch.compile (trainer/loss.py)
+        self.compile_loss = compile_loss  # LM head + CE chunk through torch.compile (trainer/model/loss.py)
         self.gamma = float(gamma) if gamma is not None else default_gamma(cfg.block_size)
 
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))

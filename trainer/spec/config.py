@@ -18,11 +18,11 @@ from typing import Any
 import tomllib
 
 from dflash_base.errors import ConfigError
-from trainer.data_files import check_data_file, count_records
-from trainer.mask_token import resolve_mask_token
-from trainer.metric_sinks import require_extra
-from trainer.target_config import default_target_layer_ids, is_embedded, target_shapes
-from trainer.topology import (
+from trainer.run.metric_sinks import require_extra
+from trainer.spec.data_files import check_data_file, count_records
+from trainer.spec.mask_token import resolve_mask_token
+from trainer.spec.target_shapes import default_target_layer_ids, is_embedded, target_shapes
+from trainer.spec.topology import (
     COLOCATED,
     MODES,
     OVERLAP_MODES,
@@ -32,7 +32,7 @@ from trainer.topology import (
     split_of,
 )
 
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # trainer/configs
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class DrafterSection:
     layers: int = 1
     block_size: int = 16
     target_layer_ids: list[int] | None = None  # default: evenly spaced from 1 to L-3
-    mask_token_id: int | None = None  # default: resolved by trainer.mask_token's rules
+    mask_token_id: int | None = None  # default: resolved by trainer.spec.mask_token's rules
     intermediate_size: int | None = None  # default: the target's
     attention: str = "auto"  # auto (flex on CUDA, sdpa on CPU) | flex | sdpa
     loss_chunk: int = 2048  # rows of LM head + CE per chunk (its gradient is computed in the same pass)
@@ -91,13 +91,13 @@ class EvalSection:
 @dataclass(frozen=True)
 class TopologySection:
     # split: N target ranks stream to M drafter ranks; colocated: every rank captures and trains;
-    # auto: the launcher picks the faster that fits (trainer/topology.py, dflash_doctor/launch/topology.py)
+    # auto: the launcher picks the faster that fits (trainer/spec/topology.py, dflash_doctor/launch/topology.py)
     mode: str = "auto"
     targets: int | None = None  # split only; setting targets or drafters forces a split (unset: 1)
     drafters: int | None = None
     ranks: int | None = None  # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
     in_flight: int = 4  # batches a target rank may have sent and not yet seen received
-    # Colocated on CUDA: capture the next step's batch on a second stream (trainer/pipeline.py), beside what
+    # Colocated on CUDA: capture the next step's batch on a second stream (trainer/run/pipeline.py), beside what
     # is left of this step ("step": as soon as it is queued) or beside its optimizer update only
     # ("optimizer": the memory-bound AdamW next to the capture's matmuls). "off" until measured faster.
     overlap_capture: str = "off"
@@ -153,7 +153,7 @@ class RunSection:
 
 @dataclass(frozen=True)
 class ProfileSection:
-    # torch.profiler over steps start .. start + steps - 1 (1-based), every rank (trainer/profiling.py)
+    # torch.profiler over steps start .. start + steps - 1 (1-based), every rank (trainer/run/profiling.py)
     start: int = 10
     steps: int = 0  # 0: off
 
@@ -174,7 +174,7 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """The processes `python -m trainer` starts when not under torchrun (trainer/topology.py)."""
+        """The processes `python -m trainer` starts when not under torchrun (trainer/spec/topology.py)."""
         return resolve_topology(self.topology).world_size
 
     @property

@@ -1,6 +1,6 @@
 """Regenerate a data set's answers with the target, so the drafter learns what the target will actually say.
 
-The job reads prompt records (`trainer.conversations`), has an engine (`trainer.generation`) answer them turn by
+The job reads prompt records (`trainer.decode.conversations`), has an engine (`trainer.decode.generation`) answer them turn by
 turn in chunks of conversations, and appends one finished conversation per line to the output, flushed and
 synced after each chunk: a crash loses at most the chunk in flight. Re-running with the same output skips the
 ids already written; a torn last line (a crash mid-write) is dropped first. Every line carries the settings
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import DoctorError
-from trainer.conversations import PromptRecord, RecordError, Regeneration, read_records
-from trainer.generation import Engine, GenerationSettings
+from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
+from trainer.decode.generation import Engine, GenerationSettings
 
 SCHEMA = "dflash-doctor/regenerate/v1"
 

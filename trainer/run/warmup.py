@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dflash_base.errors import ConfigError
-from trainer.batch import CapturedBatch
-from trainer.config import TrainConfig, load_config
-from trainer.drafter import DFlashDrafter, DrafterConfig
-from trainer.target_config import target_hf_config
+from trainer.model.batch import CapturedBatch
+from trainer.model.drafter import DFlashDrafter, DrafterConfig
+from trainer.spec.config import TrainConfig, load_config
+from trainer.spec.target_shapes import target_hf_config
 
 if TYPE_CHECKING:
-    from trainer.target import CaptureTarget
+    from trainer.target.capture import CaptureTarget
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -61,7 +61,7 @@ def autocast_for(cfg: TrainConfig, device: torch.device) -> AbstractContextManag
 
 
 def hidden_dtype_for(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    from trainer.target import target_dtype
+    from trainer.target.capture import target_dtype
 
     return target_dtype(cfg.target.dtype, device)
 
@@ -117,7 +117,7 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
     """One forward+backward at the run's shapes in this (main) thread; leaves no gradients behind."""
     from torch._dynamo.utils import counters
 
-    from trainer.anchors import sample_anchors
+    from trainer.model.anchors import sample_anchors
 
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     batch = dummy_batch(cfg, model, device)
@@ -164,8 +164,8 @@ def warm_up_heldout(
     Compiled layers guard on grad mode and `training`: without this, the first evaluation compiles a
     second layer graph in the middle of the run (measured on CPU: 3.8 s at tiny shapes; more on a GPU),
     and the launcher's warm-up child would not have put it in the cache for the next launch."""
-    from trainer.anchors import sample_anchors
-    from trainer.heldout import draft_tokens
+    from trainer.model.anchors import sample_anchors
+    from trainer.run.heldout import draft_tokens
 
     gen = torch.Generator(device=device).manual_seed(1)
     anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, gen)
@@ -246,8 +246,8 @@ def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict
 def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
     """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
     (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
-    from trainer.target import load_capture_target, target_dtype
-    from trainer.topology import resolve_topology
+    from trainer.spec.topology import resolve_topology
+    from trainer.target.capture import load_capture_target, target_dtype
 
     if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):
         return None

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from dflash_base.errors import ConfigError
-from trainer.batch import CapturedBatch
-from trainer.target_config import is_embedded, target_hf_config
-from trainer.tiny import build_embedded_target, seeded_frozen_weights
+from trainer.model.batch import CapturedBatch
+from trainer.spec.target_shapes import is_embedded, target_hf_config
+from trainer.target.tiny import build_embedded_target, seeded_frozen_weights
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

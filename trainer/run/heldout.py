@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.anchors import sample_anchors
-from trainer.batch import CapturedBatch
-from trainer.drafter import DFlashDrafter
-from trainer.loss import block_targets
+from trainer.model.anchors import sample_anchors
+from trainer.model.batch import CapturedBatch
+from trainer.model.drafter import DFlashDrafter
+from trainer.model.loss import block_targets
 
 EVAL_SEED_OFFSET = 2_000_003  # held-out anchors: their own generator stream, apart from training's
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import ConfigError
-from trainer.target_config import TINY
+from trainer.spec.target_shapes import TINY
 
 # (model_type prefix, id, family): the ids the published DFlash drafters use; the longer prefix first.
 PUBLISHED_MASK_IDS = (("qwen3_5", 248070, "Qwen3.5/3.6"), ("qwen3", 151669, "Qwen3"))

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from dflash_base.errors import ConfigError
-from trainer.chat import TemplateMarks, chat_tokens_and_mask, check_messages
-from trainer.config import DataSection, TrainConfig, heldout_sequences, num_sequences
-from trainer.data_files import jsonl_records, record_problem
+from trainer.data.chat import TemplateMarks, chat_tokens_and_mask, check_messages
+from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
+from trainer.spec.data_files import jsonl_records, record_problem
 
 PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
 
@@ -69,7 +69,7 @@ class JsonlSource:
 class TokenizedSource:
     """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily.
 
-    Chat records go through `trainer.chat` with the run's `data.chat_template_kwargs`; the template is
+    Chat records go through `trainer.data.chat` with the run's `data.chat_template_kwargs`; the template is
     probed once for its header and end-of-turn marker."""
 
     def __init__(
@@ -211,7 +211,7 @@ def build_source(
         )
     if d.kind == "random":
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
-    from trainer.tiny import build_embedded_target
+    from trainer.target.tiny import build_embedded_target
 
     model = build_embedded_target(cfg.target.path, cfg.run.seed, device)
     return SyntheticSource(model, d, cfg.run.seed, mask_id)

@@ -1,7 +1,7 @@
 """What the trainer will see of a data set: the first records as it tokenises them, and counts over all.
 
 `dflash-doctor data preview` renders this. The records go through the very sources the target ranks use
-(`trainer.data.build_source`: same tokenizer, chat template and kwargs, truncation and padding), so a
+(`trainer.data.sources.build_source`: same tokenizer, chat template and kwargs, truncation and padding), so a
 preview cannot disagree with training.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from trainer.config import TrainConfig
-from trainer.data import JsonlSource, SequenceSource, TokenizedSource, build_source, load_tokenizer
-from trainer.metrics import real_token_count
-from trainer.target_config import is_embedded, target_shapes
+from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source, load_tokenizer
+from trainer.run.metrics import real_token_count
+from trainer.spec.config import TrainConfig
+from trainer.spec.target_shapes import is_embedded, target_shapes
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch import CapturedBatch
+from trainer.model.batch import CapturedBatch
 
 
 class OptimizerStart:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dflash_base.atomic import write_json_atomic
-from trainer.config import ProfileSection
+from trainer.spec.config import ProfileSection
 
 
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:

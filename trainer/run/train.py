@@ -1,6 +1,6 @@
 """The training run, one process per device under torchrun. Read top to bottom.
 
-1. `main`: join the process group (torchrun's env), resolve the topology once (trainer/topology.py):
+1. `main`: join the process group (torchrun's env), resolve the topology once (trainer/spec/topology.py):
    split (ranks [0, N) targets, [N, N+M) drafters) or colocated (every rank both); agree on the resume
    step (the first drafter reads the newest checkpoint and tells everyone).
 2. Split, `run_target`: capture the configured layers for every global batch i with i % N == rank, from
@@ -38,11 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dflash_base.errors import ConfigError
 from dflash_base.stopping import Stopped, install_stop_handlers
-from trainer import checkpoint as ckpt
-from trainer.anchors import sample_anchors
-from trainer.batch import CapturedBatch
-from trainer.config import TrainConfig
-from trainer.data import (
+from trainer.data.sources import (
     BatchOrder,
     DataSplit,
     RunPlan,
@@ -54,12 +50,15 @@ from trainer.data import (
     split_data,
     target_work,
 )
-from trainer.drafter import DFlashDrafter
-from trainer.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
-from trainer.heldout import HeldoutSums, evaluate_heldout
-from trainer.loss import LossOutput, expected_acceptance_length
-from trainer.metric_sinks import open_sinks
-from trainer.metrics import (
+from trainer.model.anchors import sample_anchors
+from trainer.model.batch import CapturedBatch
+from trainer.model.drafter import DFlashDrafter
+from trainer.model.loss import LossOutput, expected_acceptance_length
+from trainer.run import checkpoint as ckpt
+from trainer.run.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
+from trainer.run.heldout import HeldoutSums, evaluate_heldout
+from trainer.run.metric_sinks import open_sinks
+from trainer.run.metrics import (
     MetricsLog,
     Progress,
     StepMetrics,
@@ -68,21 +67,22 @@ from trainer.metrics import (
     summarize,
     write_summary,
 )
-from trainer.optim import build_optimizer, build_scheduler, clip_gradients
-from trainer.parent_watch import watch_parent
-from trainer.pipeline import CaptureAhead, OptimizerStart, StepNumbers, StepTimer
-from trainer.profiling import StepProfiler
-from trainer.startup import StartupClock
-from trainer.target import (
+from trainer.run.optim import build_optimizer, build_scheduler, clip_gradients
+from trainer.run.parent_watch import watch_parent
+from trainer.run.pipeline import CaptureAhead, OptimizerStart, StepNumbers, StepTimer
+from trainer.run.profiling import StepProfiler
+from trainer.run.startup import StartupClock
+from trainer.run.transport import BatchReceiver, BatchSender, TransportError
+from trainer.run.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
+from trainer.spec.config import TrainConfig
+from trainer.spec.topology import RunDigest, Topology, check_agreement, resolve_topology
+from trainer.target.capture import (
     CaptureTarget,
     load_capture_target,
     load_frozen_embeddings,
     target_dtype,
     target_hf_config,
 )
-from trainer.topology import RunDigest, Topology, check_agreement, resolve_topology
-from trainer.transport import BatchReceiver, BatchSender, TransportError
-from trainer.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
 
 
 @dataclass(frozen=True)
@@ -318,7 +318,7 @@ class DrafterLoop:
     `run(next_batch, heldout_batch)` trains one optimiser step per `optim.grad_accum` micro-batches and scores
     this replica's share of the held-out batches when an evaluation is due; where a batch comes from
     (received, or captured here) is the only thing the topologies differ in. Per-step work: `train_on`.
-    A step's numbers are read one step late (`trainer.pipeline`): the host never drains the GPU per step.
+    A step's numbers are read one step late (`trainer.run.pipeline`): the host never drains the GPU per step.
     """
 
     def __init__(self, run: RunContext) -> None:
@@ -540,7 +540,7 @@ class MicroBatches:
 
 def announce_export(cfg: TrainConfig, model: DFlashDrafter) -> None:
     """Export the drafter (bf16 unless output.export_dtype = "fp32") and print how to serve it."""
-    from trainer.export import export_drafter, serve_commands
+    from trainer.model.export import export_drafter, serve_commands
 
     dtype = torch.float32 if cfg.output.export_dtype == "fp32" else torch.bfloat16
     exported = export_drafter(

@@ -11,7 +11,7 @@ the decision to the workers as `--set` overrides; a bare `torchrun -m trainer` u
 when `targets`/`drafters` are set and colocated otherwise. No torch here: the launcher imports this.
 
 Each node's launcher decides on its own inputs, so the nodes of one run can disagree; `RunDigest` is what
-every rank tells the others right after the process group forms (`trainer.train.main`: one all_gather),
+every rank tells the others right after the process group forms (`trainer.run.train.main`: one all_gather),
 and `disagreement` turns differing digests into one message naming what each node runs and the fix.
 """
 
@@ -28,7 +28,7 @@ SPLIT = "split"
 COLOCATED = "colocated"
 AUTO = "auto"
 MODES = (AUTO, SPLIT, COLOCATED)
-# topology.overlap_capture: when a colocated rank's next capture may run (trainer/pipeline.py)
+# topology.overlap_capture: when a colocated rank's next capture may run (trainer/run/pipeline.py)
 OVERLAP_MODES = ("off", "step", "optimizer")
 
 

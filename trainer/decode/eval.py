@@ -1,6 +1,6 @@
 """Real greedy block speculative decoding with a target and an exported drafter, against target-only greedy.
 
-`python -m trainer.eval --export DIR --config RUN.toml` (or `dflash-doctor eval`, the same code).
+`python -m trainer.decode.eval --export DIR --config RUN.toml` (or `dflash-doctor eval`, the same code).
 
 The loop, per prompt:
 1. the target prefills the prompt (one forward): its greedy token is the first new token, and the
@@ -16,7 +16,7 @@ The loop, per prompt:
 The tokens equal target-only greedy decoding's by construction (every emitted token is the target's
 greedy choice after the emitted prefix), exactly so in fp32. In bf16 a B-token verify forward and a 1-token
 forward round differently and can flip a near-tie; both decodes keep the target's top-k logits at every
-emitted token, and `trainer.eval_compare` tells such a flip (`tie`) from a real difference (`different`).
+emitted token, and `trainer.decode.compare` tells such a flip (`tie`) from a real difference (`different`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from dflash_base.errors import ConfigError, DoctorError
-from trainer.data_files import jsonl_records
-from trainer.eval_compare import (
+from trainer.decode.compare import (
     TIE_TOLERANCE_FP32,
     TIE_TOLERANCE_LOW_PRECISION,
     TOP_K,
@@ -46,6 +45,7 @@ from trainer.eval_compare import (
     compare_outputs,
     default_tie_tolerance,
 )
+from trainer.spec.data_files import jsonl_records
 
 
 @dataclass
@@ -315,11 +315,11 @@ class EvalSetup:
 
 def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, nn.Module]:
     """The full target and the exported drafter (with the target's frozen embedding and head), on one device."""
-    from trainer.export import ExportError, load_drafter
-    from trainer.target import target_dtype
-    from trainer.target_config import is_embedded
-    from trainer.tiny import build_embedded_target
-    from trainer.warmup import resolve_device
+    from trainer.model.export import ExportError, load_drafter
+    from trainer.run.warmup import resolve_device
+    from trainer.spec.target_shapes import is_embedded
+    from trainer.target.capture import target_dtype
+    from trainer.target.tiny import build_embedded_target
 
     device = resolve_device(setup.device)
     dtype = target_dtype(setup.dtype, device)
@@ -361,7 +361,7 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
         if isinstance(record.get("prompt"), str):
             out.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
         elif isinstance(record.get("messages"), list):
-            from trainer.generation import prompt_ids
+            from trainer.decode.generation import prompt_ids
 
             out.append(prompt_ids(tokenizer, record["messages"], template_kwargs))
         else:
@@ -371,8 +371,8 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
 
 def heldout_prompts(cfg: Any, prompt_len: int, count: int) -> list[list[int]]:
     """The first `prompt_len` tokens of the run's first `count` held-out sequences (never trained on)."""
-    from trainer.data import build_source, split_data
-    from trainer.target_config import target_shapes
+    from trainer.data.sources import build_source, split_data
+    from trainer.spec.target_shapes import target_shapes
 
     split = split_data(cfg)
     if not split.eval_ids:
@@ -412,7 +412,7 @@ def run_eval(
         )
     cfg = None
     if config is not None:
-        from trainer.config import load_config
+        from trainer.spec.config import load_config
 
         cfg = load_config(config, overrides or [])
     target_path = target_path or (cfg.target.path if cfg is not None else None)
@@ -420,11 +420,11 @@ def run_eval(
         raise ConfigError("--target: name the target (a folder, tiny, random:qwen3-8b) or give --config")
     if max_new_tokens < 1 or num_prompts < 1 or prompt_len < 1:
         raise ConfigError("--max-new-tokens, --num-prompts and --prompt-len: must be >= 1")
-    from trainer.target_config import is_embedded
+    from trainer.spec.target_shapes import is_embedded
 
     tokenizer = None
     if not is_embedded(target_path):
-        from trainer.data import load_tokenizer
+        from trainer.data.sources import load_tokenizer
 
         tokenizer = load_tokenizer(target_path)
     kwargs = cfg.data.chat_template_kwargs if cfg is not None else {}
@@ -505,7 +505,9 @@ def format_report(report: EvalReport) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.eval", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.decode.eval", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--export", required=True, help="the drafter's export folder")
     parser.add_argument("--config", help="the run's config: its target, seed and held-out sequences")
     parser.add_argument("--target", help="the target (default: the config's target.path)")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dflash_base.atomic import write_bytes_atomic, write_json_atomic
-from trainer.metric_sinks import MetricSink, scalars_of
+from trainer.run.metric_sinks import MetricSink, scalars_of
 
 
 @dataclass
@@ -44,14 +44,14 @@ class StepMetrics:
 
 
 def real_token_count(input_ids: Any, loss_mask: Any) -> int:
-    """Tokens of a (B, S) batch that are not right padding (trainer.data.PAD_ID, never supervised)."""
+    """Tokens of a (B, S) batch that are not right padding (trainer.data.sources.PAD_ID, never supervised)."""
     return int(real_tokens(input_ids, loss_mask))
 
 
 def real_tokens(input_ids: Any, loss_mask: Any) -> Any:
     """`real_token_count` as a 0-dim tensor on the batch's device: no host sync (the training loop
     counts every batch and reads the sums once per step)."""
-    from trainer.data import PAD_ID
+    from trainer.data.sources import PAD_ID
 
     padding = (input_ids == PAD_ID) & ~loss_mask.bool()
     trailing = padding.flip(-1).long().cumprod(-1).sum()  # each row's run of padding at its end

@@ -3,7 +3,7 @@
 `target.path = "tiny"` is the default for CPU runs and tests; `target.path = "random:qwen3-8b"` gives a
 Qwen3-8B-shaped model with random weights, for measuring throughput on a GPU without fetching 16 GB.
 Every weight is a pure function of the seed, so each rank (and each restart) builds the same model.
-Their configs (shapes only, no torch model code) live in trainer/target_config.py.
+Their configs (shapes only, no torch model code) live in trainer/spec/target_shapes.py.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-# The configs live in trainer.target_config (readable without torch's compiler stack); re-exported here
-# for the code and tests that import them from trainer.tiny.
-from trainer.target_config import (
+# The configs live in trainer.spec.target_shapes (readable without torch's compiler stack); re-exported here
+# for the code and tests that import them from trainer.target.tiny.
+from trainer.spec.target_shapes import (
     PRESETS,
     RANDOM_PREFIX,
     TINY,
