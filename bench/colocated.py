@@ -45,7 +45,8 @@ from bench.roles import (
     write_result,
 )
 from trainer.model.batch import CapturedBatch
-from trainer.target.capture import CaptureTarget, target_dtype
+from trainer.model.device import target_dtype
+from trainer.target.capture import CaptureTarget
 from trainer.target.tiny import build_embedded_target
 
 COLUMNS = ("recipe", "target_ms", "drafter_ms", "colocated_ms", "colocated_samples_s", "colocated_tok_s",

@@ -214,9 +214,9 @@ def main() -> int:
             code = stop_group(proc) or -9
     wall = time.perf_counter() - began
 
-    from trainer.run.metrics import read_metrics
+    from trainer.spec.outputs import metrics_path, read_metrics
 
-    records = read_metrics(output_dir / "metrics.jsonl")
+    records = read_metrics(metrics_path(output_dir))
     summary_path = output_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     # what ran: the summary's topology (the launcher resolves topology.mode = "auto" for the GPUs present)

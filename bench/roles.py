@@ -23,12 +23,13 @@ from typing import Any
 import torch
 
 from trainer.model.batch import CapturedBatch
+from trainer.model.build import build_drafter
+from trainer.model.device import target_dtype
 from trainer.model.drafter import DFlashDrafter
 from trainer.run.optim import build_optimizer, build_scheduler
 from trainer.run.train import train_step
-from trainer.run.warmup import build_drafter
 from trainer.spec.config import TrainConfig, load_config
-from trainer.target.capture import target_dtype, target_hf_config
+from trainer.spec.target_shapes import target_hf_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -29,11 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, device_name, print_rows, write_result
 from trainer.decode.eval import EvalSetup, evaluate, load_pieces
+from trainer.model.build import build_drafter
+from trainer.model.device import resolve_device
 from trainer.model.export import export_drafter
-from trainer.run.warmup import build_drafter, resolve_device
 from trainer.spec.config import load_config
 from trainer.spec.target_shapes import target_hf_config
-from trainer.target.capture import load_frozen_embeddings
+from trainer.target.load import load_frozen_embeddings
 
 COLUMNS = ("prompts", "new_tokens", "block", "accept_len", "target_forwards", "baseline_forwards",
            "tok_s", "baseline_tok_s", "speedup", "identical", "ties", "different", "dtype", "device")  # fmt: skip

@@ -38,8 +38,10 @@ from bench.roles import (
     time_repeats,
     write_result,
 )
+from trainer.model.device import target_dtype
 from trainer.spec.config import load_config
-from trainer.target.capture import CaptureTarget, target_dtype, target_hf_config
+from trainer.spec.target_shapes import target_hf_config
+from trainer.target.capture import CaptureTarget
 from trainer.target.tiny import build_embedded_target
 
 COLUMNS = ("variant", "seq_len", "layers", "ms", "tok_s", "tflops", "mfu", "peak_gib", "vs_full")

@@ -11,7 +11,8 @@ import pytest
 
 from dflash_base.errors import ConfigError, DoctorError
 from dflash_doctor.launch.run_curves import Curves, plot_curves, read_curves, sparkline, sparkline_rows
-from trainer.run.metric_sinks import TensorBoardSink, WandbSink, require_extra, scalars_of
+from trainer.run.metric_sinks import TensorBoardSink, WandbSink, scalars_of
+from trainer.spec.extras import require_extra
 
 ROW = {
     "step": 3,

@@ -33,6 +33,7 @@ from dflash_doctor.cache.warm_record import (
     warm_key,
 )
 from dflash_doctor.env.environment import Environment
+from trainer.spec.outputs import metrics_path, read_summary, summary_path
 
 KEEP_SNAPSHOTS = 5
 WARM_CONFIG_MAX_AGE_S = 7 * 24 * 3600  # warm-up configs unused this long are pruned
@@ -154,22 +155,14 @@ def _prune_warm_configs(folder: Path, keep: Path, max_age_s: float = WARM_CONFIG
                 path.unlink()
 
 
-def read_summary(output_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((output_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def last_metrics(output_dir: Path, since: float) -> dict[str, Any]:
     """What this run reported last: its summary.json, else (a run stopped before writing one) its last
     metrics line. Files older than `since` are an earlier run's and are ignored."""
-    if _written_since(output_dir / "summary.json", since):
+    if _written_since(summary_path(output_dir), since):
         summary = read_summary(output_dir)
         if summary:
             return summary
-    metrics = output_dir / "metrics.jsonl"
+    metrics = metrics_path(output_dir)
     if not _written_since(metrics, since):
         return {}
     try:

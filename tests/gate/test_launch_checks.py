@@ -15,7 +15,7 @@ from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
 from trainer.spec.config import load_config
-from trainer.target.capture import target_hf_config
+from trainer.spec.target_shapes import target_hf_config
 
 GIB = 1024**3
 

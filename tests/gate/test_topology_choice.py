@@ -18,7 +18,7 @@ from tests.fakenvml import FakeNvml, h200s
 from tests.gate.test_launch_checks import findings, h200
 from tests.gate.test_train_gate import launches  # noqa: F401  (fixture)
 from trainer.spec.config import load_config
-from trainer.target.capture import target_hf_config
+from trainer.spec.target_shapes import target_hf_config
 
 GIB = 1024**3
 

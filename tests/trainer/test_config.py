@@ -368,8 +368,8 @@ def test_no_shipped_config_sets_flex_tma() -> None:
 def test_build_drafter_hands_the_kernel_options_to_every_layer(override: str, expected: dict | None) -> None:
     import torch
 
-    from trainer.run.warmup import build_drafter
-    from trainer.target.capture import target_hf_config
+    from trainer.model.build import build_drafter
+    from trainer.spec.target_shapes import target_hf_config
 
     cfg = load_config("tiny-cpu", ["drafter.layers=2", override])
     hf_config = target_hf_config(cfg.target.path)

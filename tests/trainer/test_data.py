@@ -9,18 +9,16 @@ import pytest
 import torch
 
 from dflash_base.errors import ConfigError
+from trainer.data.order import BatchOrder
 from trainer.data.sources import (
-    BatchOrder,
     JsonlSource,
-    RunPlan,
     SyntheticSource,
     TokenizedSource,
     chat_tokens_and_mask,
     fit_to_length,
-    plan_run,
     sample_sequences,
-    target_work,
 )
+from trainer.run.schedule import RunPlan, plan_run, target_work
 from trainer.spec.config import DataSection, parse_config
 from trainer.target.tiny import build_embedded_target
 

@@ -38,16 +38,13 @@ class OracleDrafter:
 
     def __init__(self, continuation: list[int], prompt_len: int, block: int, vocab: int) -> None:
         self.cfg = SimpleNamespace(block_size=block)
-        self.lm_head_weight = torch.eye(vocab)
         self.sequence, self.vocab = continuation, vocab
         self.prompt_len = prompt_len
 
-    def draft_hidden(self, ids: Tensor, context: Tensor, anchor: Tensor, valid: Tensor) -> Tensor:
+    def draft_tokens(self, ids: Tensor, context: Tensor, anchor: Tensor, valid: Tensor) -> Tensor:
         start = int(anchor) + 1 - self.prompt_len  # the generated index the slot-1 token has
         picks = [self.sequence[min(start + k, len(self.sequence) - 1)] for k in range(self.cfg.block_size)]
-        out = torch.zeros(1, 1, self.cfg.block_size, self.vocab)
-        out[0, 0, torch.arange(self.cfg.block_size - 1) + 1, torch.tensor(picks[:-1])] = 1.0
-        return out
+        return torch.tensor(picks[:-1]).view(1, 1, -1)  # slots 1..B-1
 
 
 def test_untrained_drafter_output_equals_target_only_greedy() -> None:

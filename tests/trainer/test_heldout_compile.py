@@ -11,9 +11,10 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from trainer.model.batch import CapturedBatch
+from trainer.model.build import build_drafter
 from trainer.model.drafter import DFlashDrafter
 from trainer.run.heldout import HeldoutSums, evaluate_heldout
-from trainer.run.warmup import build_drafter, dummy_batch, warm_up_model
+from trainer.run.warmup import dummy_batch, warm_up_model
 from trainer.spec.config import TrainConfig, load_config
 from trainer.spec.target_shapes import target_hf_config
 from trainer.target.capture import load_capture_target

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from trainer.model.batch import CapturedBatch
-from trainer.run.pipeline import CaptureAhead, StepNumbers, StepTimer
+from trainer.run.pipeline import CaptureAhead, StepTimer
+from trainer.run.step_numbers import StepNumbers
 
 
 def fake_capture(calls: list[int]):

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.target.capture import CaptureTarget, load_capture_target, load_frozen_embeddings
+from trainer.target.capture import CaptureTarget, load_capture_target
+from trainer.target.load import load_frozen_embeddings
 from trainer.target.tiny import build_embedded_target, embedded_config
 
 

@@ -48,7 +48,7 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
 
     from trainer.model.export import load_drafter
     from trainer.run.checkpoint import load_checkpoint
-    from trainer.target.capture import load_frozen_embeddings
+    from trainer.target.load import load_frozen_embeddings
 
     embed, lm_head, _ = load_frozen_embeddings("tiny", seed=0)
     exported = load_drafter(run.out_dir / "export", embed, lm_head).state_dict()

@@ -11,8 +11,6 @@ Kinds: `jsonl` ({"input_ids": [...], "loss_mask": [...]} per line), `text` ({"te
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,10 +20,10 @@ from torch import nn
 
 from dflash_base.errors import ConfigError
 from trainer.data.chat import TemplateMarks, chat_tokens_and_mask, check_messages
+from trainer.model.batch import PAD_ID
 from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
 from trainer.spec.data_files import jsonl_records, record_problem
-
-PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
+from trainer.target.load import cache_argument, load_target_model, returned_cache
 
 
 class SequenceSource(Protocol):
@@ -157,12 +155,6 @@ class SyntheticSource:
         return self.ids[j].clone(), self.loss_mask[j].clone()
 
 
-def _cache_kwarg(model: nn.Module) -> str:
-    """transformers renamed `past_key_values` to `cache`; ask the signature which one this version takes."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 @torch.inference_mode()
 def sample_sequences(
     model: nn.Module,
@@ -179,9 +171,9 @@ def sample_sequences(
     prompt = torch.randint(0, vocab, (count, prompt_len), generator=gen)
     prompt[prompt == mask_token_id] = 0
     ids = prompt.to(device)
-    cache_name = _cache_kwarg(model)
+    cache_name = cache_argument(model)
     out = model(input_ids=ids, use_cache=True)
-    cache = getattr(out, cache_name, None) or out.past_key_values
+    cache = returned_cache(out, cache_name)
     tokens = [ids]
     while sum(t.shape[1] for t in tokens) < seq_len:
         logits = out.logits[:, -1, :].float() / temperature
@@ -190,7 +182,7 @@ def sample_sequences(
         nxt = torch.multinomial(probs, 1, generator=gen).to(device)
         tokens.append(nxt)
         out = model(input_ids=nxt, use_cache=True, **{cache_name: cache})
-        cache = getattr(out, cache_name, None) or out.past_key_values
+        cache = returned_cache(out, cache_name)
     return torch.cat(tokens, dim=1).cpu()
 
 
@@ -211,9 +203,7 @@ def build_source(
         )
     if d.kind == "random":
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
-    from trainer.target.tiny import build_embedded_target
-
-    model = build_embedded_target(cfg.target.path, cfg.run.seed, device)
+    model = load_target_model(cfg.target.path, cfg.run.seed, device, torch.float32)  # the tiny target
     return SyntheticSource(model, d, cfg.run.seed, mask_id)
 
 
@@ -256,91 +246,3 @@ def split_data(cfg: TrainConfig) -> DataSplit:
         perm = torch.randperm(total, generator=gen).tolist()
         return DataSplit(sorted(perm[held:]), sorted(perm[:held]), b)
     return DataSplit(list(range(total)), [], b)
-
-
-# ---------------------------------------------------------------- order and plan
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """How many global batches and steps the run has; the same on every rank.
-
-    A step is `accum` micro-steps; micro-step u gives drafter d the global batch u * drafters + d."""
-
-    batches_per_epoch: int
-    total_steps: int
-    drafters: int
-    accum: int = 1
-
-    @property
-    def total_micro_steps(self) -> int:
-        return self.total_steps * self.accum
-
-    @property
-    def total_batches(self) -> int:
-        return self.total_micro_steps * self.drafters
-
-
-def plan_run(cfg: TrainConfig, sequences: int, drafters: int) -> RunPlan:
-    """steps, or epochs over the (training) data rounded down to whole steps (each step takes `grad_accum`
-    batches per drafter: `drafters` is the split's M, or the colocated rank count)."""
-    o, m = cfg.optim, drafters
-    per_epoch = sequences // o.batch_size
-    if per_epoch == 0:
-        raise ConfigError(
-            f"optim.batch_size: must be <= the {sequences} sequences of the data, got {o.batch_size}"
-        )
-    steps = o.steps if o.steps is not None else int(per_epoch * float(o.epochs or 0)) // (m * o.grad_accum)
-    if steps < 1:
-        raise ConfigError(
-            f"optim.epochs: too few for one step of {m * o.grad_accum} drafter batches, got {o.epochs}"
-        )
-    return RunPlan(per_epoch, steps, m, o.grad_accum)
-
-
-def evaluates_after(step_done: int, total_steps: int, every: int) -> bool:
-    """Held-out evaluation runs every `every` steps and after the last one (`every` 0: the last only)."""
-    return step_done == total_steps or (every > 0 and step_done % every == 0)
-
-
-def target_work(
-    target_rank: int, num_targets: int, plan: RunPlan, resume_step: int, eval_every: int, eval_batches: int
-) -> Iterator[tuple[str, int]]:
-    """What target t sends, in order: ("train", global batch i) for every i with i % N == t from the resume
-    point on, and after each evaluated step ("eval", j) for the held-out batches with j % N == t.
-
-    Each (target, drafter) channel is FIFO, so this order is what makes a drafter find a step's training
-    batches before that step's held-out batches, and those before the next step's."""
-    m, a = plan.drafters, plan.accum
-    for step in range(resume_step, plan.total_steps):
-        for index in range(step * a * m, (step + 1) * a * m):
-            if index % num_targets == target_rank:
-                yield "train", index
-        if eval_batches and evaluates_after(step + 1, plan.total_steps, eval_every):
-            for j in range(target_rank, eval_batches, num_targets):
-                yield "eval", j
-
-
-class BatchOrder:
-    """Global batch index -> sequence ids: a fresh permutation per epoch, fixed by (seed, epoch).
-
-    `sequences` is a count (ids 0..n-1) or the list of ids to draw from (the training part of a split)."""
-
-    def __init__(self, sequences: int | list[int], batch_size: int, seed: int) -> None:
-        self.pool = list(range(sequences)) if isinstance(sequences, int) else list(sequences)
-        self.sequences, self.batch_size, self.seed = len(self.pool), batch_size, seed
-        self.per_epoch = self.sequences // batch_size
-        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.int64)
-
-    def sequence_ids(self, batch_index: int) -> list[int]:
-        epoch, k = divmod(batch_index, self.per_epoch)
-        if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 104729 * epoch + 3)
-            self._epoch, self._perm = epoch, torch.randperm(self.sequences, generator=gen)
-        return [self.pool[i] for i in self._perm[k * self.batch_size : (k + 1) * self.batch_size].tolist()]
-
-
-def make_batch(source: SequenceSource, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, S) input_ids and loss_mask for the given sequence ids."""
-    rows = [source.get(j) for j in ids]
-    return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])

@@ -46,6 +46,8 @@ from trainer.decode.compare import (
     default_tie_tolerance,
 )
 from trainer.spec.data_files import jsonl_records
+from trainer.target.capture import LayerOutputs
+from trainer.target.load import cache_argument, returned_cache
 
 
 @dataclass
@@ -121,18 +123,8 @@ class SpecTarget:
     def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
         self.model = model.eval().requires_grad_(False)
         self.layer_ids = list(layer_ids)
-        self._outputs: dict[int, Tensor] = {}
-        layers = model.model.layers
-        for i in self.layer_ids:
-            layers[i].register_forward_hook(self._keep(i))
-        params = inspect.signature(model.forward).parameters
-        self.cache_name = "cache" if "cache" in params else "past_key_values"
-
-    def _keep(self, layer_id: int) -> Callable[..., None]:
-        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
-            self._outputs[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return hook
+        self.outputs = LayerOutputs(model.model.layers, self.layer_ids)
+        self.cache_name = cache_argument(model)
 
     @property
     def device(self) -> torch.device:
@@ -144,14 +136,11 @@ class SpecTarget:
 
     def logits(self, ids: Tensor, cache: Any) -> tuple[Tensor, Tensor, Any]:
         """(logits (L, V), captured features (1, L, F), the cache) for `ids` (1, L) after the cache."""
-        self._outputs.clear()
+        self.outputs.clear()
         out = self.model(
             input_ids=ids, use_cache=True, **({self.cache_name: cache} if cache is not None else {})
         )
-        cache = getattr(out, self.cache_name, None) or out.past_key_values
-        features = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
-        self._outputs.clear()
-        return out.logits[0], features, cache
+        return out.logits[0], self.outputs.take(), returned_cache(out, self.cache_name)
 
     def forward(self, ids: Tensor, cache: Any) -> TargetStep:
         """The greedy token and top-k logits per position (a topk on rows computed anyway), features, cache."""
@@ -219,8 +208,7 @@ def speculative_decode(
         n = len(ids)  # the last token (n - 1) is the anchor; features exist for 0..n-2
         context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
         anchor = torch.tensor([[n - 1]], device=device)
-        hidden = drafter.draft_hidden(torch.tensor([ids], device=device), context, anchor, one)[0, 0, 1:]
-        draft = (hidden @ drafter.lm_head_weight.to(hidden.dtype).T).argmax(-1).tolist()  # B-1 tokens
+        draft = drafter.draft_tokens(torch.tensor([ids], device=device), context, anchor, one)[0, 0].tolist()
         verify = torch.tensor([[ids[-1], *draft]], device=device)
         step = target.forward(verify, cache)
         cache = step.cache
@@ -315,21 +303,13 @@ class EvalSetup:
 
 def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, nn.Module]:
     """The full target and the exported drafter (with the target's frozen embedding and head), on one device."""
+    from trainer.model.device import resolve_device, target_dtype
     from trainer.model.export import ExportError, load_drafter
-    from trainer.run.warmup import resolve_device
-    from trainer.spec.target_shapes import is_embedded
-    from trainer.target.capture import target_dtype
-    from trainer.target.tiny import build_embedded_target
+    from trainer.target.load import load_target_model
 
     device = resolve_device(setup.device)
     dtype = target_dtype(setup.dtype, device)
-    if is_embedded(setup.target_path):
-        model = build_embedded_target(setup.target_path, setup.seed, device, dtype)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(setup.target_path, local_files_only=True, dtype=dtype)
-        model = model.to(device)
+    model = load_target_model(setup.target_path, setup.seed, device, dtype)
     embed = model.model.embed_tokens.weight.detach()
     head = model.lm_head.weight.detach()
     try:

@@ -141,22 +141,22 @@ class TorchEngine:
 
 def load_generation_target(path: str, device: Any) -> tuple[Any, Any]:
     """(causal LM with its head, tokenizer) from a local folder: bf16 on CUDA, fp32 on CPU."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from dflash_base.errors import ConfigError
+    from trainer.model.device import target_dtype
     from trainer.spec.target_shapes import is_embedded
+    from trainer.target.load import load_target_model
 
     if is_embedded(path):
         raise ConfigError(
             f'target.path: "{path}" has no tokenizer or chat template; regeneration needs a target folder'
         )
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"target.path: {path}: the tokenizer has no chat template")
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    return model.to(device).eval(), tokenizer
+    model = load_target_model(path, 0, device, target_dtype("auto", device))
+    return model.eval(), tokenizer
 
 
 def generate_token_batch(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+PAD_ID = 0  # the id written into padding; never supervised, never attended as context before an anchor
+
 
 @dataclass
 class CapturedBatch:

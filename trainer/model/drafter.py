@@ -384,6 +384,21 @@ class DFlashDrafter(nn.Module):
         x = self.run_layers(x, context, rope_q, rope_ctx, mask)
         return self.norm(x).view(batch, num_anchors, block, cfg.hidden_size)
 
+    @torch.no_grad()
+    def draft_tokens(
+        self, input_ids: Tensor, hidden: Tensor, anchors: Tensor, anchor_valid: Tensor
+    ) -> Tensor:
+        """The drafter's greedy tokens for slots 1..B-1 of every anchor: (B, N, block-1). One drafter call,
+        shared by held-out scoring and real decoding, so the estimate measures what decoding proposes."""
+        out = self.draft_hidden(input_ids, hidden, anchors, anchor_valid)[:, :, 1:]
+        rows = out.reshape(-1, out.shape[-1])
+        weight = self.lm_head_weight.to(rows.dtype)
+        chunk = self.loss_chunk  # (rows, vocab) logits a chunk at a time: all of them would be GBs
+        tokens = torch.cat(
+            [F.linear(rows[r : r + chunk], weight).argmax(-1) for r in range(0, len(rows), chunk)]
+        )
+        return tokens.view(out.shape[:-1])
+
     def forward(
         self, input_ids: Tensor, loss_mask: Tensor, hidden: Tensor, anchors: Tensor, anchor_valid: Tensor
     ) -> LossOutput:

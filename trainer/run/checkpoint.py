@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from dflash_base.atomic import fsync_dir
+from dflash_base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.spec.config import TrainConfig
+    from trainer.spec.topology import Topology
 
 PREFIX = "step_"
 
@@ -96,3 +105,80 @@ def prune_checkpoints(root: Path, keep: int) -> None:
 
 def load_checkpoint(folder: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     return torch.load(folder / "state.pt", map_location=map_location, weights_only=False)
+
+
+# ---------------------------------------------------------------- what a training run saves and restores
+
+
+@dataclass
+class TrainState:
+    """Everything of one drafter replica that a resumed run must get back exactly."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    anchor_gen: torch.Generator  # the anchors this replica samples
+
+
+def _rng_state(anchor_gen: torch.Generator, device: torch.device) -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "anchor": anchor_gen.get_state(),
+        "python": random.getstate(),
+    }
+
+
+class Checkpointer:
+    """Decides when a run checkpoints (`checkpoint.every`, and after the last step) and writes and reads
+    the training state; the loop only asks `due(step)` and calls `save`."""
+
+    def __init__(
+        self, cfg: TrainConfig, topology: Topology, group: dist.ProcessGroup, index: int, total_steps: int
+    ) -> None:
+        self.cfg, self.topology, self.group, self.index = cfg, topology, group, index
+        self.every, self.total_steps = cfg.checkpoint.every, total_steps
+
+    def due(self, step_done: int) -> bool:
+        return bool(self.every and step_done % self.every == 0) or step_done == self.total_steps
+
+    def save(self, state: TrainState, step: int) -> None:
+        """Gather every drafter's RNG state; the first drafter writes the checkpoint atomically."""
+        cfg, topology = self.cfg, self.topology
+        device = next(state.model.parameters()).device
+        rng_states: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(rng_states, _rng_state(state.anchor_gen, device), group=self.group)
+        if self.index != 0:
+            return
+        saved = {
+            "model": state.model.state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict(),
+            "rng": rng_states,  # one entry per drafter rank, in drafter order
+            "step": step,
+            "next_batch": step * cfg.optim.grad_accum * topology.drafters,
+            "config": cfg.to_dict(),
+        }
+        # A colocated run on K ranks and a split with K drafters read the same batches: either resumes the other.
+        meta = {"next_batch": saved["next_batch"], "drafters": topology.drafters, "mode": topology.mode}
+        save_checkpoint(cfg.output_dir, step, saved, meta, cfg.checkpoint.keep)
+
+    def restore(self, state: TrainState, step: int, device: torch.device) -> None:
+        """Put weights, optimiser, schedule and this rank's RNG streams back as they were after `step`."""
+        folder = checkpoints_root(self.cfg.output_dir) / checkpoint_name(step)
+        saved = load_checkpoint(folder, map_location=device)
+        drafters = self.topology.drafters
+        if len(saved["rng"]) != drafters:
+            raise ConfigError(
+                f"topology.drafters: the checkpoint in {folder} was written by {len(saved['rng'])} drafters, "
+                f"this run has {drafters}; resume with as many drafters (colocated: ranks) or a new output.dir"
+            )
+        state.model.load_state_dict(saved["model"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+        state.scheduler.load_state_dict(saved["scheduler"])
+        rng = saved["rng"][self.index]
+        torch.set_rng_state(rng["torch"].cpu())
+        if rng["cuda"] is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
+        state.anchor_gen.set_state(rng["anchor"].cpu())
+        random.setstate(rng["python"])

@@ -18,17 +18,24 @@ held-out batch: every evaluation of a run scores the same anchors, and its figur
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
+import torch.distributed as dist
+from torch import Tensor, nn
 
 from trainer.model.anchors import sample_anchors
 from trainer.model.batch import CapturedBatch
+from trainer.model.device import autocast_for
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import block_targets
+from trainer.run.schedule import evaluates_after
+
+if TYPE_CHECKING:
+    from trainer.data.sources import DataSplit
+    from trainer.spec.config import TrainConfig
 
 EVAL_SEED_OFFSET = 2_000_003  # held-out anchors: their own generator stream, apart from training's
 
@@ -96,24 +103,13 @@ def acceptance_hits(
     return vs_target, vs_labels
 
 
-@torch.no_grad()
-def draft_tokens(model: DFlashDrafter, batch: CapturedBatch, anchors: Tensor, valid: Tensor) -> Tensor:
-    """The drafter's greedy tokens for slots 1..B-1 of every anchor: (B, N, block-1)."""
-    hidden = model.draft_hidden(batch.input_ids, batch.hidden, anchors, valid)[:, :, 1:]
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    weight = model.lm_head_weight.to(rows.dtype)
-    chunk = model.loss_chunk
-    tokens = torch.cat([F.linear(rows[r : r + chunk], weight).argmax(-1) for r in range(0, len(rows), chunk)])
-    return tokens.view(hidden.shape[:-1])
-
-
 def score_batch(model: DFlashDrafter, batch: CapturedBatch, anchors_per_seq: int, seed: int) -> HeldoutSums:
     """One held-out batch's acceptance sums (the batch must carry the target's greedy tokens)."""
     assert batch.target_ids is not None, "a held-out batch carries target_ids"
     block = model.cfg.block_size
     gen = torch.Generator(device=batch.input_ids.device).manual_seed(seed + EVAL_SEED_OFFSET + batch.index)
     anchors, valid = sample_anchors(batch.loss_mask, anchors_per_seq, block, gen)
-    draft = draft_tokens(model, batch, anchors, valid)
+    draft = model.draft_tokens(batch.input_ids, batch.hidden, anchors, valid)
     _, supervised = block_targets(batch.input_ids, batch.loss_mask, anchors, valid, block)
     vs_target, vs_labels = acceptance_hits(draft, batch.input_ids, batch.target_ids, anchors, supervised)
     weight = valid.float()
@@ -138,3 +134,40 @@ def evaluate_heldout(
     finally:
         model.train(was_training)
     return total
+
+
+def score_heldout(
+    model: nn.Module, batches: Iterable[CapturedBatch], cfg: TrainConfig, device: torch.device
+) -> HeldoutSums:
+    """Held-out scoring as a run does it (the run's autocast, anchors and seed); the warm-up calls this too,
+    so the graphs it compiles are the ones the first evaluation runs."""
+    with autocast_for(cfg, device):
+        return evaluate_heldout(model, batches, cfg.optim.anchors, cfg.run.seed)  # type: ignore[arg-type]
+
+
+class HeldoutEvaluator:
+    """Decides when a run scores its held-out data (`eval.every`, and after the last step; never without
+    held-out data) and scores this drafter's share of the batches (j % drafters == index), summed over the
+    drafter ranks."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        split: DataSplit,
+        total_steps: int,
+        index: int,
+        group: dist.ProcessGroup,
+        device: torch.device,
+    ) -> None:
+        self.cfg, self.batches, self.total_steps = cfg, split.eval_batches, total_steps
+        self.index, self.group, self.device = index, group, device
+
+    def due(self, step_done: int) -> bool:
+        return bool(self.batches) and evaluates_after(step_done, self.total_steps, self.cfg.eval.every)
+
+    def run(self, model: nn.Module, heldout_batch: Callable[[int], CapturedBatch]) -> HeldoutSums:
+        mine = range(self.index, self.batches, dist.get_world_size(self.group))
+        sums = score_heldout(model, (heldout_batch(j) for j in mine), self.cfg, self.device)
+        packed = sums.as_tensor(self.device)
+        dist.all_reduce(packed, group=self.group)
+        return HeldoutSums.from_tensor(packed)

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dflash_base.atomic import write_bytes_atomic, write_json_atomic
+from trainer.model.batch import PAD_ID
 from trainer.run.metric_sinks import MetricSink, scalars_of
+from trainer.spec.outputs import read_metrics, summary_path
 
 
 @dataclass
@@ -44,15 +46,13 @@ class StepMetrics:
 
 
 def real_token_count(input_ids: Any, loss_mask: Any) -> int:
-    """Tokens of a (B, S) batch that are not right padding (trainer.data.sources.PAD_ID, never supervised)."""
+    """Tokens of a (B, S) batch that are not right padding (PAD_ID, never supervised)."""
     return int(real_tokens(input_ids, loss_mask))
 
 
 def real_tokens(input_ids: Any, loss_mask: Any) -> Any:
     """`real_token_count` as a 0-dim tensor on the batch's device: no host sync (the training loop
     counts every batch and reads the sums once per step)."""
-    from trainer.data.sources import PAD_ID
-
     padding = (input_ids == PAD_ID) & ~loss_mask.bool()
     trailing = padding.flip(-1).long().cumprod(-1).sum()  # each row's run of padding at its end
     return input_ids.numel() - trailing
@@ -81,12 +81,6 @@ class MetricsLog:
         self._handle.close()
         for sink in self.sinks:
             sink.close()
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # Printed once before the first step: what the progress line's numbers mean.
@@ -164,7 +158,7 @@ class Progress:
 
 def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path:
     """`<output>/summary.json`, atomically: the launcher reads it when the run ends."""
-    return write_json_atomic(output_dir / "summary.json", summary)
+    return write_json_atomic(summary_path(output_dir), summary)
 
 
 def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra: Any) -> dict[str, Any]:

@@ -7,8 +7,8 @@ rank waiting for its own capture. Here:
 
   - `CaptureAhead` queues the capture of the next step's first batch right behind this step's optimizer
     update (colocated ranks: the batch order does not change, only when its kernels are queued);
-  - `StepNumbers` copies a step's sums into pinned host memory without blocking and is read once the next
-    step's work is queued, so the host waits on nothing the GPU still has to do;
+  - a step's sums go to the host without blocking and are read once the next step's work is queued, so
+    the host waits on nothing the GPU still has to do (`trainer.run.step_numbers`);
   - `StepTimer` times steps with CUDA events (host clock on CPU), so a step's time is the GPU's, from
     the end of the previous step's work to the end of this one's.
 """
@@ -85,26 +85,6 @@ class CaptureAhead:
             done = torch.cuda.Event()
             done.record(self.stream)
         self.ready[micro_step] = (batch, done)
-
-
-class StepNumbers:
-    """A step's device-side numbers on their way to the host: the copy is queued, `read()` waits for it
-    alone (not for work queued after it)."""
-
-    def __init__(self, values: torch.Tensor) -> None:
-        self.event: torch.cuda.Event | None = None
-        if values.device.type == "cuda":
-            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-            self.host.copy_(values, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host = values.detach().clone()
-
-    def read(self) -> torch.Tensor:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host
 
 
 class StepTimer:

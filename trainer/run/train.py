@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,53 +35,41 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dflash_base.errors import ConfigError
 from dflash_base.stopping import Stopped, install_stop_handlers
-from trainer.data.sources import (
-    BatchOrder,
-    DataSplit,
-    RunPlan,
-    SequenceSource,
-    build_source,
-    evaluates_after,
-    make_batch,
-    plan_run,
-    split_data,
-    target_work,
-)
+from trainer.data.order import BatchOrder, make_batch
+from trainer.data.sources import DataSplit, SequenceSource, build_source, split_data
 from trainer.model.anchors import sample_anchors
 from trainer.model.batch import CapturedBatch
+from trainer.model.build import build_drafter
+from trainer.model.device import autocast_for, resolve_device, target_dtype
 from trainer.model.drafter import DFlashDrafter
-from trainer.model.loss import LossOutput, expected_acceptance_length
+from trainer.model.loss import LossOutput
 from trainer.run import checkpoint as ckpt
 from trainer.run.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
-from trainer.run.heldout import HeldoutSums, evaluate_heldout
+from trainer.run.heldout import HeldoutEvaluator, HeldoutSums
 from trainer.run.metric_sinks import open_sinks
 from trainer.run.metrics import (
     MetricsLog,
     Progress,
-    StepMetrics,
-    read_metrics,
     real_tokens,
     summarize,
     write_summary,
 )
 from trainer.run.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.run.parent_watch import watch_parent
-from trainer.run.pipeline import CaptureAhead, OptimizerStart, StepNumbers, StepTimer
+from trainer.run.pipeline import CaptureAhead, OptimizerStart, StepTimer
 from trainer.run.profiling import StepProfiler
+from trainer.run.schedule import RunPlan, plan_run, target_work
 from trainer.run.startup import StartupClock
+from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_metrics, unpack_step
 from trainer.run.transport import BatchReceiver, BatchSender, TransportError
-from trainer.run.warmup import autocast_for, build_drafter, resolve_device, warm_up_model, warm_up_target
+from trainer.run.warmup import warm_up_model, warm_up_target
 from trainer.spec.config import TrainConfig
+from trainer.spec.outputs import EXPORT_DIR, metrics_path, read_metrics
+from trainer.spec.target_shapes import target_hf_config
 from trainer.spec.topology import RunDigest, Topology, check_agreement, resolve_topology
-from trainer.target.capture import (
-    CaptureTarget,
-    load_capture_target,
-    load_frozen_embeddings,
-    target_dtype,
-    target_hf_config,
-)
+from trainer.target.capture import CaptureTarget, load_capture_target
+from trainer.target.load import load_frozen_embeddings
 
 
 @dataclass(frozen=True)
@@ -340,21 +327,14 @@ class DrafterLoop:
         self.anchor_gen = torch.Generator(device=device).manual_seed(
             cfg.run.seed * 1_000_003 + 7 + self.index
         )
+        self.state = ckpt.TrainState(self.model, self.optimizer, self.scheduler, self.anchor_gen)
+        self.checkpointer = ckpt.Checkpointer(cfg, run.topology, run.group, self.index, run.plan.total_steps)
+        self.heldout = HeldoutEvaluator(cfg, run.split, run.plan.total_steps, self.index, run.group, device)
         if run.resume_step:
-            restore(
-                cfg,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                self.anchor_gen,
-                self.index,
-                run.topology,
-                run.resume_step,
-                device,
-            )
+            self.checkpointer.restore(self.state, run.resume_step, device)
         first = self.is_first
         self.log = (
-            MetricsLog(cfg.output_dir / "metrics.jsonl", run.resume_step, metric_sinks(cfg, run.resume_step))
+            MetricsLog(metrics_path(cfg.output_dir), run.resume_step, metric_sinks(cfg, run.resume_step))
             if first
             else None
         )
@@ -415,11 +395,7 @@ class DrafterLoop:
         held-out evaluation or a checkpoint after it is finished and logged at once."""
         run, cfg = self.run_ctx, self.run_ctx.cfg
         done = step + 1
-        evaluate = bool(run.split.eval_batches) and evaluates_after(
-            done, run.plan.total_steps, cfg.eval.every
-        )
-        every = cfg.checkpoint.every
-        checkpoint = bool(every and done % every == 0) or done == run.plan.total_steps
+        evaluate, checkpoint = self.heldout.due(done), self.checkpointer.due(done)
         started = self.timer.mark()
         outs, grad_norm, lr = train_step(
             self.ddp, self.model, feed, cfg, self.anchor_gen, self.optimizer, self.scheduler, run.device
@@ -438,23 +414,11 @@ class DrafterLoop:
         heldout, heldout_s = None, 0.0
         if evaluate:
             t1 = time.perf_counter()
-            heldout = heldout_over_drafters(
-                self.model, heldout_batch, run.split, cfg, self.index, run.device, run.group
-            )
+            heldout = self.heldout.run(self.model, heldout_batch)
             heldout_s = time.perf_counter() - t1
         self.log_step(current, heldout, heldout_s)
         if checkpoint:
-            save(
-                cfg,
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                self.anchor_gen,
-                run.group,
-                self.index,
-                done,
-                run.topology,
-            )
+            self.checkpointer.save(self.state, done)
 
     def log_queued(self) -> None:
         """Log the step whose numbers were left on their way (if any)."""
@@ -484,11 +448,11 @@ class DrafterLoop:
         write_summary(
             cfg.output_dir,
             summarize(
-                read_metrics(cfg.output_dir / "metrics.jsonl"),
+                read_metrics(metrics_path(cfg.output_dir)),
                 status,
                 time.monotonic() - self.began,
                 error=error,
-                export_dir=str(cfg.output_dir / "export") if status == "ok" else None,
+                export_dir=str(cfg.output_dir / EXPORT_DIR) if status == "ok" else None,
                 resumed_from=run.resume_step,
                 total_steps=run.plan.total_steps,
                 sequences_per_step=cfg.optim.batch_size * run.plan.accum * run.topology.drafters,
@@ -544,7 +508,7 @@ def announce_export(cfg: TrainConfig, model: DFlashDrafter) -> None:
 
     dtype = torch.float32 if cfg.output.export_dtype == "fp32" else torch.bfloat16
     exported = export_drafter(
-        model, cfg.output_dir / "export", dtype, cfg.drafter.mask_token_text, cfg.target.path
+        model, cfg.output_dir / EXPORT_DIR, dtype, cfg.drafter.mask_token_text, cfg.target.path
     )
     print(f"dflash trainer: exported the drafter to {exported}", flush=True)
     for engine, command in serve_commands(cfg.target.path, exported, model.cfg.block_size).items():
@@ -583,197 +547,6 @@ def train_step(
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return outs, grad_norm, lr
-
-
-@dataclass
-class StepStats:
-    """One step's numbers summed over its micro-batches and the drafter ranks."""
-
-    loss: float  # mean of the micro-batches' losses over the ranks
-    correct: torch.Tensor
-    counted: torch.Tensor
-    accept_len_sum: float
-    anchors: float
-    sequences: float
-    real_tokens: float
-    supervised_tokens: float
-
-
-@dataclass(frozen=True)
-class QueuedStep:
-    """A step whose work is queued and whose numbers are on their way to the host."""
-
-    step: int  # steps done, counting this one
-    numbers: StepNumbers
-    block: int  # block size: how many per-position accuracy counts the numbers hold
-    lr: float
-    waited: float
-    since: Any  # timer mark: the previous step's end (or this step's start)
-    ended: Any  # timer mark: this step's work queued
-
-
-def pack_step(
-    outs: list[LossOutput], feed: MicroBatches, grad_norm: torch.Tensor, group: dist.ProcessGroup
-) -> torch.Tensor:
-    """One step's numbers in one tensor, summed over the drafter ranks (queued, not read): mean loss,
-    per-position correct and counted, acceptance sum, anchors, sequences, real and supervised tokens;
-    then this rank's grad norm (the same on every rank after DDP's gradient all-reduce)."""
-    loss = outs[0].loss
-
-    def on_device(value: torch.Tensor | int) -> torch.Tensor:  # new_full: a fill, not a host copy
-        return value.float() if isinstance(value, torch.Tensor) else loss.new_full((), float(value))
-
-    counts = torch.stack(
-        [on_device(feed.sequences), on_device(feed.real_tokens), on_device(feed.supervised_tokens)]
-    ).float()
-    packed = torch.cat(
-        [
-            torch.stack([o.loss.detach().float() for o in outs]).mean().view(1),
-            torch.stack([o.correct.float() for o in outs]).sum(0),
-            torch.stack([o.counted.float() for o in outs]).sum(0),
-            torch.stack([o.accept_len_sum.float() for o in outs]).sum().view(1),
-            torch.stack([o.anchors.float() for o in outs]).sum().view(1),
-            counts,
-        ]
-    )
-    dist.all_reduce(packed, group=group)
-    return torch.cat([packed, grad_norm.detach().float().view(1).to(packed.device)])
-
-
-def unpack_step(packed: torch.Tensor, block: int, world: int) -> tuple[StepStats, float]:
-    """`pack_step`'s tensor, on the host, back into StepStats and the grad norm."""
-    stats = StepStats(
-        float(packed[0]) / world,
-        packed[1 : 1 + block],
-        packed[1 + block : 1 + 2 * block],
-        float(packed[-6]),
-        float(packed[-5]),
-        float(packed[-4]),
-        float(packed[-3]),
-        float(packed[-2]),
-    )
-    return stats, float(packed[-1])
-
-
-def heldout_over_drafters(
-    model: nn.Module,
-    heldout_batch: Callable[[int], CapturedBatch],
-    split: DataSplit,
-    cfg: TrainConfig,
-    index: int,
-    device: torch.device,
-    group: dist.ProcessGroup,
-) -> HeldoutSums:
-    """This drafter scores its share of the held-out batches (j % drafters == index); summed over ranks."""
-    mine = range(index, split.eval_batches, dist.get_world_size(group))
-    with autocast_for(cfg, device):
-        sums = evaluate_heldout(model, (heldout_batch(j) for j in mine), cfg.optim.anchors, cfg.run.seed)
-    packed = sums.as_tensor(device)
-    dist.all_reduce(packed, group=group)
-    return HeldoutSums.from_tensor(packed)
-
-
-def step_metrics(
-    step: int,
-    s: StepStats,
-    lr: float,
-    grad_norm: float,
-    elapsed: float,
-    waited: float,
-    heldout: HeldoutSums | None,
-    heldout_s: float,
-) -> StepMetrics:
-    accuracy = (s.correct / s.counted.clamp(min=1)).tolist()
-    return StepMetrics(
-        step=step,
-        loss=s.loss,
-        lr=lr,
-        grad_norm=grad_norm,
-        accuracy=[round(a, 5) for a in accuracy],
-        accept_len=s.accept_len_sum / max(s.anchors, 1.0),
-        accept_len_from_accuracy=expected_acceptance_length(s.correct, s.counted),
-        tok_s=s.real_tokens / elapsed,
-        supervised_tok_s=s.supervised_tokens / elapsed,
-        samples_s=s.sequences / elapsed,
-        step_time_s=elapsed,
-        data_wait_s=waited,
-        heldout_accept_len=heldout.accept_len_target if heldout else None,
-        heldout_accept_len_labels=heldout.accept_len_labels if heldout else None,
-        heldout_s=heldout_s if heldout else None,
-    )
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def _rng_state(anchor_gen: torch.Generator, device: torch.device) -> dict[str, Any]:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-        "anchor": anchor_gen.get_state(),
-        "python": random.getstate(),
-    }
-
-
-def save(
-    cfg: TrainConfig,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    anchor_gen: torch.Generator,
-    group: dist.ProcessGroup,
-    index: int,
-    step: int,
-    topology: Topology,
-) -> None:
-    """Gather every drafter's RNG state; the first drafter writes the checkpoint atomically."""
-    device = next(model.parameters()).device
-    rng_states: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(rng_states, _rng_state(anchor_gen, device), group=group)
-    if index != 0:
-        return
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": rng_states,  # one entry per drafter rank, in drafter order
-        "step": step,
-        "next_batch": step * cfg.optim.grad_accum * topology.drafters,
-        "config": cfg.to_dict(),
-    }
-    # A colocated run on K ranks and a split with K drafters read the same batches: either resumes the other.
-    meta = {"next_batch": state["next_batch"], "drafters": topology.drafters, "mode": topology.mode}
-    ckpt.save_checkpoint(cfg.output_dir, step, state, meta, cfg.checkpoint.keep)
-
-
-def restore(
-    cfg: TrainConfig,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    anchor_gen: torch.Generator,
-    index: int,
-    topology: Topology,
-    step: int,
-    device: torch.device,
-) -> None:
-    """Put weights, optimiser, schedule and this rank's RNG streams back as they were after `step`."""
-    folder = ckpt.checkpoints_root(cfg.output_dir) / ckpt.checkpoint_name(step)
-    state = ckpt.load_checkpoint(folder, map_location=device)
-    if len(state["rng"]) != topology.drafters:
-        raise ConfigError(
-            f"topology.drafters: the checkpoint in {folder} was written by {len(state['rng'])} drafters, "
-            f"this run has {topology.drafters}; resume with as many drafters (colocated: ranks) or a new output.dir"
-        )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    rng = state["rng"][index]
-    torch.set_rng_state(rng["torch"].cpu())
-    if rng["cuda"] is not None and device.type == "cuda":
-        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
-    anchor_gen.set_state(rng["anchor"].cpu())
-    random.setstate(rng["python"])
 
 
 def metric_sinks(cfg: TrainConfig, resume_step: int) -> list[Any]:

@@ -12,95 +12,20 @@ same reason.
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dflash_base.errors import ConfigError
 from trainer.model.batch import CapturedBatch
-from trainer.model.drafter import DFlashDrafter, DrafterConfig
+from trainer.model.build import build_drafter
+from trainer.model.device import autocast_for, hidden_dtype_for, resolve_device
+from trainer.model.drafter import DFlashDrafter
 from trainer.spec.config import TrainConfig, load_config
 from trainer.spec.target_shapes import target_hf_config
 
 if TYPE_CHECKING:
     from trainer.target.capture import CaptureTarget
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """`run.device`: auto picks CUDA when there is one; `cuda:N` names one device (warm-up)."""
-    if name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f'run.device: "{name}" but torch sees no CUDA device')
-        return torch.device(name)
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError('run.device: "cuda" but torch sees no CUDA device')
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def attention_for(cfg: TrainConfig, device: torch.device) -> str:
-    """`drafter.attention`: auto is compiled flex on CUDA, exact SDPA on CPU (CPU flex has no backward)."""
-    kind = cfg.drafter.attention
-    if kind == "auto":
-        return "flex" if device.type == "cuda" else "sdpa"
-    if kind == "flex" and device.type != "cuda":
-        raise ConfigError(
-            'drafter.attention: "flex" cannot train on CPU (no backward there); use "sdpa" or "auto"'
-        )
-    return kind
-
-
-def autocast_for(cfg: TrainConfig, device: torch.device) -> AbstractContextManager[Any]:
-    """A fresh context for one step: bf16 autocast on CUDA (auto/bf16); nothing on CPU or when off."""
-    if cfg.precision.autocast == "off" or device.type != "cuda":
-        return nullcontext()
-    return torch.autocast("cuda", torch.bfloat16)
-
-
-def hidden_dtype_for(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    from trainer.target.capture import target_dtype
-
-    return target_dtype(cfg.target.dtype, device)
-
-
-def build_drafter(
-    cfg: TrainConfig, hf_config: Any, embed: torch.Tensor, lm_head: torch.Tensor, device: torch.device
-) -> DFlashDrafter:
-    """The drafter in fp32 on `device`, its init fixed by the run seed (every drafter rank starts equal).
-
-    The frozen embedding and LM head stay in the autocast dtype on CUDA (bf16): in fp32, autocast would
-    re-cast the whole head for every loss chunk and hold an extra ~5 GB at Qwen3 sizes. On CUDA the
-    decoder layers are compiled (`drafter.compile_layers`); the first step, the warm-up, compiles them.
-    """
-    d = cfg.drafter
-    assert d.mask_token_id is not None and d.target_layer_ids is not None, "load_config fills these"
-    dcfg = DrafterConfig.from_target(
-        hf_config, d.layers, d.block_size, d.mask_token_id, d.target_layer_ids, d.intermediate_size
-    )
-    frozen_dtype = (
-        torch.bfloat16 if device.type == "cuda" and cfg.precision.autocast != "off" else torch.float32
-    )
-    # Drawn on the device (torchrun workers have one CPU thread: ~1B values on the CPU take many
-    # seconds); the seed fixes them on every device of a kind, and DDP broadcasts rank 0's anyway.
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
-        torch.manual_seed(cfg.run.seed)
-        model = DFlashDrafter(
-            dcfg,
-            embed.to(frozen_dtype),
-            lm_head.to(frozen_dtype),
-            attention=attention_for(cfg, device),  # type: ignore[arg-type]
-            loss_chunk=d.loss_chunk,
-            compile_loss=d.compile_loss,
-            gamma=cfg.optim.gamma,
-            flex_options=dict(d.flex_kernel_options) or None,
-        )
-    model = model.to(device)
-    if d.compile_layers and device.type == "cuda":
-        model.compile_layers(None if d.compile_mode == "default" else d.compile_mode)  # in the warm-up
-    return model
 
 
 def dummy_batch(cfg: TrainConfig, model: DFlashDrafter, device: torch.device) -> CapturedBatch:
@@ -159,23 +84,15 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
 def warm_up_heldout(
     model: DFlashDrafter, cfg: TrainConfig, batch: CapturedBatch, device: torch.device
 ) -> None:
-    """The held-out scoring forward (eval mode, no grad), as `heldout_over_drafters` runs it.
+    """The held-out scoring forward (eval mode, no grad), through the run's own `score_heldout`.
 
     Compiled layers guard on grad mode and `training`: without this, the first evaluation compiles a
     second layer graph in the middle of the run (measured on CPU: 3.8 s at tiny shapes; more on a GPU),
     and the launcher's warm-up child would not have put it in the cache for the next launch."""
-    from trainer.model.anchors import sample_anchors
-    from trainer.run.heldout import draft_tokens
+    from trainer.run.heldout import score_heldout
 
-    gen = torch.Generator(device=device).manual_seed(1)
-    anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, gen)
-    was_training = model.training
-    model.eval()
-    try:
-        with autocast_for(cfg, device):
-            draft_tokens(model, batch, anchors, valid)
-    finally:
-        model.train(was_training)
+    scored = CapturedBatch(batch.input_ids, batch.loss_mask, batch.hidden, target_ids=batch.input_ids)
+    score_heldout(model, [scored], cfg, device)
 
 
 def compile_lock_path() -> Path:
@@ -246,8 +163,9 @@ def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict
 def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
     """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
     (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
+    from trainer.model.device import target_dtype
     from trainer.spec.topology import resolve_topology
-    from trainer.target.capture import load_capture_target, target_dtype
+    from trainer.target.capture import load_capture_target
 
     if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):
         return None

@@ -18,8 +18,8 @@ from typing import Any
 import tomllib
 
 from dflash_base.errors import ConfigError
-from trainer.run.metric_sinks import require_extra
 from trainer.spec.data_files import check_data_file, count_records
+from trainer.spec.extras import require_extra
 from trainer.spec.mask_token import resolve_mask_token
 from trainer.spec.target_shapes import default_target_layer_ids, is_embedded, target_shapes
 from trainer.spec.topology import (

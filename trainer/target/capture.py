@@ -10,26 +10,46 @@ decoder layers instead of asking for `output_hidden_states`.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from dflash_base.errors import ConfigError
 from trainer.model.batch import CapturedBatch
-from trainer.spec.target_shapes import is_embedded, target_hf_config
-from trainer.target.tiny import build_embedded_target, seeded_frozen_weights
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from trainer.target.load import load_target_model
 
 
-def target_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`target.dtype`: auto means bf16 on CUDA and fp32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
+class LayerOutputs:
+    """Forward hooks that keep the outputs of the chosen decoder layers during one forward; `take()` returns
+    them concatenated on features, in `layer_ids` order (layer i's output is HF's `hidden_states[i + 1]`).
+    Training's capture and eval's decoding both read the target's layers through this one hook."""
+
+    def __init__(self, layers: Any, layer_ids: list[int]) -> None:
+        self.layer_ids = list(layer_ids)
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._hooks = [layers[i].register_forward_hook(self._keeper(i)) for i in self.layer_ids]
+
+    def _keeper(self, layer_id: int) -> Callable[..., None]:
+        def keep_output(_module: nn.Module, _args: Any, output: Any) -> None:
+            self._outputs[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return keep_output
+
+    def clear(self) -> None:
+        self._outputs.clear()
+
+    def take(self) -> torch.Tensor:
+        """(..., n_layers * H) of the last forward; forgets them."""
+        hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
+        self._outputs.clear()
+        return hidden
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
 
 
 class CaptureTarget:
@@ -63,8 +83,7 @@ class CaptureTarget:
         self.body = body.eval().requires_grad_(False)
         self.lm_head = model.lm_head.requires_grad_(False) if keep_head else None
         self.layer_ids = list(layer_ids)
-        self._outputs: dict[int, torch.Tensor] = {}
-        self._hooks = [body.layers[i].register_forward_hook(self._hook(i)) for i in self.layer_ids]
+        self.outputs = LayerOutputs(body.layers, self.layer_ids)
         self.compiled = compile_layers
         self.inference_tensors = inference_tensors
         if compile_layers:
@@ -73,15 +92,7 @@ class CaptureTarget:
 
     def close(self) -> None:
         """Remove the capture hooks (the model stays cut; compiled layers stay compiled)."""
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
-
-    def _hook(self, layer_id: int):
-        def keep_output(_module: nn.Module, _args: Any, output: Any) -> None:
-            self._outputs[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return keep_output
+        self.outputs.close()
 
     @property
     def device(self) -> torch.device:
@@ -90,11 +101,10 @@ class CaptureTarget:
     def capture(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, index: int) -> CapturedBatch:
         """(B, S) ids -> CapturedBatch with hidden (B, S, n_captured * H). Right padding needs no attention
         mask: the model is causal, so pad tokens after a sequence never change the states before them."""
-        self._outputs.clear()
+        self.outputs.clear()
         with torch.inference_mode() if self.inference_tensors else torch.no_grad():
             self.body(input_ids=input_ids, use_cache=False)
-            hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
-        self._outputs.clear()
+            hidden = self.outputs.take()
         return CapturedBatch(input_ids, loss_mask, hidden, index)
 
     def capture_with_greedy(
@@ -108,15 +118,14 @@ class CaptureTarget:
         scoring under inference mode would recompile its layer graph in the middle of the run."""
         if self.lm_head is None:
             raise RuntimeError("capture_with_greedy needs the target built with keep_head=True")
-        self._outputs.clear()
+        self.outputs.clear()
         self.body.config.num_hidden_layers = self.num_layers
         with torch.inference_mode() if self.inference_tensors else torch.no_grad():
             try:
                 normed = self.body(input_ids=input_ids, use_cache=False).last_hidden_state
             finally:
                 self.body.config.num_hidden_layers = self.capture_layers
-            hidden = torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
-            self._outputs.clear()
+            hidden = self.outputs.take()
             flat = normed.reshape(-1, normed.shape[-1])
             greedy = torch.cat(
                 [self.lm_head(flat[r : r + chunk]).argmax(-1) for r in range(0, len(flat), chunk)]
@@ -134,61 +143,8 @@ def load_capture_target(
     keep_head: bool = False,
     inference_tensors: bool = True,
 ) -> CaptureTarget:
-    """Build the embedded target, or load a local folder with only the layers capture needs (all of them
-    and the LM head with `keep_head`, for held-out scoring)."""
-    if is_embedded(path):
-        model = build_embedded_target(path, seed, device, dtype)
-        return CaptureTarget(model, layer_ids, compile_layers, keep_head, inference_tensors)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    if not keep_head:
-        keep = max(layer_ids) + 1
-        config.num_hidden_layers = keep  # the weights of later layers are never read into memory
-        if getattr(config, "layer_types", None):
-            config.layer_types = config.layer_types[:keep]
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, dtype=dtype)
-    return CaptureTarget(model.to(device), layer_ids, compile_layers, keep_head, inference_tensors)
-
-
-# ---------------------------------------------------------------- what drafter ranks need from the target
-
-_EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
-_LM_HEAD_KEYS = ("lm_head.weight",)
-
-
-def load_frozen_embeddings(
-    path: str, seed: int, device: torch.device | str = "cpu"
-) -> tuple[torch.Tensor, torch.Tensor, Any]:
-    """(embed_weight, lm_head_weight, hf_config) for drafter ranks: only those two tensors are read.
-    An embedded target's are drawn on `device`; a folder's are read to the CPU."""
-    hf_config = target_hf_config(path)
-    if is_embedded(path):
-        embed, lm_head = seeded_frozen_weights(hf_config, seed, device)
-        return embed, lm_head, hf_config
-    embed = _read_tensor(Path(path), _EMBED_KEYS)
-    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    lm_head = embed if tied else _read_tensor(Path(path), _LM_HEAD_KEYS)
-    return embed, lm_head, hf_config
-
-
-def _read_tensor(folder: Path, names: tuple[str, ...]) -> torch.Tensor:
-    """One tensor from a safetensors folder (sharded or not), without reading the others."""
-    from safetensors import safe_open
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        files = {name: folder / weight_map[name] for name in names if name in weight_map}
-    else:
-        single = folder / "model.safetensors"
-        if not single.is_file():
-            raise ConfigError(f"target.path: {folder} has no model.safetensors(.index.json)")
-        with safe_open(str(single), framework="pt") as handle:
-            keys = set(handle.keys())
-        files = {name: single for name in names if name in keys}
-    if not files:
-        raise ConfigError(f"target.path: {folder} has none of {', '.join(names)} in its safetensors")
-    name, file = next(iter(files.items()))
-    with safe_open(str(file), framework="pt") as handle:
-        return handle.get_tensor(name)
+    """The target with only the layers capture needs (all of them and the LM head with `keep_head`, for
+    held-out scoring), wrapped for capture."""
+    keep = None if keep_head else max(layer_ids) + 1
+    model = load_target_model(path, seed, device, dtype, keep_layers=keep)
+    return CaptureTarget(model, layer_ids, compile_layers, keep_head, inference_tensors)
