@@ -41,7 +41,7 @@ from trainer.data.sources import DataSplit, SequenceSource, build_source, split_
 from trainer.model.anchors import sample_anchors
 from trainer.model.batch import CapturedBatch
 from trainer.model.build import build_drafter
-from trainer.model.device import autocast_for, resolve_device, target_dtype
+from trainer.model.device import autocast_for, resolve_device
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import LossOutput
 from trainer.run import checkpoint as ckpt
@@ -68,7 +68,7 @@ from trainer.spec.config import TrainConfig
 from trainer.spec.outputs import EXPORT_DIR, metrics_path, read_metrics
 from trainer.spec.target_shapes import target_hf_config
 from trainer.spec.topology import RunDigest, Topology, check_agreement, resolve_topology
-from trainer.target.capture import CaptureTarget, load_capture_target
+from trainer.target.capture import CaptureTarget, capture_target_for
 from trainer.target.load import load_frozen_embeddings
 
 
@@ -212,18 +212,7 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
     cfg, device, split = run.cfg, run.device, run.split
-    assert cfg.drafter.target_layer_ids is not None
-    dtype = target_dtype(cfg.target.dtype, device)
-    target = load_capture_target(
-        cfg.target.path,
-        cfg.drafter.target_layer_ids,
-        cfg.run.seed,
-        device,
-        dtype,
-        compile_layers=cfg.target.compile_layers and device.type == "cuda",
-        keep_head=split.eval_batches > 0,  # held-out batches need the target's own greedy tokens
-        inference_tensors=not colocated,  # a colocated drafter trains on the captured tensors
-    )
+    target = capture_target_for(cfg, device, colocated)
     release_cached_memory(device)
     run.clock.mark("build target" if colocated else "build")
     if target.compiled:

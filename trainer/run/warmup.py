@@ -163,23 +163,13 @@ def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict
 def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
     """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
     (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
-    from trainer.model.device import target_dtype
     from trainer.spec.topology import resolve_topology
-    from trainer.target.capture import load_capture_target
+    from trainer.target.capture import capture_target_for
 
     if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):
         return None
-    assert cfg.drafter.target_layer_ids is not None, "load_config fills these"
     began = time.perf_counter()
-    target = load_capture_target(
-        cfg.target.path,
-        cfg.drafter.target_layer_ids,
-        cfg.run.seed,
-        device,
-        target_dtype(cfg.target.dtype, device),
-        compile_layers=True,
-        inference_tensors=False,
-    )
+    target = capture_target_for(cfg, device, colocated=True)
     built = time.perf_counter() - began
     report = {**warm_up_target(target, cfg, device), "build_s": round(built, 3)}
     target.close()

@@ -114,6 +114,19 @@ PIN_ON_EVERY_NODE = (
 )
 
 
+def configured_topology(section: Any, ranks: int) -> tuple[Topology, str] | None:
+    """The topology `[topology]` names on `ranks` devices, and why; None when it leaves the choice open
+    (`auto` without targets/drafters). The one place that reads the mode: the trainer's `resolve_topology`
+    and the launcher's `decide` both start here, so they cannot disagree on what a config asks for."""
+    if forces_split(section):
+        return split_of(section), "topology.targets/drafters set: the configured split"
+    if section.mode == SPLIT:
+        return split_of(section), 'topology.mode = "split"'
+    if section.mode == COLOCATED:
+        return Topology.colocated_on(ranks), 'topology.mode = "colocated"'
+    return None
+
+
 def resolve_topology(section: Any, world_size: int | None = None, nodes: int = 1) -> Topology:
     """The topology a trainer process runs, from `[topology]` and (under torchrun) the process count.
 
@@ -126,9 +139,10 @@ def resolve_topology(section: Any, world_size: int | None = None, nodes: int = 1
         if nodes > 1
         else None
     )
-    mode = section.mode
-    if mode == SPLIT or (mode == AUTO and forces_split(section)):
-        topology = split_of(section)
+    ranks = section.ranks or world_size or 1
+    configured = configured_topology(section, ranks)
+    topology = configured[0] if configured else Topology.colocated_on(ranks)  # auto, undecided: colocated
+    if not topology.colocated:
         if world_size is not None and world_size != topology.world_size:
             raise ConfigError(
                 f"topology: {topology.describe()} = {topology.world_size} processes, but torchrun started "
@@ -136,14 +150,13 @@ def resolve_topology(section: Any, world_size: int | None = None, nodes: int = 1
                 hint=hint,
             )
         return topology
-    ranks = section.ranks or world_size or 1
     if world_size is not None and world_size != ranks:
         raise ConfigError(
             f"topology.ranks: {ranks} colocated ranks, but torchrun started {world_size} processes "
             f"(use --nproc-per-node {ranks}, or remove topology.ranks)",
             hint=hint,
         )
-    return Topology.colocated_on(ranks)
+    return topology
 
 
 # ---------------------------------------------------------------- every node runs the same run

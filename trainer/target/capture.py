@@ -11,13 +11,17 @@ decoder layers instead of asking for `output_hidden_states`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from trainer.model.batch import CapturedBatch
+from trainer.model.device import target_dtype
 from trainer.target.load import load_target_model
+
+if TYPE_CHECKING:
+    from trainer.spec.config import TrainConfig
 
 
 class LayerOutputs:
@@ -148,3 +152,20 @@ def load_capture_target(
     keep = None if keep_head else max(layer_ids) + 1
     model = load_target_model(path, seed, device, dtype, keep_layers=keep)
     return CaptureTarget(model, layer_ids, compile_layers, keep_head, inference_tensors)
+
+
+def capture_target_for(cfg: TrainConfig, device: torch.device, colocated: bool) -> CaptureTarget:
+    """The run's target on this rank, as training builds it. The warm-up builds its target through here
+    too: any argument that differed would compile another graph, and the first real step would compile
+    cold, which is what the warm-up exists to prevent."""
+    assert cfg.drafter.target_layer_ids is not None, "load_config fills these"
+    return load_capture_target(
+        cfg.target.path,
+        cfg.drafter.target_layer_ids,
+        cfg.run.seed,
+        device,
+        target_dtype(cfg.target.dtype, device),
+        compile_layers=cfg.target.compile_layers and device.type == "cuda",
+        keep_head=cfg.data.holds_out,  # held-out batches need the target's own greedy tokens
+        inference_tensors=not colocated,  # a colocated drafter trains on the captured tensors
+    )
