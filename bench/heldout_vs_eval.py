@@ -1,6 +1,6 @@
 """Does the held-out estimate predict real speculative decoding? Both on the same prompts and tokens.
 
-For each held-out prompt of a run (`--config`), the target decodes greedily (`trainer.decode.eval.greedy_decode`);
+For each held-out prompt of a run (`--config`), the target decodes greedily (`trainer.decode.speculative.greedy_decode`);
 that greedy sequence is then scored the way training scores held-out batches (`trainer.run.heldout.score_batch`,
 every position an anchor), and decoded again speculatively with the run's export (`trainer.decode.eval`). On data
 the target wrote greedily the estimate's rule is exact per anchor; the two figures differ only in which
@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, print_rows, write_result
-from trainer.decode.eval import EvalSetup, evaluate, greedy_decode, heldout_prompts, load_pieces
+from trainer.decode.eval import EvalSetup, evaluate, heldout_prompts, load_pieces
+from trainer.decode.speculative import greedy_decode
 from trainer.run.heldout import HeldoutSums, score_batch
 from trainer.spec.config import load_config
 from trainer.target.capture import CaptureTarget

@@ -129,7 +129,7 @@ def warm_trainer(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.project_root:
         sys.path.insert(0, args.project_root)
     try:
-        from trainer.run.warmup import warm_up
+        from trainer.api import warm_up
         from trainer.spec.config import load_config
     except ImportError:
         return None

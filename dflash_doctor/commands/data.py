@@ -39,7 +39,7 @@ def _local_devices(devices: str | None) -> list[str]:
 
 
 def _engine_factory(engine: str, settings: object, devices: list[str], batch_size: int, tp: int):
-    from trainer.decode.generation import DevicePool, TorchEngine, VllmEngine, vllm_available
+    from trainer.api import DevicePool, TorchEngine, VllmEngine, vllm_available
 
     if engine == "vllm" or (engine == "auto" and vllm_available()):
         if not vllm_available():
@@ -80,8 +80,7 @@ def regenerate_command(
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainer.decode.generation import GenerationSettings
-    from trainer.decode.regenerate import regenerate, scan_input
+    from trainer.api import GenerationSettings, regenerate, scan_input
     from trainer.spec.config import load_config
 
     if engine not in ENGINES:
@@ -167,7 +166,7 @@ def preview_command(
     counts over the whole data: sequences, tokens, supervised share, truncated share."""
     from rich.markup import escape
 
-    from trainer.data.preview import preview
+    from trainer.api import preview
     from trainer.spec.config import load_config
 
     cfg = load_config(config, overrides)

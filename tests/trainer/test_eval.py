@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from dflash_doctor.cli import run
-from trainer.decode.eval import SpecTarget, evaluate, format_report, greedy_decode
-from trainer.decode.eval import main as eval_main
+from trainer.decode.eval import evaluate
+from trainer.decode.report import format_report
+from trainer.decode.speculative import SpecTarget, greedy_decode
 from trainer.model.drafter import DFlashDrafter, DrafterConfig
 from trainer.model.export import export_drafter
 from trainer.target.tiny import build_embedded_target, tiny_qwen3_config
@@ -177,9 +178,7 @@ def test_cli_exit_codes_for_a_tie_strict_and_a_bad_tolerance(
     assert run([*args, "--tie-tolerance", "-0.5"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--tie-tolerance: -0.5 is not a logit tolerance; give a number >= 0" in err
-    assert (
-        eval_main([*args[1:], "--tie-tolerance", "nan"]) == 2
-    )  # python -m trainer.decode.eval: the same check
+    assert run([*args, "--tie-tolerance", "nan"]) == 2  # refused before anything loads
     assert "--tie-tolerance: nan is not a logit tolerance" in capsys.readouterr().err
 
 
@@ -220,4 +219,3 @@ def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
     assert run([*args, "--dtype", "fp64"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert '--dtype: "fp64" is not one of auto, bf16, fp32' in err
-    assert eval_main([*args[1:], "--dtype", "fp64"]) == 2  # python -m trainer.decode.eval: the same check

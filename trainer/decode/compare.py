@@ -19,6 +19,8 @@ from typing import Literal
 
 import torch
 
+from trainer.spec.eval_request import TIE_TOLERANCE_FP32, TIE_TOLERANCE_LOW_PRECISION
+
 TOP_K = 4  # logits kept per emitted token: a near-tie flip swaps the top two, so 4 leaves room
 
 # Tolerances are in logits, relative to max(1, |logit_a|) (a, the greedy path's pick at the first difference).
@@ -27,8 +29,6 @@ TOP_K = 4  # logits kept per emitted token: a near-tie flip swaps the top two, s
 # of drift (2^-8 * 8 = 2^-5, about 3%) covers it, and a drafter bug puts a token far further from the top than
 # that. fp16 (11 bits) gets the same, conservative value. fp32 (24 bits) order effects stay around 1e-6
 # relative, so 1e-4 is tight and still well clear of them.
-TIE_TOLERANCE_LOW_PRECISION = 2.0**-5
-TIE_TOLERANCE_FP32 = 1e-4
 
 Verdict = Literal["identical", "tie", "different"]
 
