@@ -40,7 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles import RESULTS, print_rows, write_result
-from trainer.spec.config import apply_overrides, config_to_toml, load_config, read_raw, resolve_config_path
+from trainer.spec.config import load_config
+from trainer.spec.config_file import apply_overrides, config_to_toml, read_raw, resolve_config_path
 from trainer.spec.topology import resolve_topology
 
 COLUMNS = ("recipe", "exit", "steps", "steady_tok_s", "steady_samples_s", "data_wait_fraction",

@@ -53,3 +53,9 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file written by another writer (torch.save, safetensors) to the disk before it is renamed."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())

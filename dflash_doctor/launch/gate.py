@@ -48,7 +48,8 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
     imports per process on the H200 machine, before torchrun.
     """
     try:
-        from trainer.spec.config import load_config, resolve_config_path
+        from trainer.spec.config import load_config
+        from trainer.spec.config_file import resolve_config_path
         from trainer.spec.target_shapes import target_shapes
     except (ImportError, OSError) as exc:
         raise DoctorError(

@@ -86,7 +86,7 @@ def prepare_compile_cache(
             records.adopt(result.manifest.warm_records, newest.name)
             steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
             action = "restored"
-    from trainer.spec.config import read_raw
+    from trainer.spec.config_file import read_raw
 
     config = _config_with_overrides(config_path, overrides)
     roots = status.locations.roots()
@@ -125,7 +125,7 @@ def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Pat
         return config_path
     import tomllib
 
-    from trainer.spec.config import apply_overrides, config_to_toml
+    from trainer.spec.config_file import apply_overrides, config_to_toml
 
     text = config_to_toml(apply_overrides(tomllib.loads(config_path.read_text()), list(overrides)))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]

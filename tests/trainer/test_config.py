@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from dflash_base.errors import ConfigError
-from trainer.spec.config import (
-    SHIPPED_CONFIGS,
-    apply_overrides,
-    load_config,
-    parse_config,
-    resolve_config_path,
-)
+from trainer.spec.config import load_config, parse_config
+from trainer.spec.config_file import SHIPPED_CONFIGS, apply_overrides, resolve_config_path
 from trainer.target.tiny import tiny_qwen3_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -336,7 +331,7 @@ def test_flex_kernel_options_mistakes_are_named(value: str, message: str) -> Non
 
 
 def test_unknown_kernel_option_lists_every_known_one() -> None:
-    from trainer.spec.config import FLEX_KERNEL_OPTIONS
+    from trainer.spec.fields import FLEX_KERNEL_OPTIONS
 
     with pytest.raises(ConfigError) as err:
         parse_config(apply_overrides(_raw(), ["drafter.flex_kernel_options={TMA=true}"]))
@@ -385,7 +380,7 @@ def test_build_drafter_hands_the_kernel_options_to_every_layer(override: str, ex
 def test_config_to_toml_reads_back_the_same_config_for_every_shipped_preset() -> None:
     import tomllib
 
-    from trainer.spec.config import SHIPPED_CONFIGS, apply_overrides, config_to_toml, read_raw
+    from trainer.spec.config_file import SHIPPED_CONFIGS, apply_overrides, config_to_toml, read_raw
 
     for path in sorted(SHIPPED_CONFIGS.glob("*.toml")):
         raw = apply_overrides(read_raw(path), ["drafter.flex_kernel_options={fwd_USE_TMA=true, BLOCK_N=64}"])

@@ -8,6 +8,7 @@ nothing downstream recompiles.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,3 +50,16 @@ class CapturedBatch:
             self.index,
             None if self.target_ids is None else self.target_ids.to(device, non_blocking=non_blocking),
         )
+
+
+def real_token_count(input_ids: Any, loss_mask: Any) -> int:
+    """Tokens of a (B, S) batch that are not right padding (`PAD_ID`, never supervised)."""
+    return int(real_tokens(input_ids, loss_mask))
+
+
+def real_tokens(input_ids: Any, loss_mask: Any) -> Any:
+    """`real_token_count` as a 0-dim tensor on the batch's device: no host sync (the training loop
+    counts every batch and reads the sums once per step)."""
+    padding = (input_ids == PAD_ID) & ~loss_mask.bool()
+    trailing = padding.flip(-1).long().cumprod(-1).sum()  # each row's run of padding at its end
+    return input_ids.numel() - trailing

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from dflash_base.atomic import fsync_dir
+from dflash_base.atomic import fsync_dir, fsync_file
 from trainer.model.drafter import AttentionKind, DFlashDrafter, DrafterConfig
 
 CONFIG_NAME = "config.json"
@@ -164,7 +164,7 @@ def export_drafter(
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
         (staging / README_NAME).write_text(_readme(serve_commands(target, out, model.cfg.block_size), target))
         for name in (WEIGHTS_NAME, CONFIG_NAME, README_NAME):
-            _fsync_file(staging / name)
+            fsync_file(staging / name)
             os.chmod(staging / name, 0o644)
         os.chmod(staging, 0o755)  # mkdtemp made it 0700: a server running as another user could not read it
         fsync_dir(staging)
@@ -200,11 +200,6 @@ def load_drafter(
             )
     model.load_state_dict({name: t.to(expected[name].dtype) for name, t in weights.items()})
     return model
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def _swap_into_place(staging: Path, out: Path) -> None:

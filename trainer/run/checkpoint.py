@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash_base.atomic import fsync_dir
+from dflash_base.atomic import fsync_dir, fsync_file
 from dflash_base.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -40,11 +40,6 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
 def save_checkpoint(
     output_dir: str | Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int
 ) -> Path:
@@ -58,7 +53,7 @@ def save_checkpoint(
     torch.save(state, tmp / "state.pt")
     (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
     for name in ("state.pt", "meta.json"):
-        _fsync_file(tmp / name)
+        fsync_file(tmp / name)
     fsync_dir(tmp)
     if final.exists():  # a resumed run saving the same step again: replace the old copy
         stale = root / f".old-{final.name}-{os.getpid()}"

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dflash_base.atomic import write_bytes_atomic, write_json_atomic
-from trainer.model.batch import PAD_ID
 from trainer.run.metric_sinks import MetricSink, scalars_of
 from trainer.spec.outputs import read_metrics, summary_path
 
@@ -43,19 +42,6 @@ class StepMetrics:
     heldout_accept_len: float | None = None  # held-out, against the target's greedy tokens
     heldout_accept_len_labels: float | None = None  # held-out, against the data labels
     heldout_s: float | None = None  # seconds the held-out evaluation took (not in step_time_s)
-
-
-def real_token_count(input_ids: Any, loss_mask: Any) -> int:
-    """Tokens of a (B, S) batch that are not right padding (PAD_ID, never supervised)."""
-    return int(real_tokens(input_ids, loss_mask))
-
-
-def real_tokens(input_ids: Any, loss_mask: Any) -> Any:
-    """`real_token_count` as a 0-dim tensor on the batch's device: no host sync (the training loop
-    counts every batch and reads the sums once per step)."""
-    padding = (input_ids == PAD_ID) & ~loss_mask.bool()
-    trailing = padding.flip(-1).long().cumprod(-1).sum()  # each row's run of padding at its end
-    return input_ids.numel() - trailing
 
 
 class MetricsLog:

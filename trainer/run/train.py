@@ -39,7 +39,7 @@ from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer.data.order import BatchOrder, make_batch
 from trainer.data.sources import DataSplit, SequenceSource, build_source, split_data
 from trainer.model.anchors import sample_anchors
-from trainer.model.batch import CapturedBatch
+from trainer.model.batch import CapturedBatch, real_tokens
 from trainer.model.build import build_drafter
 from trainer.model.device import autocast_for, resolve_device
 from trainer.model.drafter import DFlashDrafter
@@ -48,13 +48,7 @@ from trainer.run import checkpoint as ckpt
 from trainer.run.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
 from trainer.run.heldout import HeldoutEvaluator, HeldoutSums
 from trainer.run.metric_sinks import open_sinks
-from trainer.run.metrics import (
-    MetricsLog,
-    Progress,
-    real_tokens,
-    summarize,
-    write_summary,
-)
+from trainer.run.metrics import MetricsLog, Progress, summarize, write_summary
 from trainer.run.optim import build_optimizer, build_scheduler, clip_gradients
 from trainer.run.parent_watch import watch_parent
 from trainer.run.pipeline import CaptureAhead, OptimizerStart, StepTimer
