@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_base.errors import ConfigError
+from trainer.spec.messages import messages_problem
 
 _PROBE_USER, _PROBE_ANSWER, _PROBE_NEXT = "dflashprobeuser", "dflashprobeanswer", "dflashprobenext"
 
@@ -131,15 +132,10 @@ def assistant_spans(
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
-    """A list of {"role": str, "content": str or null, ...} objects, else a ConfigError naming the line."""
-    if not isinstance(messages, list) or not messages:
-        raise ConfigError(f'{where}: "messages" must be a non-empty list of {{"role", "content"}} objects')
-    for number, message in enumerate(messages, start=1):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise ConfigError(f'{where}: message {number} must be an object with a string "role"')
-        content = message.get("content")
-        if content is not None and not isinstance(content, str):
-            raise ConfigError(f'{where}: message {number}: "content" must be a string')
+    """The messages of a valid conversation (trainer.spec.messages' rule), else a ConfigError naming the line."""
+    problem = messages_problem(messages)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
     return messages
 
 

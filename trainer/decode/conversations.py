@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROLES = frozenset({"system", "user", "assistant", "tool"})
+from trainer.spec.messages import messages_problem
 
 
 class RecordError(ValueError):
@@ -57,33 +57,11 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
 
 
 def _checked_messages(line: int, value: Any) -> tuple[dict[str, str], ...]:
-    """Roles in an order a chat template accepts: system first if at all, a user turn before any answer,
-    never two assistant turns in a row, tool turns only after an assistant turn (or another tool turn)."""
-    if not isinstance(value, list) or not value:
-        raise RecordError(line, '"messages" must be a non-empty list')
-    out: list[dict[str, str]] = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise RecordError(line, f"{where} must be an object with role and content")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise RecordError(line, f"{where}.role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
-        if not isinstance(content, str):
-            raise RecordError(line, f"{where}.content must be a string")
-        before = out[-1]["role"] if out else None
-        if role == "system" and out:
-            raise RecordError(line, f"{where}: a system turn can only come first")
-        if role == "assistant" and before not in ("user", "tool"):
-            raise RecordError(line, f"{where}: an assistant turn must follow a user or tool turn")
-        if role == "tool" and before not in ("assistant", "tool"):
-            raise RecordError(line, f"{where}: a tool turn must follow an assistant turn")
-        if role == "user" and before == "user":
-            raise RecordError(line, f"{where}: two user turns in a row (roles out of order)")
-        out.append({"role": role, "content": content})
-    if not any(m["role"] == "user" for m in out):
-        raise RecordError(line, '"messages" holds no user turn')
-    return tuple(out)
+    """The turns of a valid conversation (trainer.spec.messages' rule), each reduced to role and content."""
+    problem = messages_problem(value)
+    if problem is not None:
+        raise RecordError(line, problem)
+    return tuple({"role": m["role"], "content": m.get("content") or ""} for m in value)
 
 
 def read_records(path: Path) -> Iterator[PromptRecord | RecordError]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import ConfigError
+from trainer.spec.messages import messages_problem
 
 RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
 
@@ -81,16 +82,7 @@ def record_problem(kind: str, record: dict[str, Any], vocab_size: int | None) ->
         if not isinstance(record["text"], str) or not record["text"]:
             return f"text must be a non-empty string, got {_shown(record['text'])}"
     elif kind == "chat":
-        messages = record["messages"]
-        if (
-            not isinstance(messages, list)
-            or not messages
-            or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages
-            )
-        ):
-            return 'messages must be a non-empty list of {"role": str, "content": str}'
+        return messages_problem(record["messages"])
     return None
 
 
