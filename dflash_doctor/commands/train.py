@@ -141,7 +141,7 @@ def train_command(
     plan = gate.plan
     failing = [f.id for f in gate.failing]
     store = RunStore()
-    common = dict(
+    common: dict[str, Any] = dict(
         config_path=str(training.path),
         config_text=training.text,
         findings=[f.to_json() for f in gate.findings],

@@ -69,7 +69,7 @@ class HashCache:
             return cache
         for file_path, row in raw["files"].items():
             if _valid_row(row):
-                cache.entries[file_path] = (tuple(row[:4]), row[4])  # type: ignore[assignment]
+                cache.entries[file_path] = (tuple(row[:4]), row[4])
         return cache
 
     def digest(self, path: str) -> str | None:

@@ -117,8 +117,9 @@ def run_gate(
     )
     ctx = CheckContext(env, options)
     gpus = gpu_inventory(ctx)
-    gpu_count = len(gpus.devices) if isinstance(gpus, GpuInventory) else 0
-    least_free = min((d.free_bytes for d in gpus.devices), default=None) if gpu_count else None
+    devices = gpus.devices if isinstance(gpus, GpuInventory) else []
+    gpu_count = len(devices)
+    least_free = min((d.free_bytes for d in devices), default=None)
     plan = build_launch_plan(
         training.config,
         training.path,

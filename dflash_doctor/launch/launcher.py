@@ -101,12 +101,12 @@ def prepare_compile_cache(
     command = child_command(
         env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
     )
-    result = run_warm_child(command, environ)
+    report = run_warm_child(command, environ)
     records.save(key, drafter_devices, cache_files(roots))
-    misses, hits = compile_count(result)
+    misses, hits = compile_count(report)
     where = ", ".join(drafter_devices) or device_type
     steps.append(
-        f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {result.get('first_call_seconds')} s"
+        f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {report.get('first_call_seconds')} s"
         f" (ran: {why})"
     )
     if misses and action == "warm":

@@ -86,7 +86,7 @@ class RunRecord:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, FIELD_TYPES[name])
-                or (items is not None and not all(isinstance(item, items) for item in value))
+                or (items is not None and not all(isinstance(item, items) for item in value))  # type: ignore[attr-defined]  # a list: checked just above
             ):
                 raise DamagedRecord(
                     f"{name!r} is {json.dumps(value, default=str)[:60]}, not of the right type"

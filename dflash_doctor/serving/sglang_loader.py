@@ -167,7 +167,10 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
     """Every SGLang parameter against our tensors; and which of our tensors no parameter took."""
     import torch
 
-    not_loaded, different, wrong_dtype, missing_in_export = [], [], [], []
+    not_loaded: list[str] = []
+    different: list[str] = []
+    wrong_dtype: list[str] = []
+    missing_in_export: list[str] = []
     consumed: set[str] = set()
     checked = equal = 0
     for name, param in model.named_parameters():

@@ -157,7 +157,7 @@ class SyntheticSource:
 
 @torch.inference_mode()
 def sample_sequences(
-    model: nn.Module,
+    model: Any,  # a Hugging Face causal LM
     count: int,
     seq_len: int,
     prompt_len: int,

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from dflash_base.errors import ConfigError
 from trainer.decode.compare import (
@@ -19,6 +18,7 @@ from trainer.decode.compare import (
     default_tie_tolerance,
 )
 from trainer.decode.speculative import SpecTarget, greedy_decode, speculative_decode
+from trainer.model.drafter import DFlashDrafter
 from trainer.spec.data_files import jsonl_records
 from trainer.spec.eval_request import EvalRequest
 
@@ -65,7 +65,7 @@ class EvalReport:
 
 def evaluate(
     target: SpecTarget,
-    drafter: nn.Module,
+    drafter: DFlashDrafter,
     prompts: list[list[int]],
     max_new: int,
     eos: int | None = None,
@@ -133,7 +133,7 @@ class EvalSetup:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
 
 
-def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, nn.Module]:
+def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
     """The full target and the exported drafter (with the target's frozen embedding and head), on one device."""
     from trainer.model.device import resolve_device, target_dtype
     from trainer.model.export import ExportError, load_drafter

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from trainer.decode.compare import TOP_K, TopChoices
+from trainer.model.drafter import DFlashDrafter
 from trainer.target.capture import LayerOutputs
 from trainer.target.load import cache_argument, returned_cache
 
@@ -62,7 +63,7 @@ class TargetStep:
 class SpecTarget:
     """The full target (causal LM) with forward hooks on the drafter's captured layers."""
 
-    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
+    def __init__(self, model: Any, layer_ids: list[int]) -> None:  # a Hugging Face causal LM
         self.model = model.eval().requires_grad_(False)
         self.layer_ids = list(layer_ids)
         self.outputs = LayerOutputs(model.model.layers, self.layer_ids)
@@ -134,7 +135,7 @@ def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: int 
 
 @torch.inference_mode()
 def speculative_decode(
-    target: SpecTarget, drafter: nn.Module, prompt: list[int], max_new: int, eos: int | None
+    target: SpecTarget, drafter: DFlashDrafter, prompt: list[int], max_new: int, eos: int | None
 ) -> Decoded:
     """Greedy block speculative decoding (see the module docstring)."""
     device = target.device

@@ -250,6 +250,11 @@ class DecoderLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
+    # The target's frozen tensors and the RoPE frequencies: buffers, typed here for the checker.
+    embed_weight: Tensor
+    lm_head_weight: Tensor
+    inv_freq: Tensor
+
     def __init__(
         self,
         cfg: DrafterConfig,
@@ -280,7 +285,7 @@ class DFlashDrafter(nn.Module):
 
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         for layer in self.layers:
-            layer.self_attn.flex_options = flex_options
+            layer.self_attn.flex_options = flex_options  # type: ignore[union-attr]
         self.fc = nn.Linear(cfg.num_context_features * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

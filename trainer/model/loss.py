@@ -149,7 +149,7 @@ class _ChunkedHeadCE(torch.autograd.Function):
     """sum(w * CE(hidden @ W^T)) with the gradient computed chunk by chunk during the forward pass."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: Tensor,
         lm_head_weight: Tensor,

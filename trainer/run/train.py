@@ -518,7 +518,10 @@ def train_step(
         anchors, valid = sample_anchors(
             batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, anchor_gen
         )
-        sync = contextlib.nullcontext() if last or not hasattr(ddp, "no_sync") else ddp.no_sync()
+        no_sync = getattr(
+            ddp, "no_sync", None
+        )  # DDP: hold the gradient all-reduce until the last micro-batch
+        sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
         with sync:
             with autocast_for(cfg, device):
                 out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)

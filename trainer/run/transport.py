@@ -70,7 +70,7 @@ class BatchSender:
 
     def __init__(self, topology: Topology, in_flight: int, device: torch.device) -> None:
         self.topology, self.in_flight, self.device = topology, in_flight, device
-        self._pending: deque[tuple[list[dist.Work], list[torch.Tensor]]] = deque()
+        self._pending: deque[tuple[list[dist.Work | None], list[torch.Tensor]]] = deque()
         self.max_pending_seen = 0
 
     def send(self, batch: CapturedBatch) -> None:
@@ -92,7 +92,8 @@ class BatchSender:
     def _wait_oldest(self) -> None:
         works, _ = self._pending.popleft()
         for work in works:
-            work.wait()
+            if work is not None:  # isend returns None where this rank is not in the group
+                work.wait()
 
     def close(self) -> None:
         """Finish every send, then tell every drafter this target is done."""

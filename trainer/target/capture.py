@@ -70,13 +70,13 @@ class CaptureTarget:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Any,  # a Hugging Face causal LM (its .model stack and .lm_head)
         layer_ids: list[int],
         compile_layers: bool = False,
         keep_head: bool = False,
         inference_tensors: bool = True,
     ) -> None:
-        body = model.model  # the decoder stack without the LM head
+        body: Any = model.model  # the decoder stack without the LM head
         keep = max(layer_ids) + 1
         if len(body.layers) < keep:
             raise ValueError(f"target has {len(body.layers)} layers, capture needs {keep}")

@@ -19,7 +19,7 @@ from trainer.target.tiny import build_embedded_target, seeded_frozen_weights
 
 def load_target_model(
     path: str, seed: int, device: torch.device, dtype: torch.dtype, keep_layers: int | None = None
-) -> nn.Module:
+) -> Any:  # a Hugging Face causal LM
     """The target causal LM on `device`. `keep_layers`: read only the first N decoder layers' weights (a
     folder's later layers never reach memory; the embedded preset is built whole and cut by its user)."""
     if is_embedded(path):
@@ -31,7 +31,7 @@ def load_target_model(
         config.num_hidden_layers = keep_layers  # the weights of later layers are never read into memory
         if getattr(config, "layer_types", None):
             config.layer_types = config.layer_types[:keep_layers]
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, dtype=dtype)
     return model.to(device)
 
 

@@ -87,5 +87,5 @@ def build_embedded_target(
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(lm_head)
-    model.to(dtype=dtype).eval().requires_grad_(False)
+    model.to(dtype=dtype).eval().requires_grad_(False)  # type: ignore[call-arg]  # transformers' typed `to` wrapper
     return model
