@@ -447,8 +447,7 @@ def flex_proof(t: object, device: str) -> dict[str, object]:
     if on_cuda:
         ref.backward(grad_out)
         report["backward_max_abs_diff"] = max(
-            float((a.grad - b.grad).abs().max())
-            for a, b in ((q, qr), (k, kr), (v, vr))
+            float((a.grad - b.grad).abs().max()) for a, b in ((q, qr), (k, kr), (v, vr))
         )
         report["backward_rel_err"] = max(_relative(t, a.grad, b.grad) for a, b in ((q, qr), (k, kr), (v, vr)))
     report["status"] = "ok"

@@ -12,7 +12,7 @@ import pytest
 from dflash_base.errors import ConfigError
 from trainer.spec.config import load_config, parse_config
 from trainer.spec.config_file import SHIPPED_CONFIGS, apply_overrides, resolve_config_path
-from trainer.target.tiny import tiny_qwen3_config
+from trainer.spec.target_shapes import tiny_qwen3_config
 
 REPO = Path(__file__).resolve().parents[2]
 

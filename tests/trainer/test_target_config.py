@@ -19,11 +19,6 @@ from pathlib import Path
 
 import pytest
 
-import trainer.model.drafter
-import trainer.spec.target_shapes
-import trainer.target.capture
-import trainer.target.tiny
-
 REPO = Path(__file__).resolve().parents[2]
 
 HEAVY_MODULES = (
@@ -74,25 +69,6 @@ def test_the_probe_sees_the_compiler_stack_once_model_code_is_imported(
     assert {"torch", "torch._dynamo", "trainer.model.drafter", "trainer.model.attention"} <= set(
         imported_heavy_modules["after_drafter"]
     )
-
-
-@pytest.mark.parametrize(
-    ("module", "name"),
-    [
-        (trainer.target.tiny, "TINY"),
-        (trainer.target.tiny, "RANDOM_PREFIX"),
-        (trainer.target.tiny, "PRESETS"),
-        (trainer.target.tiny, "is_embedded"),
-        (trainer.target.tiny, "embedded_config"),
-        (trainer.target.tiny, "tiny_qwen3_config"),
-        (trainer.target.tiny, "qwen3_8b_config"),
-        (trainer.target.capture, "target_hf_config"),
-        (trainer.model.drafter, "default_target_layer_ids"),
-    ],
-)
-def test_the_old_import_names_still_work(module: object, name: str) -> None:
-    """Callers and benches import these from their old homes; they must be the moved objects themselves."""
-    assert getattr(module, name) is getattr(trainer.spec.target_shapes, name)
 
 
 @pytest.mark.parametrize("path", ["tiny", "random:qwen3-8b"])

@@ -35,7 +35,7 @@ from trainer.model.attention import (
     keys_layout,
 )
 from trainer.model.loss import LossOutput, block_targets, default_gamma, dflash_loss
-from trainer.spec.target_shapes import default_target_layer_ids  # re-exported: callers import it from here
+from trainer.spec.target_shapes import default_target_layer_ids
 
 AttentionKind = Literal["sdpa", "flex"]
 Mask = Tensor | BlockMask  # dense boolean (SDPA) or sparse block mask (flex)

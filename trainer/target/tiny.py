@@ -12,32 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-# The configs live in trainer.spec.target_shapes (readable without torch's compiler stack); re-exported here
-# for the code and tests that import them from trainer.target.tiny.
-from trainer.spec.target_shapes import (
-    PRESETS,
-    RANDOM_PREFIX,
-    TINY,
-    embedded_config,
-    is_embedded,
-    qwen3_8b_config,
-    tiny_qwen3_config,
-)
+from trainer.spec.target_shapes import embedded_config, tiny_qwen3_config
 
 if TYPE_CHECKING:
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-__all__ = [
-    "PRESETS",
-    "RANDOM_PREFIX",
-    "TINY",
-    "build_embedded_target",
-    "embedded_config",
-    "is_embedded",
-    "qwen3_8b_config",
-    "seeded_frozen_weights",
-    "tiny_qwen3_config",
-]
 
 # The tiny target's embedding and LM head are drawn larger than its layers (0.02): the residual stream is
 # then led by the current token, the next-token distribution is peaked, and sequences sampled at a low
