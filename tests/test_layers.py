@@ -131,3 +131,17 @@ def test_the_shared_base_imports_only_the_standard_library() -> None:
             if top != "dflash_base" and top not in sys.stdlib_module_names:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert not bad, "dflash_base must import the standard library only:\n" + "\n".join(bad)
+
+
+SHIPPED = ("dflash_base", "dflash_doctor", "trainer", "checks")
+
+
+def test_nothing_shipped_imports_bench() -> None:
+    """`bench/` is not installed: a shipped module that imports it works in the checkout and fails for users."""
+    bad = []
+    for package in SHIPPED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for target, line, _ in imports_of(path):
+                if target.split(".")[0] == "bench":
+                    bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "shipped code must not import bench/:\n" + "\n".join(bad)
