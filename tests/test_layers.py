@@ -1,4 +1,4 @@
-"""The layout is the design: every import inside `dflash_doctor/` points down the layer map (README, How it works).
+"""The layout is the design: every import inside `dflash_doctor/` points down the layer map (docs/architecture.md).
 
 A new module that needs something from a higher layer is in the wrong folder; this test names the import.
 """
