@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.flops import attended_pairs, linear_params_per_layer, target_flops
+from bench.lib.flops import attended_pairs, linear_params_per_layer, target_flops
 from trainer.model.anchors import sample_anchors
 from trainer.model.attention import dense_mask
 from trainer.spec.target_shapes import qwen3_8b_config

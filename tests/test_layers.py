@@ -248,3 +248,17 @@ def test_every_spec_module_imports_without_torch_or_transformers() -> None:
     found = json.loads(out)
     assert "trainer.spec.config" in found["modules"] and len(found["modules"]) >= 8
     assert found["heavy"] == [], f"importing trainer.spec.* loaded {found['heavy']}"
+
+
+SHIPPED = ("dflash_base", "dflash_doctor", "trainer", "checks")
+
+
+def test_nothing_shipped_imports_bench() -> None:
+    """`bench/` is not installed: a shipped module that imports it works in the checkout and fails for users."""
+    bad = []
+    for package in SHIPPED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for target, line, _ in imports_of(path):
+                if target.split(".")[0] == "bench":
+                    bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "shipped code must not import bench/:\n" + "\n".join(bad)

@@ -104,7 +104,7 @@ def regenerate_command(
     if len(scan.bad) > 5:
         err.print(f"[yellow]skipped[/] {len(scan.bad) - 5} more bad lines")
     local = _local_devices(devices)
-    if batch_size is None:  # the best measured on an H200 (bench/regenerate_throughput.py)
+    if batch_size is None:  # the best measured on an H200 (bench/decode/regenerate_throughput.py)
         batch_size = 8 if local == ["cpu"] else 128
     factory = _engine_factory(engine, settings, local, batch_size, tensor_parallel)
     progress = Progress(

@@ -112,7 +112,7 @@ def test_colocated_holds_both_roles_once_without_transport_queues() -> None:
 
 
 def test_colocated_estimate_against_the_measured_h200_peak() -> None:
-    """bench/colocated.py at qwen3-8b-b16 on an H200: 38.47 GiB max_memory_allocated (no CUDA context;
+    """bench/kernels/colocated.py at qwen3-8b-b16 on an H200: 38.47 GiB max_memory_allocated (no CUDA context;
     the bench also holds a cloned copy of the captured states). The plan may overestimate, by under 15%."""
     from dflash_doctor.launch.memory_plan import colocated_estimate
 

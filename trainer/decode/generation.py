@@ -98,7 +98,7 @@ class TorchEngine:
         # Small batches on a GPU are bound by Python and kernel launches: a static cache lets `generate` replay
         # one compiled step per token instead (H200, Qwen3-8B shapes: 34 -> 126 tok/s at batch 1, 409 -> 1235 at
         # 16, 1642 -> 2145 at 64). From 128 rows eager decoding is faster (3048 vs 2475 tok/s): the compiled
-        # step attends over the whole preallocated cache. bench/regenerate_throughput.py measures both.
+        # step attends over the whole preallocated cache. bench/decode/regenerate_throughput.py measures both.
         self.static_cache = self.device.type == "cuda" and batch_size <= STATIC_CACHE_MAX_BATCH
         if self.static_cache:
             import torch._dynamo

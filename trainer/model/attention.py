@@ -72,7 +72,7 @@ def flex_context_len(seq_len: int) -> int:
     flex compiles its IS_DIVISIBLE kernels (no bounds checks on any load) and every block's own keys
     start on a tile boundary. The zero keys are "context" no anchor reaches (every context end is < S),
     so the mask never lets them through. Measured at seed-b32 (S = 40000) on an H200: flex forward +
-    backward 1.09x faster (bench/flex_sweep.py, row "pad kv").
+    backward 1.09x faster (bench/kernels/flex_sweep.py, row "pad kv").
     """
     return -(-seq_len // FLEX_TILE) * FLEX_TILE
 
@@ -163,7 +163,7 @@ def dflash_block_mask(
 
     `create_block_mask` evaluates the predicate at every (query, key) pair (Q x KV: 2.4e9 at seed-b32)
     and, compiled, that one kernel was 150-200 s of a cold qwen3-8b-b16 warm-up on an H200, on one CPU
-    core (bench/cold_compile.py). The DFlash mask needs no evaluation. For query tile i (rows
+    core (bench/cache/cold_compile.py). The DFlash mask needs no evaluation. For query tile i (rows
     [i*tile, (i+1)*tile)) and key tile j:
       - its context keys [j*tile, min((j+1)*tile, S)) are all visible to every row when they end at or
         before the smallest context end of the tile's rows, and some are visible to some row when they

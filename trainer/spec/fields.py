@@ -196,7 +196,7 @@ FLEX_KERNEL_OPTIONS: dict[str, Parser] = {
 # Real kernel options refused on purpose, with the reason.
 REFUSED_KERNEL_OPTIONS = {
     "ROWS_GUARANTEED_SAFE": (
-        "it made flex return NaN with the DFlash block mask on an H200 (bench/flex_sweep.py, seed-b32, row "
+        "it made flex return NaN with the DFlash block mask on an H200 (bench/kernels/flex_sweep.py, seed-b32, row "
         "'rows safe'), for a 0.3% gain; remove it"
     ),
 }
