@@ -180,11 +180,11 @@ def _owner_cuda_builds(ctx: CheckContext, report: ProbeReport) -> dict[str, tupl
     from dflash_doctor.audit.packages import cuda_families
 
     families = cuda_families(ctx)
-    found = {}
+    found: dict[str, tuple[int, str]] = {}
     for entry in report.versions.values():
         path = entry.get("path")
         owners = [o for o in (ctx.env.owners_of(path) if path else []) if o in families]
-        if len({families[o].major for o in owners}) == 1:  # twins of two families: the bytes decide
+        if path and len({families[o].major for o in owners}) == 1:  # twins of two families: the bytes decide
             found[path] = (families[owners[0]].major, f"installed by {', '.join(owners)}")
     return found
 
@@ -295,7 +295,7 @@ def deep_context(ctx: CheckContext) -> Iterator[Finding]:
 def _locked_overhead(ctx: CheckContext) -> dict[str, float]:
     if ctx.options.lock_path is None:
         return {}
-    from dflash_doctor.errors import DoctorError
+    from dflash_base.errors import DoctorError
     from dflash_doctor.lock.lockfile import read_lock
 
     try:

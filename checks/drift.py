@@ -10,8 +10,8 @@ import shlex
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.context import CheckContext
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding, Severity, fail, ok, skip, warn
 from dflash_doctor.registry import check
 

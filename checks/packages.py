@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -147,7 +148,7 @@ def requirements_check(ctx: CheckContext) -> Iterator[Finding]:
         if hidden:
             summary += " (pip check misses this: it sits behind an extra)"
         spec = pinned(requirement.name, requirement, first.installed)
-        facts = {
+        facts: dict[str, Any] = {
             "requirement": str(requirement),
             "needed_by": via,
             "installed": first.installed or "missing",

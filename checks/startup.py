@@ -3,7 +3,7 @@
 Measured on the H200 machine (python 3.12, torch 2.11.0+cu130): no `.pyc` was written or read, so each
 interpreter compiled its imports from source (1,793 modules through `source_to_code`, 5.7 s in
 `compile` for one `train --dry-run`); `import torch` took 3.7-5.1 s, `from transformers import
-Qwen3Config` 12.9-14.4 s, a worker's `import trainer.train` 12.4-14.1 s, and torchrun starts one
+Qwen3Config` 12.9-14.4 s, a worker's `import trainer.run.train` 12.4-14.1 s, and torchrun starts one
 interpreter per GPU plus its launcher. Static: nothing is imported, one `listdir` per sampled folder.
 
 Environment: the variables of *this* process (PYTHONDONTWRITEBYTECODE, PYTHONPYCACHEPREFIX,

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 
 import typer
 
+from dflash_base.errors import DoctorError
+from dflash_base.stopping import Stopped, handling_stop_signals
 from dflash_doctor import __version__
 from dflash_doctor.console import make_console
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.paths import HOME_ENV
-from dflash_doctor.stopping import Stopped, handling_stop_signals
 
 app = typer.Typer(
     name="dflash-doctor",

@@ -26,7 +26,7 @@ from typing import IO
 
 import psutil
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 
 TICK_S = 0.2  # how often the tree is re-read while the child runs
 STOP_GRACE_S = 2.0  # after SIGTERM, how long the group gets before SIGKILL

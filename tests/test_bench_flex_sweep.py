@@ -1,4 +1,4 @@
-"""bench/flex_sweep.py's own logic: reading Inductor's AUTOTUNE tables and building the "combined" row."""
+"""bench/kernels/flex_sweep.py's own logic: reading Inductor's AUTOTUNE tables and building the "combined" row."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.flex_sweep import Row, autotune_tables, combined_row
+from bench.kernels.flex_sweep import Row, autotune_tables, combined_row
 
 INDUCTOR_OUTPUT = """\
 W1130 compile noise
@@ -63,7 +63,7 @@ def test_cpu_dry_run_writes_rows_that_agree_with_the_default(tmp_path: Path) -> 
     out = tmp_path / "sweep.json"
     repo = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        [sys.executable, "bench/flex_sweep.py", "--tiny", "--out", str(out)],
+        [sys.executable, "bench/kernels/flex_sweep.py", "--tiny", "--out", str(out)],
         cwd=repo, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

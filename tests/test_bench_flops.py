@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from bench.flops import attended_pairs, linear_params_per_layer, target_flops
-from trainer.anchors import sample_anchors
-from trainer.attention import dense_mask
-from trainer.tiny import qwen3_8b_config
+from bench.lib.flops import attended_pairs, linear_params_per_layer, target_flops
+from trainer.model.anchors import sample_anchors
+from trainer.model.attention import dense_mask
+from trainer.spec.target_shapes import qwen3_8b_config
 
 
 def test_target_flops_match_the_reference_planning_numbers() -> None:

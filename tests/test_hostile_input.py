@@ -13,10 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dflash_base.errors import InterpreterError
 from dflash_doctor.cli import run
 from dflash_doctor.commands import runs as runs_command
 from dflash_doctor.env.interpreter import InterpreterProbe
-from dflash_doctor.errors import InterpreterError
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.lock.lockfile import LOCK_SCHEMA, build_lock
 from tests.conftest import env_for

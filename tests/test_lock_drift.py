@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cli import run
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.gpus import GpuDevice, GpuInventory, launch_view
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Severity
 from dflash_doctor.lock.drift import diff_locks
 from dflash_doctor.lock.lockfile import (

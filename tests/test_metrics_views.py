@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError, DoctorError
+from dflash_base.errors import ConfigError, DoctorError
 from dflash_doctor.launch.run_curves import Curves, plot_curves, read_curves, sparkline, sparkline_rows
-from trainer.metric_sinks import TensorBoardSink, WandbSink, require_extra, scalars_of
+from trainer.run.metric_sinks import TensorBoardSink, WandbSink, scalars_of
+from trainer.spec.extras import require_extra
 
 ROW = {
     "step": 3,
@@ -158,7 +159,7 @@ def test_a_tiny_cpu_run_writes_tensorboard_events_and_plots(tmp_path: Path) -> N
 def test_asking_for_a_missing_extra_refuses_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    from trainer.config import load_config
+    from trainer.spec.config import load_config
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.warm import run_warm_child
 from dflash_doctor.deep.run import run_probe
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.processes import ChildTimedOut, run_child
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_sigterm_to_a_command_stops_its_child_and_grandchild(tmp_path: Path) -> 
     parent = (
         "import sys\n"
         "from dflash_doctor.processes import run_child\n"
-        "from dflash_doctor.stopping import Stopped, handling_stop_signals\n"
+        "from dflash_base.stopping import Stopped, handling_stop_signals\n"
         "try:\n"
         "    with handling_stop_signals():\n"
         f"        run_child({spawner(pids)!r}, 60.0, 'the test child')\n"

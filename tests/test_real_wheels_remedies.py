@@ -6,7 +6,7 @@ the index, torch 2.14.1+cu130 and its broken copies; hard-linked copies, built o
     .venv/bin/python scripts/build_real_envs.py
     .venv/bin/python -m pytest -m slow tests/test_real_wheels_remedies.py
 
-For each environment the ground truth is a real `import torch` in it. `bench/remedy_table.py` applies
+For each environment the ground truth is a real `import torch` in it. `bench/doctor/remedy_table.py` applies
 every remedy, as printed and with no terminal, to a hard-linked copy; here: each must exit 0, keep
 `import torch` working wherever it worked, and not be printed again; one round of all remedies must leave
 `import torch` working and a re-check exiting 0; a healthy environment must not fail. Environments not
@@ -16,17 +16,15 @@ built (under `DFLASH_DOCTOR_REAL_ENVS`, default `.tmp/real-envs`) are skipped.
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from bench.doctor import remedy_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import remedy_table  # noqa: E402
+pytestmark = pytest.mark.slow
 
 build_real_envs = remedy_table.build_real_envs
 HEALTHY = {"cu128", "cu13"}

@@ -1,4 +1,4 @@
-"""bench/role_rates.py: which drafter row each recipe's rate comes from (--variant, --recipe-variant RECIPE=VARIANT)."""
+"""bench/kernels/role_rates.py: which drafter row each recipe's rate comes from (--variant, --recipe-variant RECIPE=VARIANT)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.role_rates import main, measured_rates, recipe_variants
+from bench.kernels.role_rates import main, measured_rates, recipe_variants
 from dflash_doctor.launch.split import load_role_rates
 
 CAPTURE: dict[str, Any] = {

@@ -190,7 +190,7 @@ def test_the_real_scripts_in_a_python_without_the_engine_say_engine_missing(
     if importlib.util.find_spec(engine) is not None:
         pytest.skip(f"this python has {engine}: the engine-missing path needs one without it")
     from tests.trainer.drafter_fixtures import tiny_config, tiny_drafter
-    from trainer.export import export_drafter
+    from trainer.model.export import export_drafter
 
     export = export_drafter(tiny_drafter(tiny_config()), tmp_path / "export", target="t")
     code, report = serve_check(
@@ -205,7 +205,7 @@ def test_the_real_scripts_in_a_python_without_the_engine_say_engine_missing(
 def test_the_real_scripts_name_an_engine_whose_internals_moved(tmp_path: Path, engine: str) -> None:
     """An engine package without the modules the script reads (a stand-in on PYTHONPATH): exit 4."""
     from tests.trainer.drafter_fixtures import tiny_config, tiny_drafter
-    from trainer.export import export_drafter
+    from trainer.model.export import export_drafter
 
     export = export_drafter(tiny_drafter(tiny_config()), tmp_path / "export", target="t")
     package = tmp_path / "site" / engine
@@ -235,5 +235,5 @@ def test_the_loader_script_refuses_a_folder_that_is_no_export(tmp_path: Path) ->
     )  # fmt: skip
     assert done.returncode == 2
     assert json.loads(done.stdout)["error"] == (
-        f"{tmp_path.resolve()} has no config.json: pass a folder written by trainer.export.export_drafter"
+        f"{tmp_path.resolve()} has no config.json: pass a folder written by trainer.model.export.export_drafter"
     )

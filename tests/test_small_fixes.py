@@ -19,9 +19,9 @@ from dflash_doctor.launch.plan import plan_inputs
 from dflash_doctor.registry import Check, CheckRun
 from dflash_doctor.report import remedy_lines, render
 from tests.conftest import env_for
-from trainer.config import load_config
-from trainer.metrics import LEGEND, Progress, StepMetrics
-from trainer.target_config import target_shapes
+from trainer.run.metrics import LEGEND, Progress, StepMetrics
+from trainer.spec.config import load_config
+from trainer.spec.target_shapes import target_shapes
 
 LONG = "export TORCHINDUCTOR_CACHE_DIR=/home/someone/.cache/dflash-doctor/cache/inductor-for-this-team"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 from dflash_doctor.launch.split import (
     DEFAULT_RATES_PATH,
     RoleRates,
@@ -16,7 +16,7 @@ from dflash_doctor.launch.split import (
     recommend_split,
     recommendation_for_config,
 )
-from trainer.config import load_config
+from trainer.spec.config import load_config
 
 
 def rates(target: float, drafter: float, seq_len: int = 40000) -> RoleRates:

@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from dflash_doctor.errors import DoctorError
-from dflash_doctor.stopping import Stopped, install_stop_handlers
+from dflash_base.errors import DoctorError
+from dflash_base.stopping import Stopped, install_stop_handlers
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -60,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         # Before torch is imported: a stop while importing is one line, not a KeyboardInterrupt traceback.
         install_stop_handlers()
     try:
-        from trainer.config import load_config
+        from trainer.spec.config import load_config
 
         cfg = load_config(args.config, args.overrides)
         if not under_torchrun():
             relaunch_under_torchrun(cfg.world_size, argv)
-        from trainer.train import main as train_main
+        from trainer.run.train import main as train_main
 
         return train_main(cfg)
     except DoctorError as exc:

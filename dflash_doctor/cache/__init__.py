@@ -5,7 +5,7 @@ Module map: locations (where), inspection (what is there), fingerprint (what bui
 archive promises), archive (write and verify archives), store (the snapshot folder and its lock),
 restore (verify into staging, then swap with renames), warm (compile, then snapshot), warm_record
 (which warm-ups already ran). `warm_child` is a script run by path in the audited interpreter: its
-optional import of `trainer.warmup` happens in that other process, not here.
+optional import of `trainer.run.warmup` happens in that other process, not here.
 
 May import: `env` and the core.
 """

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
 from dflash_doctor.cache.frames import FramedWriter
 from dflash_doctor.cache.fsops import rename_noreplace
@@ -31,7 +32,6 @@ from dflash_doctor.cache.manifest import (
     CacheManifest,
     FileEntry,
 )
-from dflash_doctor.errors import DoctorError
 
 __all__ = [
     "ARCHIVE_SUFFIX",

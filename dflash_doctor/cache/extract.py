@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.frames import FrameBlocks, read_seek_table, walk_frames
 from dflash_doctor.cache.fsops import open_regular, printable
 from dflash_doctor.cache.manifest import (
@@ -55,7 +56,6 @@ from dflash_doctor.cache.tarstream import (
     Member,
     TarReader,
 )
-from dflash_doctor.errors import DoctorError
 
 # Sizes measured on 346 MB / 9112 files, 2 cores. A framed archive's blocks are its 2 MiB frames;
 # a v1 stream was cut into 1 MiB blocks (0.39 s against 0.41 s for 4 MiB, and a quarter of the memory).

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fsops import kind_of
-from dflash_doctor.errors import DoctorError
 
 LOCK_SUFFIX = ".dflash-doctor.lock"
 TIMEOUT_S = 600.0

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
 
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.fsops import printable
-from dflash_doctor.errors import DoctorError
 
 # v2: the archive is zstd frames with a seek table at the end (frames.py); v1 archives (one zstd
 # stream) are still read. Versions before v2 stop at the first frame of a v2 archive: the bump makes

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.atomic import write_bytes_atomic
+from dflash_base.atomic import write_bytes_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.archive import is_our_record
 from dflash_doctor.cache.extract import ReadLimits, extract_verified
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
@@ -51,7 +52,6 @@ from dflash_doctor.cache.manifest import (
     read_backup_owner,
     read_marker,
 )
-from dflash_doctor.errors import DoctorError
 
 STAGING_TAG = ".dflash-staging-"
 BACKUP_TAG = ".bak-"

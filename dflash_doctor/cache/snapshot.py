@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_base.atomic import write_bytes_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor import __version__
-from dflash_doctor.atomic import write_bytes_atomic
 from dflash_doctor.cache.archive import (
     ARCHIVE_SUFFIX,
     collect_files,
@@ -20,7 +21,6 @@ from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, marker_bytes
 from dflash_doctor.cache.restore import recover_interrupted, remove_torn_records
 from dflash_doctor.cache.warm_record import WarmRecords
-from dflash_doctor.errors import DoctorError
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import filelock
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, PARTIAL_TAG, read_manifest
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.paths import HOME_ENV
 
 LOCK_NAME = ".store.lock"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache import warm_child
-from dflash_doctor.errors import DoctorError
 
 CHILD_SCRIPT = Path(warm_child.__file__).resolve()
 PROJECT_ROOT = CHILD_SCRIPT.parents[2]

@@ -2,7 +2,7 @@
 
 Runs inside the audited interpreter (`python path/to/warm_child.py ...`), which may not have
 dflash-doctor installed: it needs only the standard library and torch, and prints one JSON line
-prefixed with RESULT_PREFIX. With `--config`, the trainer's own warm-up (`trainer.warmup.warm_up`)
+prefixed with RESULT_PREFIX. With `--config`, the trainer's own warm-up (`trainer.run.warmup.warm_up`)
 is used when it can be imported; otherwise compiled flex_attention with the DFlash block mask (context
 strictly before the anchor, own block both ways; the mask built eagerly) at the given shapes, forward
 (+ backward on CUDA: CPU flex has no backward).
@@ -86,7 +86,7 @@ def warm_flex(args: argparse.Namespace) -> dict[str, Any]:
         1, args.kv_heads, kv_len, args.head_dim, device=device, dtype=dtype, requires_grad=backward
     )
     compiled_flex = torch.compile(flex_attention, dynamic=False)
-    # The block mask eagerly: the trainer builds its own without compiling (trainer.attention), so a
+    # The block mask eagerly: the trainer builds its own without compiling (trainer.model.attention), so a
     # compiled create_block_mask here would only warm a graph no run uses (and cost minutes at b16's shapes).
     mask = create_block_mask(
         dflash_mask_mod(anchors, args.context, args.block), 1, None, q_len, kv_len, device=device
@@ -129,8 +129,8 @@ def warm_trainer(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.project_root:
         sys.path.insert(0, args.project_root)
     try:
-        from trainer.config import load_config
-        from trainer.warmup import warm_up
+        from trainer.api import warm_up
+        from trainer.spec.config import load_config
     except ImportError:
         return None
     start = time.perf_counter()
@@ -138,7 +138,7 @@ def warm_trainer(args: argparse.Namespace) -> dict[str, Any] | None:
     # One device after another in this one thread: never two compiles at once.
     stats = [warm_up(config, device) for device in (args.trainer_device or [None])]
     return {
-        "what": "trainer.warmup.warm_up",
+        "what": "trainer.run.warmup.warm_up",
         "devices": args.trainer_device or ["config default"],
         "stats": stats if len(stats) > 1 else stats[0],
         "first_call_seconds": round(time.perf_counter() - start, 4),

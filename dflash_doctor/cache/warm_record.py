@@ -40,11 +40,11 @@ from typing import Any
 
 import filelock
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.locations import snapshots_dir
-from dflash_doctor.errors import DoctorError
 
 SCHEMA = "dflash-doctor/warm-records/v1"
 RECORDS_FILE = "warm-records.json"  # in the dflash-doctor home, beside the snapshots folder

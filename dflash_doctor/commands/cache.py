@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.folder_lock import folder_locks
 from dflash_doctor.cache.fsops import printable
@@ -29,7 +30,6 @@ from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.registry import run_checks
 from dflash_doctor.report import dumps, exit_code, flatten, remedy_lines, render
 

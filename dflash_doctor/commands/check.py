@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import (
     FLAG,
     JsonOption,
@@ -21,7 +22,6 @@ from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.interpreter import InterpreterProbe
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.registry import all_checks, run_checks, unknown_selectors
 from dflash_doctor.report import dumps, exit_code, flatten, render, to_json
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from dflash_base.errors import ConfigError, DoctorError
 from dflash_doctor.commands.options import JsonOption
 from dflash_doctor.console import make_console
-from dflash_doctor.errors import ConfigError, DoctorError
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -39,7 +39,7 @@ def _local_devices(devices: str | None) -> list[str]:
 
 
 def _engine_factory(engine: str, settings: object, devices: list[str], batch_size: int, tp: int):
-    from trainer.generation import DevicePool, TorchEngine, VllmEngine, vllm_available
+    from trainer.api import DevicePool, TorchEngine, VllmEngine, vllm_available
 
     if engine == "vllm" or (engine == "auto" and vllm_available()):
         if not vllm_available():
@@ -80,9 +80,8 @@ def regenerate_command(
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainer.config import load_config
-    from trainer.generation import GenerationSettings
-    from trainer.regenerate import regenerate, scan_input
+    from trainer.api import GenerationSettings, regenerate, scan_input
+    from trainer.spec.config import load_config
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine: must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -105,7 +104,7 @@ def regenerate_command(
     if len(scan.bad) > 5:
         err.print(f"[yellow]skipped[/] {len(scan.bad) - 5} more bad lines")
     local = _local_devices(devices)
-    if batch_size is None:  # the best measured on an H200 (bench/regenerate_throughput.py)
+    if batch_size is None:  # the best measured on an H200 (bench/decode/regenerate_throughput.py)
         batch_size = 8 if local == ["cpu"] else 128
     factory = _engine_factory(engine, settings, local, batch_size, tensor_parallel)
     progress = Progress(
@@ -167,8 +166,8 @@ def preview_command(
     counts over the whole data: sequences, tokens, supervised share, truncated share."""
     from rich.markup import escape
 
-    from trainer.config import load_config
-    from trainer.data_preview import preview
+    from trainer.api import preview
+    from trainer.spec.config import load_config
 
     cfg = load_config(config, overrides)
     result = preview(cfg, samples).to_json()

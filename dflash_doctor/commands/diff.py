@@ -13,11 +13,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.console import make_console
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Severity
 from dflash_doctor.lock.drift import Change, diff_locks, worst_severity
 from dflash_doctor.lock.lockfile import DEFAULT_LOCK_NAME, EnvironmentLock, capture_lock, read_lock

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dflash_doctor.commands.options import FLAG, JsonOption
 from dflash_doctor.console import make_console
+from trainer.spec.eval_request import DEFAULTS, EvalRequest
 
 
 def eval_command(
@@ -32,10 +33,16 @@ def eval_command(
     prompts: str | None = typer.Option(
         None, "--prompts", help='A JSONL of {"prompt"}, {"messages"} or {"input_ids"} records.'
     ),
-    num_prompts: int = typer.Option(16, "--num-prompts", help="Prompts to decode (the first N)."),
-    prompt_len: int = typer.Option(32, "--prompt-len", help="Held-out prompts: the tokens of each kept."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="New tokens per prompt."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    num_prompts: int = typer.Option(
+        DEFAULTS.num_prompts, "--num-prompts", help="Prompts to decode (the first N)."
+    ),
+    prompt_len: int = typer.Option(
+        DEFAULTS.prompt_len, "--prompt-len", help="Held-out prompts: the tokens of each kept."
+    ),
+    max_new_tokens: int = typer.Option(
+        DEFAULTS.max_new_tokens, "--max-new-tokens", help="New tokens per prompt."
+    ),
+    device: str = typer.Option(DEFAULTS.device, "--device", help="auto | cpu | cuda"),
     overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set data.seq_len=256."),
     tie_tolerance: float | None = typer.Option(
         None,
@@ -47,7 +54,7 @@ def eval_command(
         False, "--strict", metavar=FLAG, help="Exit 1 on any output not bitwise identical (ties too)."
     ),
     dtype: str = typer.Option(
-        "auto",
+        DEFAULTS.dtype,
         "--dtype",
         help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32. fp32 on CPU makes the identity exact: "
         "with --strict, the check that admits no near-tie.",
@@ -55,7 +62,12 @@ def eval_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Decode prompts with the target alone and with the drafter proposing blocks; compare."""
-    from trainer.eval import format_report, run_eval
+    request = EvalRequest(
+        export, config, target, prompts, num_prompts, prompt_len, max_new_tokens, device, tuple(overrides),
+        tie_tolerance, dtype,
+    )  # fmt: skip
+    request.check()  # bad options: exit 2 before torch is imported
+    from trainer.api import format_report, run_eval
 
     progress = Progress(
         TextColumn("[bold]decoding"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
@@ -64,11 +76,10 @@ def eval_command(
     task = progress.add_task("eval", total=None)
     with progress:
         report = run_eval(
-            export, config, target, prompts, num_prompts, prompt_len, max_new_tokens, device, overrides,
+            request,
             on_prompt=lambda done: progress.update(task, completed=done),
-            on_start=lambda total: progress.update(task, total=total), tie_tolerance=tie_tolerance,
-            dtype=dtype,
-        )  # fmt: skip
+            on_start=lambda total: progress.update(task, total=total),
+        )
     typer.echo(json.dumps(report.to_json(), indent=2) if json_out else format_report(report))
     raise typer.Exit(report.exit_code(strict))
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.lock.lockfile import DEFAULT_LOCK_NAME, capture_lock, write_lock
 from dflash_doctor.report import dumps
 

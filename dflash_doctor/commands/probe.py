@@ -12,11 +12,11 @@ from pathlib import Path
 
 import typer
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption
 from dflash_doctor.deep.run import probe_timeout, run_probe
 from dflash_doctor.env.interpreter import interpreter_for
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.report import dumps
 
 ProbeOutOption = typer.Option(None, "--out", "-o", help="Also write the report to this file (atomically).")

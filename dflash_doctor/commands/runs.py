@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import JsonOption
 from dflash_doctor.console import make_console
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.launch.run_curves import curves_of, plot_curves, sparkline_rows
 from dflash_doctor.launch.runs import RunRecord, RunStore, age, describe_age
 

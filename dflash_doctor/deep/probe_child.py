@@ -22,6 +22,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from typing import Any
 
 PROBE_SCHEMA = "dflash-doctor/probe/v1"
 MIB = float(1 << 20)
@@ -141,11 +142,10 @@ def loaded_versions(loaded: list[str]) -> dict[str, dict[str, object]]:
             entry: dict[str, object] = {"path": path, "function": func}
             try:
                 handle = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-                entry["version"] = _ask_version(handle, func)
+                version: Any = _ask_version(handle, func)
+                entry["version"] = version
                 entry["parsed"] = (
-                    entry["version"]
-                    if isinstance(entry["version"], list)
-                    else version_int_to_tuple(int(entry["version"]), family)  # type: ignore[arg-type]
+                    version if isinstance(version, list) else version_int_to_tuple(int(version), family)
                 )
                 entry.update(cuda_build_of(family, handle, path))
             except (OSError, AttributeError, ValueError) as exc:
@@ -316,7 +316,7 @@ def cuda_steps(
         nvml_index = nvml_index_for(index, str(getattr(props, "uuid", "") or ""), nvml_uuids)
         if nvml is not None and nvml_used_before is not None and nvml_index in nvml_used_before:
             # The same NVML counter before and after: the driver's reserved memory cancels out.
-            used_after = nvml.used_bytes(nvml_index)  # type: ignore[arg-type]
+            used_after = nvml.used_bytes(nvml_index)
             overhead[str(index)] = round((used_after - nvml_used_before[nvml_index] - reserved) / MIB, 1)
     report.update(devices=devices, touch=touch)
     report["context_overhead_mib"] = overhead
@@ -441,14 +441,13 @@ def flex_proof(t: object, device: str) -> dict[str, object]:
     dense_mask = dense_dflash_mask(t, anchors, block, context, q_len, kv_len)
     qr, kr, vr = (x.detach().clone().requires_grad_(on_cuda) for x in (q, k, v))
     scores = (qr @ kr.transpose(-2, -1)) / (dim**0.5)
-    ref = t.softmax(scores.masked_fill(~dense_mask, float("-inf")), dim=-1) @ vr  # type: ignore[attr-defined]
+    ref = t.softmax(scores.masked_fill(~dense_mask, float("-inf")), dim=-1) @ vr  # type: ignore[attr-defined,operator]
     report["forward_max_abs_diff"] = float((out.detach() - ref.detach()).abs().max())
     report["forward_rel_err"] = _relative(t, out.detach(), ref.detach())
     if on_cuda:
         ref.backward(grad_out)
         report["backward_max_abs_diff"] = max(
-            float((a.grad - b.grad).abs().max())  # type: ignore[union-attr]
-            for a, b in ((q, qr), (k, kr), (v, vr))
+            float((a.grad - b.grad).abs().max()) for a, b in ((q, qr), (k, kr), (v, vr))
         )
         report["backward_rel_err"] = max(_relative(t, a.grad, b.grad) for a, b in ((q, qr), (k, kr), (v, vr)))
     report["status"] = "ok"
@@ -538,7 +537,7 @@ def main(argv: list[str]) -> int:
     loaded = read_loaded()
     report["libraries"] = {"loaded": loaded, "versions": loaded_versions(loaded)}
     if want_flex:
-        device = "cuda:0" if report["cuda"].get("available") else "cpu"  # type: ignore[union-attr]
+        device = "cuda:0" if report["cuda"].get("available") else "cpu"  # type: ignore[attr-defined]
         try:
             report["flex"] = flex_proof(torch, device)
         except Exception as exc:

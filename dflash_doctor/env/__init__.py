@@ -6,6 +6,6 @@ package, RECORD audits and file hashes, the parse cache, cached-bytecode state, 
 the audited interpreter, and the driver and GPUs (`gpus`), and which of them CUDA_VISIBLE_DEVICES leaves to CUDA
 (`visible_devices`).
 
-Never imports torch. May import: the core (`dflash_doctor.errors`, `paths`, `atomic`, `findings`).
+Never imports torch. May import: the core (`dflash_base.errors`, `paths`, `atomic`, `findings`).
 Nothing here imports `libs`, `cache`, `lock`, `launch`, `audit`, `commands` or `checks`.
 """

@@ -145,13 +145,13 @@ def read_elf_facts(path: str) -> ElfFacts | None:
             for tag in _dynamic_tags(elf, handle):
                 kind = tag.entry.d_tag
                 if kind == "DT_NEEDED":
-                    needed.append(tag.needed)
+                    needed.append(tag.needed)  # type: ignore[attr-defined]  # pyelftools sets it per tag kind
                 elif kind == "DT_SONAME":
-                    soname = tag.soname
+                    soname = tag.soname  # type: ignore[attr-defined]  # pyelftools sets it per tag kind
                 elif kind == "DT_RPATH":
-                    rpath_raw = tag.rpath
+                    rpath_raw = tag.rpath  # type: ignore[attr-defined]  # pyelftools sets it per tag kind
                 elif kind == "DT_RUNPATH":
-                    runpath_raw = tag.runpath
+                    runpath_raw = tag.runpath  # type: ignore[attr-defined]  # pyelftools sets it per tag kind
             machine = str(elf.header.e_machine)
             elf_class = int(elf.elfclass)
     except (OSError, ELFError, ValueError, KeyError, AttributeError):

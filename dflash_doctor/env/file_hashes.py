@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
 from dflash_doctor.paths import cache_root
 
 CACHE_DIR_ENV = "DFLASH_DOCTOR_CACHE_DIR"
@@ -69,7 +69,7 @@ class HashCache:
             return cache
         for file_path, row in raw["files"].items():
             if _valid_row(row):
-                cache.entries[file_path] = (tuple(row[:4]), row[4])  # type: ignore[assignment]
+                cache.entries[file_path] = (tuple(row[:4]), row[4])
         return cache
 
     def digest(self, path: str) -> str | None:

@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 
-from dflash_doctor.errors import InterpreterError
+from dflash_base.errors import InterpreterError
 
 # Runs inside the audited interpreter. Plain stdlib, no imports of anything it may have broken.
 _PROBE = r"""

@@ -110,7 +110,7 @@ class RequirementGraph:
         by_requester: dict[str, list[str]] = {}
         for edge in self.edges:
             by_requester.setdefault(edge.requester, []).append(edge.target)
-        seen = {canonicalize_name(r) for r in roots}
+        seen: set[str] = {canonicalize_name(r) for r in roots}
         todo = list(seen)
         while todo:
             for target in by_requester.get(todo.pop(), []):

@@ -8,6 +8,6 @@ run's last metrics), torchrun and its process tree (`supervise`: stop signals fo
 behind), one run per output folder (`output_lock`) and run records (`runs`).
 
 May import: `lock`, `audit`, `libs`, `cache`, `deep`, `env`, the core, and the trainer's config
-readers (`trainer.config`, `trainer.target_config`, `trainer.topology`: no torch). Never the trainer's
+readers (`trainer.spec.config`, `trainer.spec.target_shapes`, `trainer.spec.topology`: no torch). Never the trainer's
 model code.
 """

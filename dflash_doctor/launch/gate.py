@@ -14,12 +14,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.locations import managed_inductor_dir, snapshots_dir
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.deep.run import CACHE_ENV, deep_report
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
@@ -33,8 +33,8 @@ class TrainingConfig:
     """A validated, target-completed trainer config and where it came from."""
 
     path: Path
-    config: Any  # trainer.config.TrainConfig
-    target_config: Any  # the target's shapes (trainer.target_config.TargetShapes)
+    config: Any  # trainer.spec.config.TrainConfig
+    target_config: Any  # the target's shapes (trainer.spec.target_shapes.TargetShapes)
     text: str
     overrides: list[str] = field(default_factory=list)  # `--set section.key=value`, passed to the workers
 
@@ -43,13 +43,14 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
     """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it.
 
     The trainer's config code must import in the interpreter running dflash-doctor; when it cannot, we say
-    so plainly instead of a traceback. Only the target's shapes are read (trainer.target_config): neither
+    so plainly instead of a traceback. Only the target's shapes are read (trainer.spec.target_shapes): neither
     the model code (torch's compiler stack) nor, where config.json says enough, transformers: 13-14 s of
     imports per process on the H200 machine, before torchrun.
     """
     try:
-        from trainer.config import load_config, resolve_config_path
-        from trainer.target_config import target_shapes
+        from trainer.spec.config import load_config
+        from trainer.spec.config_file import resolve_config_path
+        from trainer.spec.target_shapes import target_shapes
     except (ImportError, OSError) as exc:
         raise DoctorError(
             f"the trainer cannot be imported by {sys.executable}: {exc}",
@@ -116,8 +117,9 @@ def run_gate(
     )
     ctx = CheckContext(env, options)
     gpus = gpu_inventory(ctx)
-    gpu_count = len(gpus.devices) if isinstance(gpus, GpuInventory) else 0
-    least_free = min((d.free_bytes for d in gpus.devices), default=None) if gpu_count else None
+    devices = gpus.devices if isinstance(gpus, GpuInventory) else []
+    gpu_count = len(devices)
+    least_free = min((d.free_bytes for d in devices), default=None)
     plan = build_launch_plan(
         training.config,
         training.path,

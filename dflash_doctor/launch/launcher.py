@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.atomic import write_bytes_atomic
+from dflash_base.atomic import write_bytes_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.locations import snapshots_dir, warm_configs_dir
 from dflash_doctor.cache.restore import restore_snapshot
@@ -32,7 +33,7 @@ from dflash_doctor.cache.warm_record import (
     warm_key,
 )
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.errors import DoctorError
+from trainer.spec.outputs import metrics_path, read_summary, summary_path
 
 KEEP_SNAPSHOTS = 5
 WARM_CONFIG_MAX_AGE_S = 7 * 24 * 3600  # warm-up configs unused this long are pruned
@@ -85,7 +86,7 @@ def prepare_compile_cache(
             records.adopt(result.manifest.warm_records, newest.name)
             steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
             action = "restored"
-    from trainer.config import read_raw
+    from trainer.spec.config_file import read_raw
 
     config = _config_with_overrides(config_path, overrides)
     roots = status.locations.roots()
@@ -100,12 +101,12 @@ def prepare_compile_cache(
     command = child_command(
         env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
     )
-    result = run_warm_child(command, environ)
+    report = run_warm_child(command, environ)
     records.save(key, drafter_devices, cache_files(roots))
-    misses, hits = compile_count(result)
+    misses, hits = compile_count(report)
     where = ", ".join(drafter_devices) or device_type
     steps.append(
-        f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {result.get('first_call_seconds')} s"
+        f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {report.get('first_call_seconds')} s"
         f" (ran: {why})"
     )
     if misses and action == "warm":
@@ -124,7 +125,7 @@ def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Pat
         return config_path
     import tomllib
 
-    from trainer.config import apply_overrides, config_to_toml
+    from trainer.spec.config_file import apply_overrides, config_to_toml
 
     text = config_to_toml(apply_overrides(tomllib.loads(config_path.read_text()), list(overrides)))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -154,22 +155,14 @@ def _prune_warm_configs(folder: Path, keep: Path, max_age_s: float = WARM_CONFIG
                 path.unlink()
 
 
-def read_summary(output_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((output_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def last_metrics(output_dir: Path, since: float) -> dict[str, Any]:
     """What this run reported last: its summary.json, else (a run stopped before writing one) its last
     metrics line. Files older than `since` are an earlier run's and are ignored."""
-    if _written_since(output_dir / "summary.json", since):
+    if _written_since(summary_path(output_dir), since):
         summary = read_summary(output_dir)
         if summary:
             return summary
-    metrics = output_dir / "metrics.jsonl"
+    metrics = metrics_path(output_dir)
     if not _written_since(metrics, since):
         return {}
     try:

@@ -5,7 +5,7 @@ Both topologies: a split's target and drafter ranks, or a colocated rank holding
 A pure function of shapes: target weights and inference activations on target ranks; drafter
 parameters, gradients, AdamW state, saved activations, attention workspace and the LM-head chunk on
 drafter ranks; plus the CUDA context every process pays. The per-token activation terms follow what
-`trainer/drafter.py` keeps for backward (fp32 norms and RoPE under bf16 autocast); their constants are
+`trainer/model/drafter.py` keeps for backward (fp32 norms and RoPE under bf16 autocast); their constants are
 calibrated against the peaks measured on an H200 at both recipes (see BENCHMARKS.md).
 """
 
@@ -57,7 +57,7 @@ class PlanInputs:
     on_gpu: bool = True
     compiled_layers: bool = True  # drafter.compile_layers (compiled on CUDA only; CPU runs stay eager)
     # Held-out evaluation on (data.eval_fraction or data.eval_path): target ranks keep the whole target and
-    # its LM head to score the target's own greedy tokens (trainer/target.py::capture_with_greedy).
+    # its LM head to score the target's own greedy tokens (trainer/target/capture.py::capture_with_greedy).
     heldout: bool = False
     heldout_chunk: int = 2048  # positions of logits at a time in capture_with_greedy
     # topology.overlap_capture (colocated, CUDA): the next batch's capture runs beside this step's training
@@ -146,7 +146,7 @@ def drafter_params(p: PlanInputs) -> int:
 def first_layer_input_grad(p: PlanInputs) -> int:
     """The gradient of the first drafter layer's input, held briefly in backward with compiled layers.
 
-    `trainer/drafter.py::run_layers` makes that input (the frozen embedding, cast to the parameters'
+    `trainer/model/drafter.py::run_layers` makes that input (the frozen embedding, cast to the parameters'
     fp32) need a gradient so that every layer shares one compiled graph; the shared backward graph then
     returns the gradient of its input for the first layer too: a (B, Q, H) tensor in fp32 (the input's
     dtype, not autocast's), Q = anchors x block_size, freed once it is summed into the zero scalar that
@@ -175,7 +175,7 @@ def drafter_estimate(p: PlanInputs) -> RoleEstimate:
             "parameters_fp32": params * 4,
             "gradients_fp32": params * 4,
             "adamw_state": params * 8,
-            "frozen_embed_and_head": 2 * t.vocab * t.hidden * elt,  # bf16 on GPU (trainer/warmup.py)
+            "frozen_embed_and_head": 2 * t.vocab * t.hidden * elt,  # bf16 on GPU (trainer/run/warmup.py)
             "incoming_batches": incoming * (1 + p.in_flight),
             "context_fused": context * t.hidden * (4 + elt),
             "activations": p.drafter_layers * per_layer,

@@ -22,8 +22,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from dflash_doctor.atomic import write_json_atomic
-from dflash_doctor.errors import DoctorError
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 
 
 def node_file(suffix: str, node_rank: int = 0) -> str:

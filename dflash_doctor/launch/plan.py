@@ -116,7 +116,7 @@ class LaunchPlan:
 
 def model_shape(target_config: Any) -> ModelShape:
     """From the target's shapes (TargetShapes), or a transformers config read into them."""
-    from trainer.target_config import TargetShapes  # light: no torch, no transformers
+    from trainer.spec.target_shapes import TargetShapes  # light: no torch, no transformers
 
     t = target_config if isinstance(target_config, TargetShapes) else TargetShapes.from_config(target_config)
     return ModelShape(
@@ -152,7 +152,7 @@ def plan_inputs(
         bf16=on_gpu,
         cuda_context_bytes=overhead,
         on_gpu=on_gpu,
-        compiled_layers=on_gpu and cfg.drafter.compile_layers,  # as trainer/warmup.py compiles them
+        compiled_layers=on_gpu and cfg.drafter.compile_layers,  # as trainer/run/warmup.py compiles them
         heldout=cfg.data.holds_out,  # target ranks then keep the whole target and its LM head
         overlap_capture=cfg.topology.overlap_capture != "off",
     )
@@ -167,7 +167,7 @@ def choose_device_type(requested: str, gpu_count: int) -> str:
 def assign_roles(
     targets: int, drafters: int, nnodes: int, device_type: str, colocated: bool = False
 ) -> list[RoleAssignment]:
-    """Split: ranks [0, N) are targets, [N, N+M) drafters (as trainer/train.py splits them); colocated: every
+    """Split: ranks [0, N) are targets, [N, N+M) drafters (as trainer/run/train.py splits them); colocated: every
     rank both. LOCAL_RANK = GPU."""
     world = drafters if colocated else targets + drafters
     per_node = world // nnodes

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.atomic import write_json_atomic
+from dflash_base.atomic import write_json_atomic
 from dflash_doctor.deep.run import ProbeReport, probe_source_digest
 from dflash_doctor.lock.lockfile import EnvironmentLock
 from dflash_doctor.paths import probes_dir

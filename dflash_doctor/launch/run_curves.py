@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.errors import DoctorError
+from dflash_base.errors import DoctorError
+from trainer.spec.outputs import metrics_path
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -128,7 +129,7 @@ def curves_of(record: Any) -> Curves:
     folder = getattr(record, "output_dir", None)
     if not folder:
         raise DoctorError(f"run {record.id}: no output folder recorded (refused runs train nothing)")
-    path = Path(folder) / "metrics.jsonl"
+    path = metrics_path(folder)
     if not path.is_file():
         raise DoctorError(f"run {record.id}: {path} is gone or was never written")
     return read_curves(path, record.id)

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.atomic import write_json_atomic
-from dflash_doctor.errors import DoctorError
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor.paths import runs_dir
 
 RECORD_SCHEMA = "dflash-doctor/run/v1"
@@ -86,7 +86,7 @@ class RunRecord:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, FIELD_TYPES[name])
-                or (items is not None and not all(isinstance(item, items) for item in value))
+                or (items is not None and not all(isinstance(item, items) for item in value))  # type: ignore[attr-defined]  # a list: checked just above
             ):
                 raise DamagedRecord(
                     f"{name!r} is {json.dumps(value, default=str)[:60]}, not of the right type"

@@ -5,15 +5,15 @@ one recipe (samples/s of one target GPU, of one drafter GPU):
 
     samples/s (N targets + M drafters) = min(N x target_rate, M x drafter_rate);  tok/s = that x seq_len
 
-This ignores transport and gradient-sync costs (bench/e2e.py measures what a real 1+1 loses to them).
+This ignores transport and gradient-sync costs (bench/e2e/e2e.py measures what a real 1+1 loses to them).
 Rates per recipe live in `dflash_doctor/data/role_rates.json` (filled from an H200 run by
-`bench/role_rates.py`; each entry says where its numbers came from).
+`bench/kernels/role_rates.py`; each entry says where its numbers came from).
 
 A colocated GPU does both roles one after the other, so per GPU
 
     samples/s (colocated) = 1 / (1/target_rate + 1/drafter_rate)    (K GPUs: K x that; DDP sync ignored)
 
-unless the recipe has a measured `colocated_samples_s` (bench/colocated.py), which wins.
+unless the recipe has a measured `colocated_samples_s` (bench/kernels/colocated.py), which wins.
 
 Public API: `recommend_split(rates, gpus)`, `recommendation_for_config(cfg, gpus)`, `load_role_rates(path)`,
 `project_split(rates, targets, drafters)`, `project_colocated(rates, ranks)`, `rates_for_config(cfg, table)`.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_doctor.errors import DoctorError
-from trainer.topology import forces_split, split_of
+from dflash_base.errors import DoctorError
+from trainer.spec.topology import forces_split, split_of
 
 # Shipped with the package, in dflash_doctor/data/.
 DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"
@@ -198,11 +198,13 @@ def load_role_rates(path: Path | None = None) -> dict[str, RoleRates]:
         return {}
     except (OSError, ValueError) as exc:
         raise DoctorError(
-            f"role rates: cannot read {path}: {exc}", hint="re-run bench/role_rates.py"
+            f"role rates: cannot read {path}: {exc}", hint="re-run bench/kernels/role_rates.py"
         ) from None
     recipes = data.get("recipes") if isinstance(data, dict) else None
     if not isinstance(recipes, dict):
-        raise DoctorError(f"role rates: {path} has no 'recipes' table", hint="re-run bench/role_rates.py")
+        raise DoctorError(
+            f"role rates: {path} has no 'recipes' table", hint="re-run bench/kernels/role_rates.py"
+        )
     return {name: RoleRates.from_json(name, entry) for name, entry in recipes.items()}
 
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from dflash_base.stopping import handling_stop_signals, signal_name
 from dflash_doctor.processes import ProcessTree
-from dflash_doctor.stopping import handling_stop_signals, signal_name
 
 STOP_GRACE_S = 30.0  # how long torchrun and the workers get to exit after the signal, before SIGKILL
 TICK_S = 0.5  # how often the tree is re-read (a worker must be known before torchrun can vanish)

@@ -29,7 +29,7 @@ from dflash_doctor.launch.split import (
     rates_for_config,
     recommend_split,
 )
-from trainer.topology import AUTO, COLOCATED, SPLIT, Topology, forces_split, split_of
+from trainer.spec.topology import AUTO, COLOCATED, SPLIT, Topology, configured_topology
 
 
 @dataclass(frozen=True)
@@ -229,12 +229,9 @@ def decide(
     split: SplitOption | None,
 ) -> tuple[Topology, str]:
     """The topology `section` asks for on `gpus` devices, and why (`auto`: the faster that fits)."""
-    if forces_split(section):
-        return split_of(section), "topology.targets/drafters set: the configured split"
-    if section.mode == SPLIT:
-        return split_of(section), 'topology.mode = "split"'
-    if section.mode == COLOCATED:
-        return Topology.colocated_on(gpus), 'topology.mode = "colocated"'
+    configured = configured_topology(section, gpus)
+    if configured is not None:
+        return configured
     assert section.mode == AUTO
     if device_type != "cuda":
         return Topology.colocated_on(gpus), "auto on CPU: colocated, no role rates to compare"

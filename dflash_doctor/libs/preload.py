@@ -107,7 +107,7 @@ def parse_preload_plan(init_source: str, source: str = "torch/__init__.py") -> P
     optional: list[tuple[str, str]] = []
     for tree in (preload_tree, global_tree):
         for node in ast.walk(tree):
-            target = None
+            target: ast.expr | None = None
             if isinstance(node, ast.AnnAssign):
                 target, value = node.target, node.value
             elif isinstance(node, ast.Assign) and len(node.targets) == 1:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.env.distributions import Distribution
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.libs.ldcache import LdCache, load_system_cache
 from dflash_doctor.libs.loader import PRELOAD_REQUESTER, LibraryReport, Resolution, resolve_torch_libraries
 

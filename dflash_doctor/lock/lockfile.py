@@ -23,12 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dflash_base.atomic import write_json_atomic
+from dflash_base.errors import DoctorError
 from dflash_doctor import __version__
-from dflash_doctor.atomic import write_json_atomic
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.file_hashes import HashCache
 from dflash_doctor.env.gpus import GpuInventory
-from dflash_doctor.errors import DoctorError
 
 LOCK_SCHEMA = "dflash-doctor/lock/v1"
 LOCK_SCHEMA_PREFIX = "dflash-doctor/lock/"
@@ -150,7 +150,7 @@ def check_lock_shape(data: dict[str, Any]) -> None:
             raise LockShapeError(f"every entry of {name!r} must be a JSON {_JSON_NAMES[values]}")
 
 
-_JSON_NAMES = {dict: "object", list: "array", str: "string"}
+_JSON_NAMES: dict[type, str] = {dict: "object", list: "array", str: "string"}
 
 
 # --- redaction -----------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ def hash_libraries(
 
     `path` is the absolute real path (evidence); `location` is what drift compares.
     """
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for soname, resolution in sorted(by_soname.items()):
         path = getattr(resolution, "path", None)
         if not path:
@@ -336,7 +336,7 @@ def capture_lock(ctx: Any, runtime: dict[str, Any] | None = None) -> Environment
 
 def current_lock(ctx: Any) -> EnvironmentLock:
     """This environment as a lock, computed once per check run (drift, the probe key, the run record)."""
-    return ctx.shared("lock.current", lambda: capture_lock(ctx))  # type: ignore[no-any-return]
+    return ctx.shared("lock.current", lambda: capture_lock(ctx))
 
 
 # --- file I/O ------------------------------------------------------------------------------------

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.errors import DoctorError
 from dflash_doctor import findings
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.findings import Finding
 from dflash_doctor.processes import ChildTimedOut, run_child
 
 HERE = Path(__file__).resolve().parent
 EXIT_OK, EXIT_MISLOADED, EXIT_BAD_INPUT, EXIT_ENGINE_MISSING, EXIT_INTERNALS_CHANGED = 0, 1, 2, 3, 4
 DEFAULT_TIMEOUT_S = 900.0  # vLLM's import and engine config alone take ~40 s on 2 CPU cores
-EXPORT_FILES = ("config.json", "model.safetensors", "README.md")  # what trainer.export writes
+EXPORT_FILES = ("config.json", "model.safetensors", "README.md")  # what trainer.model.export writes
 REMEDY_MISLOADED = (
     "dflash-doctor train --config RUN.toml  # writes a fresh export; one our trainer wrote that still fails "
     "is a bug: report it with `dflash-doctor serve-check ... --json` attached"
@@ -73,7 +73,7 @@ def engine_named(name: str) -> Engine:
 
 
 def export_folder(path: str) -> Path:
-    """The export folder, refused (exit 2) when it is not what `trainer.export.export_drafter` writes."""
+    """The export folder, refused (exit 2) when it is not what `trainer.model.export.export_drafter` writes."""
     folder = Path(path).expanduser().resolve()
     hint = "pass the export folder a training run wrote (<output.dir>/export: config.json, model.safetensors)"
     if not folder.is_dir():
@@ -181,7 +181,7 @@ def run_serve_check(engine_name: str, export: str, python: str | None, timeout: 
     if child.returncode == EXIT_BAD_INPUT:
         raise DoctorError(
             f"{engine.title}'s loader refused {folder}: {result.verdict.get('error', child.stderr[-400:])}",
-            hint="pass a folder written by dflash-doctor's trainer (trainer.export.export_drafter)",
+            hint="pass a folder written by dflash-doctor's trainer (trainer.model.export.export_drafter)",
         )
     result.findings = verdict_findings(engine, child.returncode, result.verdict, child.stderr)
     return result

@@ -167,7 +167,10 @@ def compare_parameters(model: Any, ours: dict[str, Any]) -> dict[str, Any]:
     """Every SGLang parameter against our tensors; and which of our tensors no parameter took."""
     import torch
 
-    not_loaded, different, wrong_dtype, missing_in_export = [], [], [], []
+    not_loaded: list[str] = []
+    different: list[str] = []
+    wrong_dtype: list[str] = []
+    missing_in_export: list[str] = []
     consumed: set[str] = set()
     checked = equal = 0
     for name, param in model.named_parameters():
@@ -293,14 +296,14 @@ def check_export(folder: Path, dtype: str, version: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Load a DFlash export with SGLang; print a JSON verdict.")
-    parser.add_argument("export", type=Path, help="a folder written by trainer.export.export_drafter")
+    parser.add_argument("export", type=Path, help="a folder written by trainer.model.export.export_drafter")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     args = parser.parse_args(argv)  # bad usage: argparse's message and exit 2
     folder = args.export.resolve()
     absent = [name for name in ("config.json", "model.safetensors") if not (folder / name).is_file()]
     if absent:
         stop(EXIT_BAD_INPUT, "bad input", f"{folder} is not a DFlash export: it lacks {', '.join(absent)}; "
-             "write one with trainer.export.export_drafter")  # fmt: skip
+             "write one with trainer.model.export.export_drafter")  # fmt: skip
     version = require_sglang()
     start_single_process_sglang(folder)
     verdict = check_export(folder, args.dtype, version)

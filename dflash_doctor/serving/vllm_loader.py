@@ -111,16 +111,20 @@ def read_export(folder: Path) -> dict[str, Any]:
     """Our config.json, checked for the fields this script needs to size the stand-in target."""
     for name in ("config.json", "model.safetensors", "README.md"):
         if not (folder / name).is_file():
-            fail_input(f"{folder} has no {name}: pass a folder written by trainer.export.export_drafter")
+            fail_input(
+                f"{folder} has no {name}: pass a folder written by trainer.model.export.export_drafter"
+            )
     try:
         config = json.loads((folder / "config.json").read_text())
     except json.JSONDecodeError as err:
         fail_input(
-            f"{folder / 'config.json'} is not JSON ({err}): re-export with trainer.export.export_drafter"
+            f"{folder / 'config.json'} is not JSON ({err}): re-export with trainer.model.export.export_drafter"
         )
     missing = [k for k in NEEDED_FIELDS if k not in config]
     if missing:
-        fail_input(f"{folder / 'config.json'} lacks {missing}: re-export with trainer.export.export_drafter")
+        fail_input(
+            f"{folder / 'config.json'} lacks {missing}: re-export with trainer.model.export.export_drafter"
+        )
     return config
 
 
@@ -149,7 +153,7 @@ def serve_arguments(folder: Path) -> list[str]:
         if line.startswith("vllm serve "):
             return shlex.split(line)[3:]
     fail_input(
-        f"{folder / 'README.md'} has no `vllm serve` line: re-export with trainer.export.export_drafter"
+        f"{folder / 'README.md'} has no `vllm serve` line: re-export with trainer.model.export.export_drafter"
     )
 
 
@@ -312,7 +316,7 @@ def check_export(export: Path, ours_config: dict[str, Any], scratch: Path, versi
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Load a dflash-doctor DFlash export with vLLM on CPU.")
-    parser.add_argument("export", type=Path, help="a folder written by trainer.export.export_drafter")
+    parser.add_argument("export", type=Path, help="a folder written by trainer.model.export.export_drafter")
     export = parser.parse_args(argv).export.resolve()
     ours_config = read_export(export)
     version = require_vllm()

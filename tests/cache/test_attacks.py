@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache import restore
 from dflash_doctor.cache.archive import ReadLimits, collect_files, hash_files, read_manifest, write_archive
 from dflash_doctor.cache.folder_lock import LOCK_SUFFIX, folder_lock, lock_path
@@ -26,7 +27,6 @@ from dflash_doctor.cache.restore import prune_backups, recover_interrupted, rest
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore
-from dflash_doctor.errors import DoctorError
 from tests.cache.helpers import CPU_BUILD, make_tree, manifest_for, tree_digests, write_raw_archive
 from tests.cache.test_hostile import disk_state
 

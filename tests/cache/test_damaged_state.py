@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache import store as store_module
 from dflash_doctor.cache.warm_record import cache_files, default_records
 from dflash_doctor.cli import run
-from dflash_doctor.errors import DoctorError
 from tests.cache.helpers import make_tree, manifest_for, tree_digests, write_raw_archive
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import fingerprint_of, incompatibilities
 from dflash_doctor.cache.locations import resolve_locations
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
-from dflash_doctor.errors import DoctorError
 from tests.cache.helpers import CPU_BUILD, make_tree
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite

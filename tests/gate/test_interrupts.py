@@ -58,7 +58,7 @@ for w in workers:
 """
 DRIVER = r"""
 import sys
-from dflash_doctor.commands import train
+from dflash_doctor.launch import lifecycle as train
 from dflash_doctor.launch import supervise
 from dflash_doctor.launch.launcher import CachePreparation
 from dflash_doctor.cli import main
@@ -169,7 +169,7 @@ def test_a_record_whose_launcher_is_gone_reads_as_lost(
 # stubbed (tests/cache covers it). Slow: the ranks import torch and compile their loss.
 REAL_DRIVER = r"""
 import sys
-from dflash_doctor.commands import train
+from dflash_doctor.launch import lifecycle as train
 from dflash_doctor.launch.launcher import CachePreparation
 from dflash_doctor.cli import main
 

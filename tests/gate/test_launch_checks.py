@@ -14,8 +14,8 @@ from dflash_doctor.launch.plan import TorchrunOptions, build_launch_plan
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
-from trainer.config import load_config
-from trainer.target import target_hf_config
+from trainer.spec.config import load_config
+from trainer.spec.target_shapes import target_hf_config
 
 GIB = 1024**3
 

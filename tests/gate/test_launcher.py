@@ -11,12 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.warm import WarmShapes, child_command
-from dflash_doctor.errors import DoctorError
 from dflash_doctor.launch import launcher
 from dflash_doctor.launch.launcher import _config_with_overrides
-from trainer.config import load_config, resolve_config_path
+from trainer.spec.config import load_config
+from trainer.spec.config_file import resolve_config_path
 
 FINGERPRINT = BuildFingerprint("2.11.0+cu130", "70d99e998b49", "13.0", "3.6.0", "3.12", ("NVIDIA H200",))
 

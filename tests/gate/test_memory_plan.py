@@ -112,7 +112,7 @@ def test_colocated_holds_both_roles_once_without_transport_queues() -> None:
 
 
 def test_colocated_estimate_against_the_measured_h200_peak() -> None:
-    """bench/colocated.py at qwen3-8b-b16 on an H200: 38.47 GiB max_memory_allocated (no CUDA context;
+    """bench/kernels/colocated.py at qwen3-8b-b16 on an H200: 38.47 GiB max_memory_allocated (no CUDA context;
     the bench also holds a cloned copy of the captured states). The plan may overestimate, by under 15%."""
     from dflash_doctor.launch.memory_plan import colocated_estimate
 
@@ -136,8 +136,8 @@ def test_compiled_layers_on_cuda_count_the_first_layer_input_gradient() -> None:
 
 def test_the_plan_follows_the_configs_compile_layers() -> None:
     from dflash_doctor.launch.plan import plan_inputs
-    from trainer.config import load_config
-    from trainer.target_config import target_shapes
+    from trainer.spec.config import load_config
+    from trainer.spec.target_shapes import target_shapes
 
     cfg = load_config("qwen3-8b-b16")
     shapes = target_shapes(cfg.target.path)
@@ -174,8 +174,8 @@ def test_heldout_evaluation_grows_a_colocated_rank_by_the_rest_of_the_target() -
 
 def test_the_plan_knows_held_out_evaluation_from_the_config() -> None:
     from dflash_doctor.launch.plan import plan_inputs
-    from trainer.config import load_config
-    from trainer.target_config import target_shapes
+    from trainer.spec.config import load_config
+    from trainer.spec.target_shapes import target_shapes
 
     cfg = load_config("tiny-cpu", ["data.eval_fraction=0.1"])
     plain = load_config("tiny-cpu", ["data.eval_fraction=0.0"])

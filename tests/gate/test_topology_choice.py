@@ -17,8 +17,8 @@ from tests.fakeenv import FakeSite
 from tests.fakenvml import FakeNvml, h200s
 from tests.gate.test_launch_checks import findings, h200
 from tests.gate.test_train_gate import launches  # noqa: F401  (fixture)
-from trainer.config import load_config
-from trainer.target import target_hf_config
+from trainer.spec.config import load_config
+from trainer.spec.target_shapes import target_hf_config
 
 GIB = 1024**3
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run
-from dflash_doctor.commands import train as train_command
 from dflash_doctor.env import gpus as gpus_module
 from dflash_doctor.env.gpus import GpuInventory
+from dflash_doctor.launch import lifecycle as train_command  # where the launch runs torchrun
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.launch.supervise import TorchrunOutcome
 from tests.fakeenv import FakeSite, make_venv

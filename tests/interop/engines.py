@@ -13,7 +13,7 @@ import torch
 
 from dflash_doctor.cli import run
 from tests.trainer.drafter_fixtures import tiny_drafter
-from trainer.drafter import DFlashDrafter, DrafterConfig
+from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
 # `DFLASH_<ENGINE>_PYTHON` names another python; the default is the venv this project's machines have.
 INSTALL = {

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.interop.engines import serve_check, trained_looking
 from tests.trainer.drafter_fixtures import tiny_config
-from trainer.export import export_drafter
+from trainer.model.export import export_drafter
 
 
 def exported_drafter(folder: Path) -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.anchors import sample_anchors
-from trainer.drafter import DFlashDrafter, DrafterConfig
+from trainer.model.anchors import sample_anchors
+from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
 VOCAB = 97
 HIDDEN = 32

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
-from trainer.chat import TemplateMarks, chat_tokens_and_mask
-from trainer.config import parse_config
-from trainer.data import TokenizedSource
+from trainer.data.chat import TemplateMarks, chat_tokens_and_mask
+from trainer.data.sources import TokenizedSource
+from trainer.spec.config import parse_config
 
 TWO_TURNS = [
     {"role": "user", "content": "Hi"},
@@ -102,7 +102,7 @@ def test_malformed_messages_name_the_line(tmp_path: Path) -> None:
     )
     source = TokenizedSource(str(data), "chat", byte_tokenizer(QWEN3_LIKE), 64)
     source.get(0)
-    with pytest.raises(ConfigError, match=r"line 2: message 1 must be an object with a string \"role\""):
+    with pytest.raises(ConfigError, match=r"line 2: messages\[0\]\.role must be one of"):
         source.get(1)
 
 
@@ -120,3 +120,46 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
         parse_config({"data": {"chat_template_kwargs": "enable_thinking"}, "optim": {"steps": 1}})
     with pytest.raises(ConfigError, match=r'data\.chat_template_kwargs: only for data.kind = "chat"'):
         parse_config({"data": {"chat_template_kwargs": {"enable_thinking": False}}, "optim": {"steps": 1}})
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "assistant", "content": "a"}],  # an answer before any question
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "assistant", "content": "b"},
+        ],
+        [{"role": "user", "content": "q"}, {"role": "bot", "content": "a"}],
+        [{"role": "user", "content": None}],
+        [{"role": "system", "content": "s"}],  # no user turn
+    ],
+)
+def test_one_rule_for_chat_messages_wherever_they_enter(tmp_path: Path, messages: list[dict]) -> None:
+    """A conversation `data regenerate` refuses is refused as training data too, with the same reason
+    (they had two rules: training took any role in any order)."""
+    from trainer.decode.conversations import RecordError, parse_record
+    from trainer.spec.data_files import check_data_file
+
+    line = json.dumps({"messages": messages})
+    with pytest.raises(RecordError) as refused_by_regenerate:
+        parse_record(1, line)
+    data = tmp_path / "chat.jsonl"
+    data.write_text(line + "\n")
+    with pytest.raises(ConfigError) as refused_for_training:
+        check_data_file("chat", str(data))
+    assert refused_by_regenerate.value.message in refused_for_training.value.message
+
+
+def test_an_assistant_tool_call_without_content_is_a_valid_turn() -> None:
+    from trainer.spec.messages import messages_problem
+
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+    }
+    turns = [{"role": "user", "content": "q"}, call, {"role": "tool", "content": "42"}]
+    assert messages_problem(turns) is None
+    assert messages_problem([{"role": "user", "content": "q"}, {**call, "tool_calls": []}]) is not None

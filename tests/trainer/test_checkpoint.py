@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer.metrics import MetricsLog, StepMetrics, read_metrics, summarize
-from trainer.optim import lr_factor
+from trainer.run import checkpoint as ckpt
+from trainer.run.metrics import MetricsLog, StepMetrics, summarize
+from trainer.run.optim import lr_factor
+from trainer.spec.outputs import read_metrics
 
 
 def _save(out: Path, step: int, keep: int = 2) -> Path:

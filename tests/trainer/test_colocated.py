@@ -104,13 +104,13 @@ def test_an_overlapped_capture_trains_on_the_same_batches(tmp_path: Path) -> Non
 
 @pytest.mark.gpu
 def test_warm_up_covers_the_colocated_target_on_its_device() -> None:
-    """The launcher's warm-up child (trainer.warmup.warm_up) compiles both roles' layers on one device."""
+    """The launcher's warm-up child (trainer.run.warmup.warm_up) compiles both roles' layers on one device."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from trainer.config import load_config
-    from trainer.warmup import warm_up
+    from trainer.run.warmup import warm_up
+    from trainer.spec.config import load_config
 
     over = ['topology.mode="colocated"', 'run.device="cuda"', "data.seq_len=64", "optim.anchors=8"]
     report = warm_up(load_config("tiny-cpu", over), "cuda:0")

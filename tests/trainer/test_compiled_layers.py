@@ -51,7 +51,7 @@ def test_the_first_layer_input_gradient_is_what_the_memory_plan_counts(
     parameters' dtype, as many bytes as `memory_plan.first_layer_input_grad` (eager layers here, marked
     compiled: the gradient is autograd's, not Inductor's). Without compiled layers there is none."""
     from dflash_doctor.launch.memory_plan import ModelShape, PlanInputs, first_layer_input_grad
-    from trainer.drafter import DFlashDrafter
+    from trainer.model.drafter import DFlashDrafter
 
     cfg = tiny_config(block_size=4, num_layers=2)
     batch = tiny_batch(cfg, batch=2, seq_len=24, num_anchors=5)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
-from trainer.config import SHIPPED_CONFIGS, apply_overrides, load_config, parse_config, resolve_config_path
-from trainer.tiny import tiny_qwen3_config
+from dflash_base.errors import ConfigError
+from trainer.spec.config import load_config, parse_config
+from trainer.spec.config_file import SHIPPED_CONFIGS, apply_overrides, resolve_config_path
+from trainer.spec.target_shapes import tiny_qwen3_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,7 +214,7 @@ def test_bad_config_in_process_never_reaches_torchrun(
 
 
 def _every_field() -> list[tuple[str, str]]:
-    from trainer.config import SCHEMA
+    from trainer.spec.config import SCHEMA
 
     tables = {("data", "chat_template_kwargs")}  # any table is valid there (its wrong types: test_chat.py)
     return [(s, key) for s, (_, parsers) in SCHEMA.items() for key in parsers if (s, key) not in tables]
@@ -243,8 +244,8 @@ def test_every_field_rejects_a_wrong_type_by_name(section: str, key: str) -> Non
 def test_data_file_mistakes_are_config_errors_before_anything_starts(
     tmp_path, content, kind, message
 ) -> None:
-    from dflash_doctor.errors import ConfigError
-    from trainer.config import load_config
+    from dflash_base.errors import ConfigError
+    from trainer.spec.config import load_config
 
     data = tmp_path / "data.jsonl"
     if content is not None:
@@ -330,7 +331,7 @@ def test_flex_kernel_options_mistakes_are_named(value: str, message: str) -> Non
 
 
 def test_unknown_kernel_option_lists_every_known_one() -> None:
-    from trainer.config import FLEX_KERNEL_OPTIONS
+    from trainer.spec.fields import FLEX_KERNEL_OPTIONS
 
     with pytest.raises(ConfigError) as err:
         parse_config(apply_overrides(_raw(), ["drafter.flex_kernel_options={TMA=true}"]))
@@ -362,8 +363,8 @@ def test_no_shipped_config_sets_flex_tma() -> None:
 def test_build_drafter_hands_the_kernel_options_to_every_layer(override: str, expected: dict | None) -> None:
     import torch
 
-    from trainer.target import target_hf_config
-    from trainer.warmup import build_drafter
+    from trainer.model.build import build_drafter
+    from trainer.spec.target_shapes import target_hf_config
 
     cfg = load_config("tiny-cpu", ["drafter.layers=2", override])
     hf_config = target_hf_config(cfg.target.path)
@@ -379,7 +380,7 @@ def test_build_drafter_hands_the_kernel_options_to_every_layer(override: str, ex
 def test_config_to_toml_reads_back_the_same_config_for_every_shipped_preset() -> None:
     import tomllib
 
-    from trainer.config import SHIPPED_CONFIGS, apply_overrides, config_to_toml, read_raw
+    from trainer.spec.config_file import SHIPPED_CONFIGS, apply_overrides, config_to_toml, read_raw
 
     for path in sorted(SHIPPED_CONFIGS.glob("*.toml")):
         raw = apply_overrides(read_raw(path), ["drafter.flex_kernel_options={fwd_USE_TMA=true, BLOCK_N=64}"])
@@ -398,14 +399,14 @@ def test_config_to_toml_reads_back_the_same_config_for_every_shipped_preset() ->
 def test_topology_resolves_from_mode_and_process_count(
     overrides: list[str], world_size: int, resolved: dict
 ) -> None:
-    from trainer.topology import resolve_topology
+    from trainer.spec.topology import resolve_topology
 
     cfg = parse_config(apply_overrides(_raw(), overrides))
     assert resolve_topology(cfg.topology, world_size).to_json() == resolved
 
 
 def test_topology_refuses_a_process_count_it_cannot_use() -> None:
-    from trainer.topology import resolve_topology
+    from trainer.spec.topology import resolve_topology
 
     split = parse_config(apply_overrides(_raw(), ['topology.mode="split"'])).topology
     with pytest.raises(ConfigError, match=r"use --nproc-per-node 2"):

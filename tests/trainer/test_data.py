@@ -8,21 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_doctor.errors import ConfigError
-from trainer.config import DataSection, parse_config
-from trainer.data import (
-    BatchOrder,
+from dflash_base.errors import ConfigError
+from trainer.data.order import BatchOrder
+from trainer.data.sources import (
     JsonlSource,
-    RunPlan,
     SyntheticSource,
     TokenizedSource,
     chat_tokens_and_mask,
     fit_to_length,
-    plan_run,
     sample_sequences,
-    target_work,
 )
-from trainer.tiny import build_embedded_target
+from trainer.run.schedule import RunPlan, plan_run, target_work
+from trainer.spec.config import DataSection, parse_config
+from trainer.target.tiny import build_embedded_target
 
 
 def test_pad_and_truncate_keep_padding_out_of_the_loss() -> None:

@@ -9,9 +9,10 @@ import torch
 from transformers import Qwen3Config
 
 from tests.trainer.drafter_fixtures import tiny_batch, tiny_config, tiny_drafter
-from trainer.anchors import sample_anchors
-from trainer.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids
-from trainer.loss import LossOutput
+from trainer.model.anchors import sample_anchors
+from trainer.model.drafter import DFlashDrafter, DrafterConfig
+from trainer.model.loss import LossOutput
+from trainer.spec.target_shapes import default_target_layer_ids
 
 
 def test_default_target_layer_ids_match_published_spacing() -> None:

@@ -1,11 +1,11 @@
-"""`trainer.eval_compare`: a near-tie flip is a `tie`, a token the target did not choose is `different`."""
+"""`trainer.decode.compare`: a near-tie flip is a `tie`, a token the target did not choose is `different`."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trainer.eval_compare import (
+from trainer.decode.compare import (
     TIE_TOLERANCE_FP32,
     TIE_TOLERANCE_LOW_PRECISION,
     TopChoices,

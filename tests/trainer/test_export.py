@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from tests.trainer.drafter_fixtures import tiny_batch, tiny_config, tiny_drafter
-from trainer.drafter import DFlashDrafter
-from trainer.export import ExportError, export_drafter, load_drafter, serve_commands
+from trainer.model.drafter import DFlashDrafter
+from trainer.model.export import ExportError, export_drafter, load_drafter, serve_commands
 
 
 def trained_looking_drafter() -> DFlashDrafter:
@@ -91,7 +91,7 @@ def test_failed_export_keeps_the_previous_one(tmp_path: Path, monkeypatch: pytes
     def broken_save(*args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("trainer.export.save_file", broken_save)
+    monkeypatch.setattr("trainer.model.export.save_file", broken_save)
     with pytest.raises(OSError, match="disk full"):
         export_drafter(trained_looking_drafter(), tmp_path / "drafter")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]

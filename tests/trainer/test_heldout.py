@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_doctor.errors import ConfigError
-from trainer.config import parse_config
-from trainer.data import RunPlan, evaluates_after, split_data, target_work
-from trainer.heldout import acceptance_hits, leading_run
-from trainer.target import CaptureTarget
-from trainer.tiny import build_embedded_target
+from dflash_base.errors import ConfigError
+from trainer.data.sources import split_data
+from trainer.run.heldout import acceptance_hits, leading_run
+from trainer.run.schedule import RunPlan, evaluates_after, target_work
+from trainer.spec.config import parse_config
+from trainer.target.capture import CaptureTarget
+from trainer.target.tiny import build_embedded_target
 
 
 def _cfg(**data: object) -> object:

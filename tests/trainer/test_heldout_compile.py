@@ -10,13 +10,14 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from trainer.batch import CapturedBatch
-from trainer.config import TrainConfig, load_config
-from trainer.drafter import DFlashDrafter
-from trainer.heldout import HeldoutSums, evaluate_heldout
-from trainer.target import load_capture_target
-from trainer.target_config import target_hf_config
-from trainer.warmup import build_drafter, dummy_batch, warm_up_model
+from trainer.model.batch import CapturedBatch
+from trainer.model.build import build_drafter
+from trainer.model.drafter import DFlashDrafter
+from trainer.run.heldout import HeldoutSums, evaluate_heldout
+from trainer.run.warmup import dummy_batch, warm_up_model
+from trainer.spec.config import TrainConfig, load_config
+from trainer.spec.target_shapes import target_hf_config
+from trainer.target.capture import load_capture_target
 
 SMALL = ["data.seq_len=32", "optim.anchors=4", "optim.batch_size=1"]
 

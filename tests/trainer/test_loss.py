@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.trainer.drafter_fixtures import tiny_batch, tiny_config, tiny_drafter
-from trainer.loss import (
+from trainer.model.loss import (
     block_targets,
     chunked_weighted_ce,
     default_gamma,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from trainer.anchors import sample_anchors, valid_anchor_positions
-from trainer.attention import (
+from trainer.model.anchors import sample_anchors, valid_anchor_positions
+from trainer.model.attention import (
     FlexNotCompiledError,
     context_ends,
     dense_mask,
@@ -247,7 +247,7 @@ def test_the_guard_fires_when_dynamo_falls_back_to_eager_at_the_recompile_limit(
 
 
 def test_flex_context_is_padded_to_the_tile_and_the_zero_keys_sit_between_context_and_blocks() -> None:
-    from trainer.attention import FLEX_TILE, flex_context_len, keys_layout
+    from trainer.model.attention import FLEX_TILE, flex_context_len, keys_layout
 
     assert [flex_context_len(s) for s in (1, 127, 128, 129, 3072, 40000)] == [128, 128, 128, 256, 3072, 40064]
     context = torch.arange(1, 1 + 2 * 3 * 4, dtype=torch.float32).view(1, 2, 3, 4).expand(2, 2, 3, 4)

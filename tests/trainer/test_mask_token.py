@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
-from trainer.config import load_config
-from trainer.mask_token import (
+from dflash_base.errors import ConfigError
+from trainer.spec.config import load_config
+from trainer.spec.mask_token import (
     RULE_CONFIG,
     RULE_TINY,
     RULE_TOKENIZER,

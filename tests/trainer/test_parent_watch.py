@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 # parent -> child; the child is a "rank": stop handlers, the watch, then a hang (as drafter_hang_at_step).
 RANK = r"""
 import sys, time
-from dflash_doctor.stopping import Stopped, install_stop_handlers
-from trainer.parent_watch import watch_parent
+from dflash_base.stopping import Stopped, install_stop_handlers
+from trainer.run.parent_watch import watch_parent
 install_stop_handlers()
 watch_parent(grace_s=5, poll_s=0.1)
 print("ready", flush=True)
@@ -63,7 +63,7 @@ def test_a_second_stop_signal_does_not_cut_the_unwinding_short(tmp_path: Path) -
     done = tmp_path / "summary"
     rank = r"""
 import os, signal, sys, time
-from dflash_doctor.stopping import Stopped, install_stop_handlers
+from dflash_base.stopping import Stopped, install_stop_handlers
 install_stop_handlers()
 try:
     os.kill(os.getpid(), signal.SIGTERM)

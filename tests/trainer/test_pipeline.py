@@ -1,4 +1,4 @@
-"""trainer.pipeline: the colocated capture queued ahead keeps the batch order; a step's numbers read late
+"""trainer.run.pipeline: the colocated capture queued ahead keeps the batch order; a step's numbers read late
 are the numbers of that step."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.batch import CapturedBatch
-from trainer.pipeline import CaptureAhead, StepNumbers, StepTimer
+from trainer.model.batch import CapturedBatch
+from trainer.run.pipeline import CaptureAhead, StepTimer
+from trainer.run.step_numbers import StepNumbers
 
 
 def fake_capture(calls: list[int]):
@@ -61,8 +62,8 @@ def test_cpu_timer_measures_host_time_between_marks() -> None:
 
 
 def test_overlap_capture_is_one_of_three_modes_in_the_config() -> None:
-    from dflash_doctor.errors import ConfigError
-    from trainer.config import load_config
+    from dflash_base.errors import ConfigError
+    from trainer.spec.config import load_config
 
     assert load_config("tiny-cpu").topology.overlap_capture == "off"  # off until measured faster
     for mode in ("step", "optimizer"):
@@ -103,7 +104,7 @@ def test_an_optimizer_gated_capture_starts_after_the_update_begins() -> None:
     OptimizerStart must begin on the GPU after that step's start, not while the spin still runs."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from trainer.pipeline import OptimizerStart
+    from trainer.run.pipeline import OptimizerStart
 
     device = torch.device("cuda", 0)
     weight = torch.nn.Parameter(torch.ones(4, device=device))

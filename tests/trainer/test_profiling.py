@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
+from dflash_base.errors import ConfigError
 from tests.trainer.trainer_runs import torchrun
-from trainer.config import load_config
-from trainer.profiling import merged_busy_us
+from trainer.run.profiling import merged_busy_us
+from trainer.spec.config import load_config
 
 COLOCATED = {"topology.mode": '"colocated"'}
 

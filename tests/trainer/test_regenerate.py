@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run as cli_run
-from trainer.conversations import PromptRecord, RecordError, Regeneration, parse_record
-from trainer.generation import Chat, Completion, GenerationSettings
-from trainer.regenerate import RegenerateError, regenerate, resume_state, scan_input
+from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, parse_record
+from trainer.decode.generation import Chat, Completion, GenerationSettings
+from trainer.decode.regenerate import RegenerateError, regenerate, resume_state, scan_input
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = GenerationSettings(target="/models/t", max_new_tokens=8)
@@ -254,7 +254,7 @@ def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_torch_engine_is_greedy_and_batching_changes_nothing(target_folder: Path) -> None:
     import torch
 
-    from trainer.generation import TorchEngine, prompt_ids
+    from trainer.decode.generation import TorchEngine, prompt_ids
 
     settings = GenerationSettings(target=str(target_folder), max_new_tokens=6)
     engine = TorchEngine(settings, "cpu", batch_size=4)
@@ -274,8 +274,8 @@ def test_torch_engine_is_greedy_and_batching_changes_nothing(target_folder: Path
 
 
 def test_cli_regenerates_a_file_that_trains_as_chat(target_folder: Path, tmp_path: Path) -> None:
-    from trainer.config import load_config
-    from trainer.data import build_source
+    from trainer.data.sources import build_source
+    from trainer.spec.config import load_config
 
     config = tmp_path / "run.toml"
     config.write_text(
@@ -370,7 +370,7 @@ def test_sigkill_mid_file_then_resume_has_every_id_once(tmp_path: Path) -> None:
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         from tests.trainer.test_regenerate import EchoEngine, SETTINGS
-        from trainer.regenerate import regenerate, scan_input
+        from trainer.decode.regenerate import regenerate, scan_input
         class Slow(EchoEngine):
             def generate(self, chats):
                 time.sleep(0.05)
@@ -413,7 +413,7 @@ def test_vllm_engine_hands_chats_and_template_kwargs_to_llm_chat(monkeypatch: py
 
     fake = types.SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: kw)
     monkeypatch.setitem(sys.modules, "vllm", fake)
-    from trainer.generation import VllmEngine
+    from trainer.decode.generation import VllmEngine
 
     settings = GenerationSettings(
         target="/m", max_new_tokens=9, chat_template_kwargs={"enable_thinking": False}
@@ -426,7 +426,7 @@ def test_vllm_engine_hands_chats_and_template_kwargs_to_llm_chat(monkeypatch: py
 
 
 def test_a_pool_of_device_processes_gives_the_same_answers(target_folder: Path) -> None:
-    from trainer.generation import DevicePool, TorchEngine
+    from trainer.decode.generation import DevicePool, TorchEngine
 
     settings = GenerationSettings(target=str(target_folder), max_new_tokens=4)
     chats = [[{"role": "user", "content": f"w{i} w{i + 1}"}] for i in range(5)]
@@ -440,7 +440,7 @@ def test_a_pool_of_device_processes_gives_the_same_answers(target_folder: Path) 
 
 
 def test_a_static_cache_gives_the_same_tokens_as_the_dynamic_one(target_folder: Path) -> None:
-    from trainer.generation import WIDTH_BUCKET, TorchEngine, generate_token_batch
+    from trainer.decode.generation import WIDTH_BUCKET, TorchEngine, generate_token_batch
 
     engine = TorchEngine(GenerationSettings(target=str(target_folder), max_new_tokens=5), "cpu")
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]  # padded to WIDTH_BUCKET columns under the static cache

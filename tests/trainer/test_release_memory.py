@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.train import release_cached_memory
+from trainer.run.train import release_cached_memory
 
 
 @pytest.mark.parametrize(("device", "calls"), [("cuda:1", 1), ("cpu", 0)])

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trainer import startup
-from trainer.startup import StartupClock
+from trainer.run import startup
+from trainer.run.startup import StartupClock
 
 
 def test_phases_are_the_time_between_marks_and_add_up_to_the_total(

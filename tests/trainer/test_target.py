@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.target import CaptureTarget, load_capture_target, load_frozen_embeddings
-from trainer.tiny import build_embedded_target, embedded_config
+from trainer.spec.target_shapes import embedded_config
+from trainer.target.capture import CaptureTarget, load_capture_target
+from trainer.target.load import load_frozen_embeddings
+from trainer.target.tiny import build_embedded_target
 
 
 def test_captured_layers_equal_hf_hidden_states() -> None:
@@ -48,8 +50,8 @@ def test_target_warm_up_first_rank_compiles_alone_the_others_wait_then_go_togeth
 
     from filelock import FileLock, Timeout
 
-    from trainer.config import load_config
-    from trainer.warmup import compile_lock_path, warm_up_target
+    from trainer.run.warmup import compile_lock_path, warm_up_target
+    from trainer.spec.config import load_config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     assert compile_lock_path().parent == tmp_path  # beside the cache, not inside it (snapshots skip it)

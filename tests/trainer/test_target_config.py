@@ -1,8 +1,8 @@
 """Reading a config must not import the trainer's model code, torch, or (where config.json says enough)
 transformers.
 
-`dflash-doctor train` validates the config (trainer.config.load_config) before torchrun starts; importing
-trainer.target / trainer.drafter there pulled in torch._dynamo, Inductor and flex attention, and
+`dflash-doctor train` validates the config (trainer.spec.config.load_config) before torchrun starts; importing
+trainer.target.capture / trainer.model.drafter there pulled in torch._dynamo, Inductor and flex attention, and
 transformers pulls in torch: on the H200 machine `from transformers import Qwen3Config` alone took 13-14 s,
 paid before every launch. Only a fresh interpreter can tell what a
 code path imports, so the probe runs in a subprocess; it runs once and probes twice, the second time after
@@ -19,11 +19,6 @@ from pathlib import Path
 
 import pytest
 
-import trainer.drafter
-import trainer.target
-import trainer.target_config
-import trainer.tiny
-
 REPO = Path(__file__).resolve().parents[2]
 
 HEAVY_MODULES = (
@@ -31,9 +26,9 @@ HEAVY_MODULES = (
     "transformers",
     "torch._dynamo",
     "torch._inductor",
-    "trainer.drafter",
-    "trainer.attention",
-    "trainer.target",
+    "trainer.model.drafter",
+    "trainer.model.attention",
+    "trainer.target.capture",
 )
 
 PROBE = f"""
@@ -47,7 +42,7 @@ from dflash_doctor.launch.gate import load_training_config
 load_training_config("tiny-cpu")
 load_training_config("qwen3-8b-b16")
 after_config = heavy()
-import trainer.drafter
+import trainer.model.drafter
 print(json.dumps({{"after_config": after_config, "after_drafter": heavy()}}))
 """
 
@@ -71,34 +66,15 @@ def test_gate_reads_the_config_without_torch_or_transformers(
 def test_the_probe_sees_the_compiler_stack_once_model_code_is_imported(
     imported_heavy_modules: dict[str, list[str]],
 ) -> None:
-    assert {"torch", "torch._dynamo", "trainer.drafter", "trainer.attention"} <= set(
+    assert {"torch", "torch._dynamo", "trainer.model.drafter", "trainer.model.attention"} <= set(
         imported_heavy_modules["after_drafter"]
     )
-
-
-@pytest.mark.parametrize(
-    ("module", "name"),
-    [
-        (trainer.tiny, "TINY"),
-        (trainer.tiny, "RANDOM_PREFIX"),
-        (trainer.tiny, "PRESETS"),
-        (trainer.tiny, "is_embedded"),
-        (trainer.tiny, "embedded_config"),
-        (trainer.tiny, "tiny_qwen3_config"),
-        (trainer.tiny, "qwen3_8b_config"),
-        (trainer.target, "target_hf_config"),
-        (trainer.drafter, "default_target_layer_ids"),
-    ],
-)
-def test_the_old_import_names_still_work(module: object, name: str) -> None:
-    """Callers and benches import these from their old homes; they must be the moved objects themselves."""
-    assert getattr(module, name) is getattr(trainer.target_config, name)
 
 
 @pytest.mark.parametrize("path", ["tiny", "random:qwen3-8b"])
 def test_embedded_shapes_match_what_transformers_builds(path: str) -> None:
     """One source of truth: the shapes read without transformers are those of the model the trainer builds."""
-    from trainer.target_config import TargetShapes, target_hf_config, target_shapes
+    from trainer.spec.target_shapes import TargetShapes, target_hf_config, target_shapes
 
     assert target_shapes(path) == TargetShapes.from_config(target_hf_config(path))
 
@@ -122,7 +98,7 @@ QWEN3_JSON = {
 def test_a_complete_config_json_is_read_without_transformers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer import target_config
+    from trainer.spec import target_shapes as target_config
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_JSON))
     asked: list[str] = []
@@ -141,7 +117,7 @@ def test_an_incomplete_config_json_asks_transformers_for_the_class_defaults(
     tmp_path: Path, missing: str
 ) -> None:
     """transformers knows each class's defaults (Qwen3: head_dim 128, untied embeddings); we do not guess."""
-    from trainer.target_config import TargetShapes, target_hf_config, target_shapes
+    from trainer.spec.target_shapes import TargetShapes, target_hf_config, target_shapes
 
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in QWEN3_JSON.items() if k != missing}))
     shapes = target_shapes(str(tmp_path))
@@ -152,8 +128,8 @@ def test_an_incomplete_config_json_asks_transformers_for_the_class_defaults(
 @pytest.mark.parametrize("content", ["{", "[1, 2]", json.dumps({**QWEN3_JSON, "num_hidden_layers": "6"})])
 def test_a_broken_config_json_is_a_config_error(tmp_path: Path, content: str) -> None:
     """Exit 2 with the file named, not a traceback from transformers."""
-    from dflash_doctor.errors import ConfigError
-    from trainer.target_config import target_shapes
+    from dflash_base.errors import ConfigError
+    from trainer.spec.target_shapes import target_shapes
 
     (tmp_path / "config.json").write_text(content)
     with pytest.raises(ConfigError, match=re.escape(str(tmp_path / "config.json"))):
@@ -161,8 +137,8 @@ def test_a_broken_config_json_is_a_config_error(tmp_path: Path, content: str) ->
 
 
 def test_unknown_targets_name_what_is_known(tmp_path: Path) -> None:
-    from dflash_doctor.errors import ConfigError
-    from trainer.target_config import target_shapes
+    from dflash_base.errors import ConfigError
+    from trainer.spec.target_shapes import target_shapes
 
     with pytest.raises(ConfigError, match=r'unknown embedded target "random:nope".*"random:qwen3-8b"'):
         target_shapes("random:nope")

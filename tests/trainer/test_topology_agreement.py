@@ -1,14 +1,14 @@
 """Every rank of a run runs the same topology and graph config: `check_agreement` over the ranks' digests
-(what `trainer.train.main` all_gathers right after the process group forms) is quiet when they agree and
+(what `trainer.run.train.main` all_gathers right after the process group forms) is quiet when they agree and
 names what each node runs, and the fix, when they do not."""
 
 from __future__ import annotations
 
 import pytest
 
-from dflash_doctor.errors import ConfigError
-from trainer.config import load_config
-from trainer.topology import RunDigest, Topology, check_agreement, graph_config_hash, resolve_topology
+from dflash_base.errors import ConfigError
+from trainer.spec.config import load_config
+from trainer.spec.topology import RunDigest, Topology, check_agreement, graph_config_hash, resolve_topology
 
 SHORT = ["optim.steps=4"]
 

@@ -46,9 +46,9 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
     # the export holds the trained weights: the same as the final checkpoint's
     import torch
 
-    from trainer.checkpoint import load_checkpoint
-    from trainer.export import load_drafter
-    from trainer.target import load_frozen_embeddings
+    from trainer.model.export import load_drafter
+    from trainer.run.checkpoint import load_checkpoint
+    from trainer.target.load import load_frozen_embeddings
 
     embed, lm_head, _ = load_frozen_embeddings("tiny", seed=0)
     exported = load_drafter(run.out_dir / "export", embed, lm_head).state_dict()
@@ -72,8 +72,8 @@ def test_warm_up_needs_no_process_group() -> None:
     """What `dflash-doctor cache warm` calls: one forward+backward at the config's shapes, main thread."""
     import torch.distributed as dist
 
-    from trainer.config import load_config
-    from trainer.warmup import warm_up
+    from trainer.run.warmup import warm_up
+    from trainer.spec.config import load_config
 
     report = warm_up(load_config("tiny-cpu", ["optim.anchors=8", "data.seq_len=32", "optim.batch_size=2"]))
     assert (
@@ -112,8 +112,8 @@ def test_a_local_target_folder_with_jsonl_data(tmp_path: Path) -> None:
     its safetensors on the drafter rank) and pre-tokenised JSONL data."""
     import torch
 
-    from trainer.data import sample_sequences
-    from trainer.tiny import build_embedded_target
+    from trainer.data.sources import sample_sequences
+    from trainer.target.tiny import build_embedded_target
 
     model = build_embedded_target("tiny", seed=0)
     model.save_pretrained(tmp_path / "target")

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.batch import CapturedBatch
-from trainer.transport import (
+from trainer.model.batch import CapturedBatch
+from trainer.run.transport import (
     BatchReceiver,
     BatchSender,
     Topology,

@@ -1,0 +1,267 @@
+"""SIGKILL the cache store's commands at random moments and count what every kill left (issue 21).
+
+Loops, each in forked children running the production code (the only change: restore's `_pause`
+hook reports progress on a pipe, so a kill can be aimed at a file or at a swap step):
+- `restore` of one root, kills anywhere and aimed at the exchange;
+- `restore` of one root through the two-rename fallback (the exchange made unavailable in the child);
+- `restore` of two roots (inductor + triton), kills anywhere and between the two roots' swaps;
+- `snapshot` into the store, killed after a random delay;
+- snapshot `prune`, killed after a random delay.
+After each kill: the state at the kill, then recovery (what the next command does first), then the
+invariants: a cache is the whole old tree or the whole new one and all roots of one restore agree;
+a new cache's backup is the whole old tree; no staging folder, journal or partial archive is left;
+every archive the store lists reads back whole. Prints a table and writes JSON.
+
+    .venv/bin/python bench/cache/cache_kill_loops.py [--restores 120] [--fallback 50] [--two-roots 60] \
+        [--snapshots 85] [--prunes 25] [--seed 21]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dflash_doctor.cache import restore
+from dflash_doctor.cache.archive import extract_verified
+from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.folder_lock import folder_locks
+from dflash_doctor.cache.restore import recover_interrupted, restore_snapshot
+from dflash_doctor.cache.snapshot import take_snapshot
+from dflash_doctor.cache.store import SnapshotStore, choose_prunable
+from tests.cache.helpers import fork_reporting, make_tree, tree_digests, wait_for_progress
+
+BUILD = BuildFingerprint("2.13.0+cpu", "cf30153c4c131c8164ee7798e5022d810682e2cb", None, None, "3.11", None)
+FILES = 40
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "cache_kill_loops.json"
+
+
+def child(work: Callable[[], object]) -> int:
+    """Fork a child that runs `work` and exits (no progress reports: killed after a delay)."""
+    pid, read_end = fork_reporting(work)
+    os.close(read_end)
+    return pid
+
+
+def kill_at(pid: int, read_end: int, points: int, rng: random.Random) -> None:
+    wait_for_progress(read_end, points)
+    time.sleep(rng.uniform(0, 0.001))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [
+        p.name for p in folder.iterdir() if "staging" in p.name or p.name.endswith(restore.JOURNAL_SUFFIX)
+    ]
+
+
+def restore_loop(
+    work: Path, runs: int, rng: random.Random, roots: tuple[str, ...], fallback: bool
+) -> Counter:
+    new_src = {label: work / f"new-{label}" for label in roots}
+    new = {
+        label: make_tree(path, files=FILES, seed=2 + i, size=30_000)
+        for i, (label, path) in enumerate(new_src.items())
+    }
+    archive = take_snapshot(new_src, BUILD, "new", work / "new.tar.zst").path
+    targets = {label: work / "run" / label for label in roots}
+    old = {
+        label: make_tree(path, files=25, seed=7 + i, size=30_000)
+        for i, (label, path) in enumerate(targets.items())
+    }
+    points = FILES * len(roots) + 2 * len(roots)
+    counts: Counter = Counter()
+    for run in range(runs):
+        for target in targets.values():
+            for backup in target.parent.glob(f"{target.name}.bak-*"):
+                shutil.rmtree(backup)
+        for label, target in targets.items():
+            if tree_digests(target) != old[label]:
+                shutil.rmtree(target, ignore_errors=True)
+                make_tree(target, files=25, seed=7 + list(roots).index(label), size=30_000)
+        at = rng.randint(0, points) if run % 3 else rng.randint(points - 2 * len(roots), points)
+
+        def run_restore() -> None:
+            if fallback:
+                restore.exchange = lambda a, b: False  # type: ignore[assignment]
+            restore_snapshot(archive, targets, BUILD)
+
+        pid, read_end = fork_reporting(run_restore)
+        kill_at(pid, read_end, at, rng)
+        os.close(read_end)
+        at_kill = {label: tree_digests(t) if t.exists() else None for label, t in targets.items()}
+        for label in roots:
+            state = "old" if at_kill[label] == old[label] else "new" if at_kill[label] == new[label] else None
+            if at_kill[label] is None:
+                state = "absent"
+            counts[f"at kill: {state or 'MIX'}"] += 1
+        if len(roots) > 1 and len({at_kill[label] == new[label] for label in roots}) > 1:
+            counts["at kill: roots disagree (rolled forward by recovery)"] += 1
+        with folder_locks(targets.values()):
+            for target in targets.values():
+                recover_interrupted(target)
+        after = {label: tree_digests(t) for label, t in targets.items()}
+        generations = {
+            ("old" if after[label] == old[label] else "new" if after[label] == new[label] else "MIX")
+            for label in roots
+        }
+        counts[
+            "after recovery: "
+            + ("/".join(sorted(generations)) if len(generations) > 1 else generations.pop())
+        ] += 1
+        if any("staging" in name or restore.JOURNAL_SUFFIX in name for name in leftovers(work / "run")):
+            counts["LEFTOVER staging or journal"] += 1
+        if after == new:
+            for label, target in targets.items():
+                backups = list(target.parent.glob(f"{target.name}.bak-*"))
+                if len(backups) != 1 or tree_digests(backups[0]) != old[label]:
+                    counts["BAD backup"] += 1
+    return counts
+
+
+def timed_kill_loop(
+    runs: int,
+    rng: random.Random,
+    make: Callable[[], Callable[[], object]],
+    duration: float,
+    check: Callable[[], list[str]],
+) -> Counter:
+    counts: Counter = Counter()
+    for _ in range(runs):
+        work = make()
+        pid = child(work)
+        time.sleep(rng.uniform(0, duration))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        counts["finished before the kill" if os.WIFEXITED(status) else "killed"] += 1
+        for problem in check():
+            counts[problem] += 1
+    return counts
+
+
+_VERIFIED: set[tuple[str, int, int]] = set()  # (name, size, mtime_ns) of archives already read back whole
+
+
+def store_problems(store: SnapshotStore) -> list[str]:
+    """Partials left, or a listed archive that does not read back whole (each archive verified once)."""
+    problems = []
+    with store.locked():
+        store.remove_partials()
+    if [p for p in store.root.iterdir() if ".partial-" in p.name]:
+        problems.append("LEFTOVER partial archive")
+    for snap in store.snapshots():
+        if snap.manifest is None:
+            problems.append(f"UNREADABLE listed archive ({snap.error})")
+            continue
+        info = snap.path.stat()
+        key = (snap.name, info.st_size, info.st_mtime_ns)
+        if key in _VERIFIED:
+            continue
+        scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=store.root.parent))
+        try:
+            extract_verified(snap.path, {label: scratch / label for label in snap.manifest.origins})
+            _VERIFIED.add(key)
+        except Exception as exc:
+            problems.append(f"BROKEN listed archive ({type(exc).__name__})")
+        finally:
+            shutil.rmtree(scratch)
+    return problems
+
+
+def is_failure(outcome: str) -> bool:
+    return "MIX" in outcome or outcome.startswith(("LEFTOVER", "BAD", "UNREADABLE", "BROKEN"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--restores", type=int, default=120)
+    parser.add_argument("--fallback", type=int, default=50)
+    parser.add_argument("--two-roots", type=int, default=60)
+    parser.add_argument("--snapshots", type=int, default=85)
+    parser.add_argument("--prunes", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    results: dict[str, dict[str, int]] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dflash-kill-", dir=args.workdir) as scratch:
+        base = Path(scratch)
+        for name, runs, roots, fallback in (
+            ("restore (exchange)", args.restores, ("inductor",), False),
+            ("restore (two-rename fallback)", args.fallback, ("inductor",), True),
+            ("restore (two roots)", args.two_roots, ("inductor", "triton"), False),
+        ):
+            work = base / name.replace(" ", "_").replace("(", "").replace(")", "")
+            work.mkdir()
+            results[name] = dict(restore_loop(work, runs, rng, roots, fallback))
+
+        store = SnapshotStore(base / "store")
+        store.ensure()
+        cache = base / "cache" / "inductor"
+        make_tree(cache, files=200, seed=5, size=60_000)
+        serial = iter(range(10**6))
+
+        def snapshot_work() -> Callable[[], object]:
+            name = f"s{next(serial)}"
+            return lambda: take_snapshot({"inductor": cache}, BUILD, name, store.path_for(name))
+
+        start = time.perf_counter()
+        take_snapshot({"inductor": cache}, BUILD, "timing", store.path_for("timing"))
+        duration = (time.perf_counter() - start) * 1.3
+        results["snapshot"] = dict(
+            timed_kill_loop(args.snapshots, rng, snapshot_work, duration, lambda: store_problems(store))
+        )
+
+        def prune_work() -> Callable[[], object]:
+            def prune() -> None:
+                with store.locked():
+                    for snap in choose_prunable(store.snapshots(), 1, None, time.time()):
+                        snap.path.unlink(missing_ok=True)
+
+            return prune
+
+        def refill() -> list[str]:
+            problems = store_problems(store)
+            while len(list(store.root.glob("*.tar.zst"))) < 6:
+                snapshot_work()()
+            return problems
+
+        refill()
+        results["prune"] = dict(timed_kill_loop(args.prunes, rng, prune_work, 0.05, refill))
+    seconds = time.perf_counter() - started
+
+    table = Table(title=f"cache store kill loops (seed {args.seed}, {seconds:.0f} s)", title_justify="left")
+    table.add_column("loop")
+    table.add_column("runs", justify="right")
+    table.add_column("outcomes")
+    table.add_column("failures", justify="right")
+    for name, counts in results.items():
+        bad = sum(v for k, v in counts.items() if is_failure(k))
+        runs = sum(v for k, v in counts.items() if k.startswith(("after recovery", "killed", "finished")))
+        table.add_row(name, str(runs), ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), str(bad))
+    Console(soft_wrap=True).print(table)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(
+        json.dumps({"seed": args.seed, "seconds": round(seconds, 1), "loops": results}, indent=2) + "\n"
+    )
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+# Sourced by bench/suites/gpu_suite.sh and bench/suites/gpu_suite_x2.sh: guarded stages under one time budget, bundling.
+#
+# stage NAME LIMIT_S COMMAND...   runs COMMAND under `timeout`, its output in $LOGS/NAME.log; the limit is cut
+#                                 to what is left of $SUITE_BUDGET_S; a stage that would get < 15 s is skipped.
+#                                 A failing stage never stops the suite.
+# finish TAG                      prints the stage table, merges $RES/*.json into $OUT/results-TAG.json and packs
+#                                 the logs into $OUT/logs-TAG.tar.gz (few files come back from the machine).
+
+OUT=${OUT:-/tmp/dflash-suite-out}
+RES=${RES:-/tmp/dflash-suite/results}
+LOGS=${LOGS:-/tmp/dflash-suite/logs}
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-520}
+SUITE_START=$(date +%s)
+STAGE_LINES=()
+# SUITE_TINY=1: a CPU dry run of the plumbing (tiny shapes; nothing installed; python3 must have torch).
+SUITE_TINY=${SUITE_TINY:-}
+TINY=${SUITE_TINY:+--tiny}
+SITE=${SITE:-/tmp/site}
+mkdir -p "$OUT" "$RES" "$LOGS"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START)))
+    if [ "$left" -lt 15 ]; then
+        STAGE_LINES+=("$(printf '%-18s SKIPPED (suite budget spent)' "$name")")
+        return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name (limit ${limit}s, $(date +%T))"
+    local t0 rc
+    t0=$(date +%s)
+    timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    rc=$?
+    tail -n 12 "$LOGS/$name.log"
+    STAGE_LINES+=("$(printf '%-18s rc=%-4s %4ss of %4ss%s' "$name" "$rc" "$(($(date +%s) - t0))" "$limit" \
+        "$([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo '  TIMED OUT')")")
+    return 0
+}
+
+install_carried_wheels() {
+    # The image lacks pyelftools, zstandard, platformdirs (and maybe pytest): carried as wheels in .whl/.
+    if [ -z "$SUITE_TINY" ]; then
+        python3 -m pip install -q --no-deps --no-index --target "$SITE" .whl/*.whl || unzip_wheels .whl/*.whl
+        python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --no-deps --no-index \
+            --target "$SITE" .whl/test/*.whl || unzip_wheels .whl/test/*.whl
+    fi
+    python3 -c "import elftools, zstandard, platformdirs, pytest; print('carried wheels: ok')"
+}
+
+unzip_wheels() {
+    # No pip: a wheel is a zip laid out for site-packages.
+    SITE=$SITE python3 - "$@" <<'PY'
+import os, sys, zipfile
+for wheel in sys.argv[1:]:
+    zipfile.ZipFile(wheel).extractall(os.environ.get("SITE", "/tmp/site"))
+print("unzipped", len(sys.argv) - 1, "wheels")
+PY
+}
+
+gpu_facts() {
+    nvidia-smi --query-gpu=index,name,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
+        --format=csv || true
+    python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, \
+'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+}
+
+# `timeout` runs programs, not shell functions: stages call these through `bash -c`.
+export SUITE_TINY SITE
+export -f install_carried_wheels unzip_wheels gpu_facts
+
+finish() {
+    local tag=$1
+    python3 - "$RES" "$OUT/results-$tag.json" <<'PY'
+import json, pathlib, sys
+results = {}
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        results[path.stem] = json.loads(path.read_text())
+    except ValueError as exc:
+        results[path.stem] = {"unreadable": str(exc), "head": path.read_text()[:2000]}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(results, indent=1, default=str))
+print("merged", len(results), "result files into", sys.argv[2])
+PY
+    tar -czf "$OUT/logs-$tag.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null || true
+    echo
+    echo "==================== suite $tag: $(($(date +%s) - SUITE_START))s of ${SUITE_BUDGET_S}s"
+    printf '%s\n' "${STAGE_LINES[@]}"
+}

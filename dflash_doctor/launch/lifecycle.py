@@ -1,0 +1,170 @@
+"""One launch's lifecycle, after the gate passed: take the output folder's lock, record the run as running,
+warm the compile cache, run torchrun under supervision, and close the record. In every path (a stop signal at
+any moment, a crash of our own) the record ends as interrupted, succeeded or failed, never `running`.
+`dflash-doctor train` (the CLI) parses options, runs the gate and prints; this is what it starts."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from dflash_base.stopping import Stopped, handling_stop_signals, signal_name
+from dflash_doctor.launch import supervise
+from dflash_doctor.launch.bytecode_cache import with_bytecode_cache
+from dflash_doctor.launch.gate import GateResult, TrainingConfig
+from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
+from dflash_doctor.launch.output_lock import OutputLock
+from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
+from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
+
+
+@dataclass
+class LaunchRequest:
+    """A launch the gate let through (or that `--force` pushes over failing findings)."""
+
+    training: TrainingConfig
+    gate: GateResult
+    failing: list[str]  # failing finding ids launched over (--force)
+    began: float  # perf_counter at the command's start: the launcher's share of time to first step
+    gate_s: float
+    node_rank: int
+    nnodes: int
+    json_out: bool  # torchrun's output goes to stderr, stdout carries the JSON document
+
+
+def launch_run(
+    request: LaunchRequest, store: RunStore, common: dict[str, Any], environment: Any, console: Console
+) -> RunRecord:
+    """The run, from the output lock to its closed record (returned)."""
+    # One lock per node rank: the nodes of one run may share a folder, two launches of one node may not.
+    output_lock = OutputLock(Path(request.training.config.output_dir).resolve(), request.node_rank)
+    run_id = new_run_id()
+    output_lock.acquire(run_id, os.getpid())  # a folder another run holds: refused here, exit 2
+    try:
+        # A multi-node run has one record per node (each launcher's own); say which node this one was.
+        node = [f"node rank {request.node_rank} of {request.nnodes}"] if request.nnodes > 1 else []
+        record = store.create(
+            "running",
+            environment=environment,
+            overrides=request.failing,
+            notes=node,
+            **common,
+            **this_launcher(),
+            run_id=run_id,
+        )
+        supervise_run(record, store, request, console)
+    finally:
+        output_lock.release()
+    return record
+
+
+def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, console: Console) -> None:
+    """Warm the cache, run torchrun, close the record."""
+    training, gate, failing = request.training, request.gate, request.failing
+    plan, began, gate_s, json_out = gate.plan, request.began, request.gate_s, request.json_out
+
+    def say(markup: str) -> None:
+        console.print(markup, soft_wrap=True)
+
+    if failing:
+        say(f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]")
+    if gate.probe_note:
+        record.notes.append(gate.probe_note)
+    gate.environ, bytecode_note = with_bytecode_cache(gate.environ, gate.findings)
+    if bytecode_note:
+        record.notes.append(bytecode_note)
+        say(f"[dim]{escape(bytecode_note)}[/]")
+    started = time.time()
+    stop_log = store.path(record.id).parent / "stop.log"
+    output_dir = Path(record.output_dir or ".")
+
+    def heartbeat() -> None:
+        record.last_seen = time.time()
+        store.save(record)
+
+    def stopping(signum: int, processes: int) -> None:
+        say(
+            f"[yellow]stopping the run ({signal_name(signum)}): signalled torchrun and its workers "
+            f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
+        )
+
+    try:
+        with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
+            drafter_devices = tuple(  # colocated ranks train a drafter too (the warm-up covers their target)
+                dict.fromkeys(
+                    r.device
+                    for r in plan.roles
+                    if r.role in ("drafter", "colocated") and r.node == 0 and r.device != "cpu"
+                )
+            )
+            waiting = (
+                "compile cache: making it warm for this build before any worker starts "
+                "(a cold compile runs once, in one process: a minute or two on CPU)"
+            )
+            say(f"[dim]{waiting}[/]")
+            with console.status("warming the compile cache", spinner="dots"):  # animates on a terminal only
+                prep = prepare_compile_cache(
+                    gate.context.env,
+                    gate.environ,
+                    training.path,
+                    plan.device_type,
+                    drafter_devices,
+                    tuple(plan.overrides),  # the user's --set and the topology the gate chose
+                )
+            record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
+            say(f"compile cache: {escape(prep.detail)}")
+            before = (
+                f"before torchrun: {time.perf_counter() - began:.1f} s (gate {gate_s:.1f} s, "
+                f"compile cache {prep.seconds:.1f} s)"
+            )
+            record.notes.append(before)
+            say(f"[dim]{before}[/]")
+            record.last_seen = time.time()
+            store.save(record)
+            started = time.time()
+            outcome = run_torchrun(
+                plan.command,
+                gate.environ,
+                stop_log=stop_log,
+                on_heartbeat=heartbeat,
+                on_stopping=stopping,
+                stdout_to_stderr=json_out,
+            )
+    except Stopped as stop:
+        outcome = TorchrunOutcome(stop.exit_code, stop.signum)
+    except BaseException as exc:
+        record.status, record.finished = "failed", time.time()
+        record.notes.append(f"the launcher failed: {type(exc).__name__}: {exc}")
+        store.save(record)
+        raise
+    record.exit_code = outcome.exit_code
+    record.finished = record.last_seen = time.time()
+    record.metrics = last_metrics(output_dir, started)
+    if outcome.interrupted:
+        record.status = "interrupted"
+        record.notes.append(describe_stop(outcome, stop_log))
+    else:
+        record.status = "succeeded" if outcome.exit_code == 0 else "failed"
+        record.stderr_tail = list(outcome.stderr_tail)
+        if outcome.killed:
+            record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
+    if record.status == "succeeded":
+        record.snapshot = snapshot_after_success(gate.context.env, gate.environ)
+        record.notes.append(record.snapshot)
+    store.save(record)
+    took = record.finished - started
+    style = "green" if record.status == "succeeded" else "red"
+    say(
+        f"[bold {style}]{record.status}[/] in {took:.0f} s · exit {record.exit_code} · run {record.id}"
+        + (f" · {record.tokens_per_second:,.0f} tok/s" if record.tokens_per_second else "")
+    )
+    if outcome.interrupted:
+        say(f"  {escape(record.notes[-1])}")
+    elif record.status != "succeeded":
+        say(f"  see what changed since the last good run: dflash-doctor runs show {record.id}")

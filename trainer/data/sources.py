@@ -1,0 +1,248 @@
+"""Training sequences at a fixed length, in an order that depends only on (seed, epoch).
+
+Sources give sequence j as (input_ids, loss_mask), padded or truncated to `seq_len` (padding never
+supervised). `BatchOrder` maps a *global batch index* to sequence ids; that index is the data position a run
+resumes from: drafter d at step s trains on global batch s*M + d, whichever target rank produced it.
+Kinds: `jsonl` ({"input_ids": [...], "loss_mask": [...]} per line), `text` ({"text": ...}) and `chat`
+({"messages": [{"role", "content"}, ...]}, loss on assistant turns) through the target folder's tokenizer,
+`synthetic` (sequences the tiny target samples itself, so there is something to learn) and `random`
+(uniform token ids: shapes for throughput runs, nothing to learn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from dflash_base.errors import ConfigError
+from trainer.data.chat import TemplateMarks, chat_tokens_and_mask, check_messages
+from trainer.model.batch import PAD_ID
+from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
+from trainer.spec.data_files import jsonl_records, record_problem
+from trainer.target.load import cache_argument, load_target_model, returned_cache
+
+
+class SequenceSource(Protocol):
+    def __len__(self) -> int: ...
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]: ...  # (S,) int64, (S,) bool
+
+
+def fit_to_length(ids: list[int], mask: list[bool], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncate or right-pad to seq_len; padded positions get loss_mask False."""
+    ids, mask = ids[:seq_len], mask[:seq_len]
+    pad = seq_len - len(ids)
+    input_ids = torch.tensor(list(ids) + [PAD_ID] * pad, dtype=torch.int64)
+    loss_mask = torch.tensor([bool(m) for m in mask] + [False] * pad, dtype=torch.bool)
+    return input_ids, loss_mask
+
+
+# ---------------------------------------------------------------- sources
+
+
+class JsonlSource:
+    """Pre-tokenised sequences: {"input_ids": [ints], "loss_mask": [0/1 or bools, same length]}."""
+
+    def __init__(self, path: str, seq_len: int, vocab_size: int, field: str = "data.path") -> None:
+        self.seq_len = seq_len
+        self.rows: list[tuple[list[int], list[bool]]] = []
+        for number, record in jsonl_records(Path(path), field):
+            problem = record_problem("jsonl", record, vocab_size)
+            if problem is not None:
+                raise ConfigError(f"{field}: {path} line {number}: {problem}")
+            ids, mask = record["input_ids"], record["loss_mask"]
+            self.rows.append((ids, [bool(m) for m in mask]))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = self.rows[j]
+        return fit_to_length(ids, mask, self.seq_len)
+
+
+class TokenizedSource:
+    """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily.
+
+    Chat records go through `trainer.data.chat` with the run's `data.chat_template_kwargs`; the template is
+    probed once for its header and end-of-turn marker."""
+
+    def __init__(
+        self,
+        path: str,
+        kind: str,
+        tokenizer: Any,
+        seq_len: int,
+        template_kwargs: dict[str, Any] | None = None,
+        field: str = "data.path",
+    ) -> None:
+        self.kind, self.tokenizer, self.seq_len, self.path = kind, tokenizer, seq_len, path
+        self.template_kwargs, self.field = dict(template_kwargs or {}), field
+        self.records = jsonl_records(Path(path), field)
+        needed = "text" if kind == "text" else "messages"
+        for number, record in self.records:
+            if needed not in record:
+                raise ConfigError(f'{field}: {path} line {number}: a "{kind}" record needs "{needed}"')
+        self.marks = TemplateMarks.of(tokenizer, self.template_kwargs) if kind == "chat" else None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def tokens(self, j: int) -> tuple[list[int], list[bool]]:
+        """Record j's ids and loss mask before truncation and padding."""
+        number, record = self.records[j]
+        where = f"{self.field}: {self.path} line {number}"
+        if self.kind == "text":
+            if not isinstance(record["text"], str):
+                raise ConfigError(f'{where}: "text" must be a string')
+            ids = self.tokenizer(record["text"], add_special_tokens=True)["input_ids"]
+            return ids, [True] * len(ids)
+        messages = check_messages(record["messages"], where)
+        return chat_tokens_and_mask(self.tokenizer, messages, self.template_kwargs, where, self.marks)
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = self.tokens(j)
+        return fit_to_length(ids, mask, self.seq_len)
+
+
+class RandomSource:
+    """Uniform random ids (never the mask token); everything after the prompt supervised. For throughput."""
+
+    def __init__(self, num_samples: int, seq_len: int, prompt_len: int, vocab_size: int, seed: int) -> None:
+        self.num_samples, self.seq_len, self.prompt_len = num_samples, seq_len, prompt_len
+        self.vocab_size, self.seed = vocab_size, seed
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
+        ids = torch.randint(0, self.vocab_size - 1, (self.seq_len,), generator=gen)
+        mask = torch.arange(self.seq_len) >= self.prompt_len
+        return ids, mask
+
+
+class SyntheticSource:
+    """Sequences the tiny target samples from random prompts at a low temperature, fixed by the seed.
+
+    Generated once, in chunks of `chunk` sequences with one generator per chunk, so sequence j does not
+    depend on which rank generates it or in what order batches are asked for.
+    """
+
+    def __init__(
+        self, model: nn.Module, data: DataSection, seed: int, mask_token_id: int, chunk: int = 64
+    ) -> None:
+        self.seq_len = data.seq_len
+        ids_chunks = []
+        for start in range(0, data.num_samples, chunk):
+            count = min(chunk, data.num_samples - start)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (start // chunk) + 1)
+            ids_chunks.append(
+                sample_sequences(
+                    model, count, data.seq_len, data.prompt_len, data.temperature, mask_token_id, gen
+                )
+            )
+        self.ids = torch.cat(ids_chunks)
+        self.loss_mask = (torch.arange(data.seq_len) >= data.prompt_len).expand_as(self.ids)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ids[j].clone(), self.loss_mask[j].clone()
+
+
+@torch.inference_mode()
+def sample_sequences(
+    model: Any,  # a Hugging Face causal LM
+    count: int,
+    seq_len: int,
+    prompt_len: int,
+    temperature: float,
+    mask_token_id: int,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """(count, seq_len) ids: a random prompt, then tokens sampled with a KV cache (the mask id never drawn)."""
+    device = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (count, prompt_len), generator=gen)
+    prompt[prompt == mask_token_id] = 0
+    ids = prompt.to(device)
+    cache_name = cache_argument(model)
+    out = model(input_ids=ids, use_cache=True)
+    cache = returned_cache(out, cache_name)
+    tokens = [ids]
+    while sum(t.shape[1] for t in tokens) < seq_len:
+        logits = out.logits[:, -1, :].float() / temperature
+        logits[:, mask_token_id] = float("-inf")
+        probs = torch.softmax(logits, dim=-1).cpu()
+        nxt = torch.multinomial(probs, 1, generator=gen).to(device)
+        tokens.append(nxt)
+        out = model(input_ids=nxt, use_cache=True, **{cache_name: cache})
+        cache = returned_cache(out, cache_name)
+    return torch.cat(tokens, dim=1).cpu()
+
+
+def build_source(
+    cfg: TrainConfig, device: torch.device, vocab_size: int, path: str | None = None, field: str = "data.path"
+) -> SequenceSource:
+    """The configured source (on target ranks: synthetic generation runs the tiny target on `device`).
+    `path`/`field`: another file of the same kind (the held-out file, data.eval_path)."""
+    d = cfg.data
+    mask_id = cfg.drafter.mask_token_id
+    assert mask_id is not None, "load_config fills drafter.mask_token_id"
+    path = path or d.path
+    if d.kind == "jsonl":
+        return JsonlSource(str(path), d.seq_len, vocab_size, field)
+    if d.kind in ("text", "chat"):
+        return TokenizedSource(
+            str(path), d.kind, load_tokenizer(cfg.target.path), d.seq_len, d.chat_template_kwargs, field
+        )
+    if d.kind == "random":
+        return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
+    model = load_target_model(cfg.target.path, cfg.run.seed, device, torch.float32)  # the tiny target
+    return SyntheticSource(model, d, cfg.run.seed, mask_id)
+
+
+def load_tokenizer(target_path: str) -> Any:
+    """The target folder's tokenizer, offline."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError or its own errors here
+        raise ConfigError(f"target.path: cannot load the tokenizer of {target_path}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class DataSplit:
+    """Which sequences train and which are held out; the same on every rank (counts and the seed only)."""
+
+    train_ids: list[int]  # ids in the training source
+    eval_ids: list[int]  # ids in the held-out source (the training source itself under eval_fraction)
+    batch_size: int
+
+    @property
+    def eval_batches(self) -> int:
+        return len(self.eval_ids) // self.batch_size
+
+    def eval_sequence_ids(self, eval_index: int) -> list[int]:
+        b = self.batch_size
+        return self.eval_ids[eval_index * b : (eval_index + 1) * b]
+
+
+def split_data(cfg: TrainConfig) -> DataSplit:
+    """`data.eval_fraction` of the sequences (a fixed draw by run.seed) or `data.eval_path`'s records held out."""
+    b = cfg.optim.batch_size
+    total = num_sequences(cfg)
+    held = heldout_sequences(cfg, total)  # ConfigError: fewer than one batch
+    if cfg.data.eval_path is not None:
+        return DataSplit(list(range(total)), list(range(held)), b)
+    if held:  # data.eval_fraction's share of the training data, a fixed draw by the seed
+        gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + 15485863)
+        perm = torch.randperm(total, generator=gen).tolist()
+        return DataSplit(sorted(perm[held:]), sorted(perm[:held]), b)
+    return DataSplit(list(range(total)), [], b)

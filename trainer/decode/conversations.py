@@ -1,0 +1,116 @@
+"""Prompt records for regeneration, and the turn-by-turn walk that replaces every assistant turn.
+
+Input lines are JSON objects with either `messages` (a chat; its assistant turns are dropped and generated
+again, each from the conversation so far with the target's own earlier answers) or `prompt` (one user turn).
+Torch-free: the CLI validates a whole file before any model loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.spec.messages import messages_problem
+
+
+class RecordError(ValueError):
+    """One input line that cannot be used; `line` is 1-based."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One conversation to regenerate: its id (the input's `id`, else `line-N`) and its turns."""
+
+    id: str
+    line: int
+    messages: tuple[dict[str, str], ...]
+
+
+def parse_record(line_number: int, text: str) -> PromptRecord:
+    """One input line -> PromptRecord, or RecordError naming what is wrong."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(line_number, f"not JSON ({exc.msg})") from exc
+    if not isinstance(record, dict):
+        raise RecordError(line_number, "must be a JSON object")
+    raw_id = record.get("id", f"line-{line_number}")
+    if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
+        raise RecordError(line_number, '"id" must be a string or an integer')
+    if "messages" in record:
+        messages = _checked_messages(line_number, record["messages"])
+    elif "prompt" in record:
+        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
+            raise RecordError(line_number, '"prompt" must be a non-empty string')
+        messages = ({"role": "user", "content": record["prompt"]},)
+    else:
+        raise RecordError(line_number, 'needs "messages" (a chat) or "prompt" (one user turn)')
+    return PromptRecord(str(raw_id), line_number, messages)
+
+
+def _checked_messages(line: int, value: Any) -> tuple[dict[str, str], ...]:
+    """The turns of a valid conversation (trainer.spec.messages' rule), each reduced to role and content."""
+    problem = messages_problem(value)
+    if problem is not None:
+        raise RecordError(line, problem)
+    return tuple({"role": m["role"], "content": m.get("content") or ""} for m in value)
+
+
+def read_records(path: Path) -> Iterator[PromptRecord | RecordError]:
+    """Every non-empty line of `path`, in order, parsed; bad lines come out as RecordError (not raised),
+    so the caller decides whether to skip or stop."""
+    with open(path, encoding="utf-8", errors="strict") as handle:
+        for number, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                yield parse_record(number, text)
+            except RecordError as exc:
+                yield exc
+
+
+@dataclass
+class Regeneration:
+    """The walk over one conversation: `prompt()` gives the turns the next answer is generated from (None
+    when nothing is left), `answer()` records it. Assistant turns of the input are where answers go; a
+    conversation that ends on a user or tool turn gets one more answer at its end."""
+
+    record: PromptRecord
+    turns: list[dict[str, str]] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    generated_tokens: int = 0
+    _next: int = 0  # index into record.messages of the next input turn to take
+    _waiting: bool = False
+
+    def prompt(self) -> list[dict[str, str]] | None:
+        if self._waiting:
+            return list(self.turns)
+        messages = self.record.messages
+        while self._next < len(messages) and messages[self._next]["role"] != "assistant":
+            self.turns.append(dict(messages[self._next]))
+            self._next += 1
+        if self._next < len(messages):  # an assistant turn of the input: generate it anew
+            self._next += 1
+            self._waiting = True
+        elif self.turns and self.turns[-1]["role"] in ("user", "tool"):
+            self._waiting = True  # the input ends waiting for an answer
+        return list(self.turns) if self._waiting else None
+
+    def answer(self, text: str, finish_reason: str, tokens: int) -> None:
+        assert self._waiting, "answer() without a pending prompt()"
+        self.turns.append({"role": "assistant", "content": text})
+        self.finish_reasons.append(finish_reason)
+        self.generated_tokens += tokens
+        self._waiting = False
+
+    @property
+    def done(self) -> bool:
+        return self.prompt() is None

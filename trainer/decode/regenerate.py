@@ -1,0 +1,215 @@
+"""Regenerate a data set's answers with the target, so the drafter learns what the target will actually say.
+
+The job reads prompt records (`trainer.decode.conversations`), has an engine (`trainer.decode.generation`) answer them turn by
+turn in chunks of conversations, and appends one finished conversation per line to the output, flushed and
+synced after each chunk: a crash loses at most the chunk in flight. Re-running with the same output skips the
+ids already written; a torn last line (a crash mid-write) is dropped first. Every line carries the settings
+that made it, and an output made with other settings is refused unless `force` moves it aside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_base.errors import DoctorError
+from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
+from trainer.decode.generation import Engine, GenerationSettings
+
+SCHEMA = "dflash-doctor/regenerate/v1"
+
+
+class RegenerateError(DoctorError):
+    """Bad input or an output that belongs to other settings: exit 2, nothing written."""
+
+
+@dataclass
+class InputScan:
+    """The whole input, validated before any model loads."""
+
+    records: list[PromptRecord]
+    bad: list[RecordError] = field(default_factory=list)
+
+
+def scan_input(path: Path, on_error: str) -> InputScan:
+    """Every line parsed; with on_error="stop" the first bad line (or a repeated id) is an error naming it."""
+    if not path.is_file():
+        raise RegenerateError(f"--prompts: {path} is not a file")
+    records: list[PromptRecord] = []
+    bad: list[RecordError] = []
+    seen: dict[str, int] = {}
+    try:
+        for item in read_records(path):
+            if isinstance(item, PromptRecord) and item.id in seen:
+                item = RecordError(item.line, f'id "{item.id}" repeats line {seen[item.id]}')
+            if isinstance(item, RecordError):
+                if on_error == "stop":
+                    raise RegenerateError(
+                        f"--prompts: {path} {item}",
+                        hint="fix the line, or pass --on-error skip to leave it out",
+                    )
+                bad.append(item)
+                continue
+            seen[item.id] = item.line
+            records.append(item)
+    except UnicodeDecodeError as exc:
+        raise RegenerateError(f"--prompts: {path} is not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:
+        raise RegenerateError(f"--prompts: cannot read {path}: {exc.strerror}") from exc
+    if not records:
+        raise RegenerateError(f"--prompts: {path} holds no usable record")
+    return InputScan(records, bad)
+
+
+def _settings_of(line: dict[str, Any]) -> dict[str, Any]:
+    meta = line.get("generation", {})
+    keys = GenerationSettings.__dataclass_fields__.keys()
+    return {k: meta.get(k) for k in keys} if isinstance(meta, dict) else {}
+
+
+def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[str]:
+    """Ids already in `out`. A torn last line is cut off; a damaged line elsewhere, or lines made with other
+    settings, are refused (with `force`, the old file is moved aside to `<out>.old-<time>` and we start over)."""
+    if not out.exists():
+        return set()
+    if not out.is_file():
+        raise RegenerateError(f"--out: {out} exists and is not a file")
+    data = out.read_bytes()
+    lines = data.split(b"\n")
+    good_end, ids, mismatch = 0, set(), None
+    for number, raw in enumerate(lines, start=1):
+        complete = number < len(lines)  # the piece after the last newline is empty or torn
+        if not raw.strip():
+            good_end += len(raw) + (1 if complete else 0)
+            continue
+        try:
+            line = json.loads(raw)
+            ok = complete and isinstance(line, dict) and isinstance(line.get("id"), str)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            if not complete:  # a crash mid-write: drop it, the id is generated again
+                break
+            raise RegenerateError(
+                f"--out: {out} line {number} is damaged (not a regenerated conversation)",
+                hint="move the file away, or pass --force to start over (the old file is kept beside)",
+            )
+        if mismatch is None and _settings_of(line) != settings.to_json():
+            mismatch = (number, _settings_of(line))
+        ids.add(line["id"])
+        good_end += len(raw) + 1
+    if mismatch is not None:
+        if not force:
+            number, theirs = mismatch
+            diff = {k: v for k, v in theirs.items() if settings.to_json().get(k) != v}
+            raise RegenerateError(
+                f"--out: {out} was made with other settings (line {number}: {json.dumps(diff)})",
+                hint="use another --out, or pass --force to start over (the old file is kept beside)",
+            )
+        aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(out, aside)
+        return set()
+    if good_end < len(data):
+        with open(out, "r+b") as handle:
+            handle.truncate(good_end)
+            os.fsync(handle.fileno())
+    return ids
+
+
+def output_line(regen: Regeneration, settings: GenerationSettings, engine: str) -> str:
+    meta = settings.to_json() | {
+        "engine": engine,
+        "finish_reasons": regen.finish_reasons,
+        "generated_tokens": regen.generated_tokens,
+    }
+    line = {"id": regen.record.id, "messages": regen.turns, "generation": meta, "schema": SCHEMA}
+    return json.dumps(line, ensure_ascii=False) + "\n"
+
+
+@dataclass
+class Summary:
+    written: int = 0
+    skipped_done: int = 0
+    skipped_bad: int = 0
+    generated_tokens: int = 0
+    answers: int = 0
+    stopped_at_length: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        tok_s = self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+        return {
+            "schema": SCHEMA,
+            "written": self.written,
+            "skipped_already_written": self.skipped_done,
+            "skipped_bad_lines": self.skipped_bad,
+            "answers": self.answers,
+            "answers_cut_at_max_new_tokens": self.stopped_at_length,
+            "generated_tokens": self.generated_tokens,
+            "seconds": round(self.seconds, 3),
+            "generated_tokens_per_s": round(tok_s, 1),
+        }
+
+
+def chunks(records: list[PromptRecord], size: int) -> Iterator[list[PromptRecord]]:
+    for start in range(0, len(records), size):
+        yield records[start : start + size]
+
+
+def regenerate_chunk(engine: Engine, records: list[PromptRecord]) -> list[Regeneration]:
+    """Answer every turn of these conversations: each round asks the engine for the next answer of every
+    conversation still waiting for one, so turn k of all of them goes in one call."""
+    walks = [Regeneration(r) for r in records]
+    while True:
+        waiting = [(w, p) for w in walks if (p := w.prompt()) is not None]
+        if not waiting:
+            return walks
+        for (walk, _), completion in zip(waiting, engine.generate([p for _, p in waiting]), strict=True):
+            walk.answer(completion.text, completion.finish_reason, completion.tokens)
+
+
+def regenerate(
+    scan: InputScan,
+    out: Path,
+    settings: GenerationSettings,
+    engine_factory: Callable[[], Engine],
+    limit: int | None = None,
+    force: bool = False,
+    chunk_size: int = 64,
+    on_progress: Callable[[Summary, int], None] | None = None,
+) -> Summary:
+    """Write the regenerated conversations of `scan` to `out`, resuming what an earlier run wrote."""
+    done = resume_state(out, settings, force)
+    records = scan.records[:limit] if limit is not None else scan.records
+    todo = [r for r in records if r.id not in done]
+    summary = Summary(skipped_done=len(records) - len(todo), skipped_bad=len(scan.bad))
+    if on_progress:
+        on_progress(summary, len(todo))
+    if not todo:
+        return summary
+    out.parent.mkdir(parents=True, exist_ok=True)
+    engine = engine_factory()
+    start = time.perf_counter()
+    try:
+        with open(out, "a", encoding="utf-8") as handle:
+            for chunk in chunks(todo, chunk_size):
+                walks = regenerate_chunk(engine, chunk)
+                handle.write("".join(output_line(w, settings, engine.name) for w in walks))
+                handle.flush()
+                os.fsync(handle.fileno())
+                summary.written += len(walks)
+                summary.answers += sum(len(w.finish_reasons) for w in walks)
+                summary.stopped_at_length += sum(w.finish_reasons.count("length") for w in walks)
+                summary.generated_tokens += sum(w.generated_tokens for w in walks)
+                summary.seconds = time.perf_counter() - start
+                if on_progress:
+                    on_progress(summary, len(todo))
+    finally:
+        summary.seconds = time.perf_counter() - start
+        engine.close()
+    return summary

@@ -1,0 +1,9 @@
+"""The drafter and its math: what a DFlash drafter computes and how it is built, exported and loaded.
+
+Owns: the drafter stack (`drafter`), the DFlash attention mask and kernels (`attention`), the decayed
+block loss (`loss`), anchor sampling (`anchors`), the captured batch a drafter trains on and its padding
+(`batch`), the device and precision policy (`device`), building a drafter from a run config (`build`), and
+the engines' export format (`export`). One drafted block is `DFlashDrafter.draft_tokens`, shared by held-out
+scoring and real decoding.
+May import: `trainer.spec`, `dflash_base`, torch, safetensors.
+"""

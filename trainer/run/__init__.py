@@ -1,0 +1,10 @@
+"""One distributed training run, under torchrun: the loop and everything it drives.
+
+Owns: the loop and the roles (`train`), the run's schedule (`schedule`), target-to-drafter streaming
+(`transport`, `pipeline`), the step numbers a drafter reports one step late (`step_numbers`), checkpoints
+(`checkpoint`), metrics and their sinks (`metrics`, `metric_sinks`), the optimizer (`optim`), held-out
+scoring (`heldout`), the warm-up that compiles before the loop (`warmup`), and the process plumbing
+(`startup`, `parent_watch`, `faults`, `profiling`).
+May import: `trainer.spec`, `trainer.model`, `trainer.target`, `trainer.data`, `dflash_base`. Never
+`trainer.decode` (a sibling on the same floor).
+"""

@@ -1,0 +1,177 @@
+"""What a run reports: one JSONL line per step, live progress, and a final summary.
+
+Written by the first drafter rank only. `metrics.jsonl` holds per step: step, loss, lr, grad_norm,
+per-position accuracy (slot 0 is the anchor itself and always 0), the training batch's acceptance length
+(measured per anchor, and the estimate implied by the accuracies), tok/s (real tokens: padding is not
+counted) and supervised tok/s, samples/s over all drafters, the step time and the time spent waiting for
+data; on the steps that ran a held-out evaluation also the held-out acceptance length against the
+target's greedy tokens (the headline: what a greedy server would see) and against the data labels, and
+the evaluation's seconds. `summary.json` (steps, final loss, the last held-out figures, mean tok/s, exit
+status) is what the launcher reads when the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from dflash_base.atomic import write_bytes_atomic, write_json_atomic
+from trainer.run.metric_sinks import MetricSink, scalars_of
+from trainer.spec.outputs import read_metrics, summary_path
+
+
+@dataclass
+class StepMetrics:
+    step: int  # 1-based: the number of optimiser steps done
+    loss: float
+    lr: float
+    grad_norm: float
+    accuracy: list[float]  # per block slot
+    accept_len: float  # mean over valid anchors of 1 + leading correct slots
+    accept_len_from_accuracy: float
+    tok_s: float  # real (non-padding) context tokens trained on per second (all drafters)
+    supervised_tok_s: float  # tokens on the loss mask per second (all drafters)
+    samples_s: float
+    step_time_s: float
+    data_wait_s: float
+    heldout_accept_len: float | None = None  # held-out, against the target's greedy tokens
+    heldout_accept_len_labels: float | None = None  # held-out, against the data labels
+    heldout_s: float | None = None  # seconds the held-out evaluation took (not in step_time_s)
+
+
+class MetricsLog:
+    """Append-only JSONL. On resume it first drops lines past the resume step, so each step appears once."""
+
+    def __init__(self, path: Path, resume_step: int, sinks: Sequence[MetricSink] = ()) -> None:
+        self.path = path
+        self.sinks = list(sinks)  # TensorBoard, W&B: the same numbers as each JSONL line
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
+        write_bytes_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        self._handle = open(path, "a")  # noqa: SIM115  (held for the run, closed in close())
+
+    def write(self, m: StepMetrics) -> None:
+        row = asdict(m)
+        self._handle.write(json.dumps(row) + "\n")
+        self._handle.flush()
+        scalars = scalars_of(row)
+        for sink in self.sinks:
+            sink.write(m.step, scalars)
+
+    def close(self) -> None:
+        self._handle.close()
+        for sink in self.sinks:
+            sink.close()
+
+
+# Printed once before the first step: what the progress line's numbers mean.
+LEGEND = (
+    "progress: loss = the drafter's training loss; held-out accept = acceptance length against the target's "
+    "own greedy tokens on sequences never trained on, the tokens a verify step would accept per draft block "
+    "(1 = only the target's own token; higher is better, at most block_size); train accept = the same on the "
+    "training batch, against its labels"
+)
+
+
+class Progress:
+    """Live progress on the first drafter rank: a rich bar on a terminal, plain lines otherwise.
+
+    The bar starts at the first step, not before: other ranks print their "ready" lines while this one
+    warms up, and a live bar started earlier would draw over them.
+    """
+
+    def __init__(
+        self, total_steps: int, start_step: int, log_every: int, stream: TextIO | None = None
+    ) -> None:
+        self.total, self.start, self.log_every = total_steps, start_step, log_every
+        self.stream = stream or sys.stdout
+        self.began = time.monotonic()
+        self.heldout: float | None = None  # the latest held-out acceptance length (vs the target)
+        self._bar: Any = None
+        self._live = self.stream.isatty()
+        self._started = False
+
+    def _start(self) -> None:
+        self._started = True
+        print(LEGEND, file=self.stream, flush=True)
+        if not self._live:
+            return
+        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(
+            TextColumn("[bold]step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+        )
+        self._task = self._bar.add_task("train", total=self.total, completed=self.start, status="")
+        self._bar.start()
+
+    def eta_s(self, step: int) -> float:
+        done = step - self.start
+        return (time.monotonic() - self.began) / done * (self.total - step) if done > 0 else float("nan")
+
+    def update(self, m: StepMetrics) -> None:
+        if not self._started:
+            self._start()
+        if m.heldout_accept_len is not None:
+            self.heldout = m.heldout_accept_len
+        shown = f"held-out accept {self.heldout:.2f} (target)  " if self.heldout is not None else ""
+        status = f"loss {m.loss:.4f}  {shown}train accept {m.accept_len:.2f}  {m.tok_s:,.0f} tok/s"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=m.step, status=status)
+        elif (
+            m.step % self.log_every == 0
+            or m.step in (self.total, self.start + 1)
+            or m.heldout_accept_len is not None
+        ):
+            print(
+                f"step {m.step}/{self.total}  {status}  eta {self.eta_s(m.step):.0f}s",
+                file=self.stream,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path:
+    """`<output>/summary.json`, atomically: the launcher reads it when the run ends."""
+    return write_json_atomic(summary_path(output_dir), summary)
+
+
+def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra: Any) -> dict[str, Any]:
+    """The summary of a run from its metric lines."""
+    first, last = (records[0], records[-1]) if records else ({}, {})
+    steady = records[1:] or records  # step 1 includes warm caches
+    tok = [r["tok_s"] for r in steady]
+    supervised = [r.get("supervised_tok_s", 0.0) for r in steady]
+    evals = [r for r in records if r.get("heldout_accept_len") is not None]
+    step_s = sum(r["step_time_s"] for r in records)
+    return {
+        "status": status,
+        "steps": last.get("step", 0),
+        "heldout_accept_len": evals[-1]["heldout_accept_len"] if evals else None,
+        "heldout_accept_len_labels": evals[-1]["heldout_accept_len_labels"] if evals else None,
+        "heldout_evals": len(evals),
+        "heldout_share_of_time": (
+            sum(r["heldout_s"] for r in evals) / (step_s + sum(r["heldout_s"] for r in evals))
+            if evals
+            else None
+        ),
+        "first_loss": first.get("loss"),
+        "final_loss": last.get("loss"),
+        "final_accuracy": last.get("accuracy"),
+        "final_accept_len": last.get("accept_len"),  # on the training batch: a secondary figure
+        "mean_tok_s": sum(tok) / len(tok) if tok else 0.0,
+        "mean_supervised_tok_s": sum(supervised) / len(supervised) if supervised else 0.0,
+        "wall_s": wall_s,
+        **extra,
+    }

@@ -1,0 +1,55 @@
+"""What `dflash-doctor eval` is asked to do, as plain data: one request object, its defaults written once
+(the CLI's options take theirs from here), checked before anything loads. No torch here: the CLI imports it
+to build its options."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dflash_base.errors import ConfigError
+
+EVAL_DTYPES = ("auto", "bf16", "fp32")
+# Near-tie tolerances (logits, relative to max(1, |logit|)); why these values: trainer/decode/compare.py.
+TIE_TOLERANCE_LOW_PRECISION = 2.0**-5
+TIE_TOLERANCE_FP32 = 1e-4
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """An eval: the drafter's export, where the target and prompts come from, how much to decode."""
+
+    export: str  # the drafter's export folder
+    config: str | None = None  # the run's config: its target, seed and held-out sequences
+    target: str | None = None  # default: the config's target.path
+    prompts: str | None = None  # a JSONL of prompt / messages / input_ids records
+    num_prompts: int = 16
+    prompt_len: int = 32  # held-out prompts: the tokens of each kept
+    max_new_tokens: int = 64
+    device: str = "auto"  # auto | cpu | cuda
+    overrides: tuple[str, ...] = ()  # --set section.key=value on the config
+    tie_tolerance: float | None = None  # None: the compute dtype's default
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+
+    def check(self) -> None:
+        """ConfigError naming the option, before anything loads."""
+        check_tie_tolerance(self.tie_tolerance)
+        if self.dtype not in EVAL_DTYPES:
+            raise ConfigError(
+                f'--dtype: "{self.dtype}" is not one of {", ".join(EVAL_DTYPES)} (auto: bf16 on CUDA, fp32 on CPU)'
+            )
+        if self.max_new_tokens < 1 or self.num_prompts < 1 or self.prompt_len < 1:
+            raise ConfigError("--max-new-tokens, --num-prompts and --prompt-len: must be >= 1")
+
+
+DEFAULTS = EvalRequest(export="")  # the defaults, for the CLI's options
+
+
+def check_tie_tolerance(tolerance: float | None) -> None:
+    """--tie-tolerance: a finite number >= 0 (None: the compute dtype's default)."""
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ConfigError(
+            f"--tie-tolerance: {tolerance} is not a logit tolerance; give a number >= 0, relative to "
+            f"max(1, |logit|) (leave it out for the dtype's default: {TIE_TOLERANCE_LOW_PRECISION} in "
+            f"bf16/fp16, {TIE_TOLERANCE_FP32} in fp32; 0 accepts only exact ties)"
+        )
