@@ -190,6 +190,8 @@ def retention_loop(work: Path, runs: int, rng: random.Random) -> Counter:
         pid, read_end = fork_reporting(prune)
         kill_at(pid, read_end, rng.randint(0, deletions + 2), rng)
         os.close(read_end)
+        cut = [p for p in target.parent.iterdir() if DOOMED_TAG in p.name]
+        counts["at kill: a deletion cut short" if cut else "at kill: no deletion under way"] += 1
         with folder_locks([target]):
             recover_interrupted(target)  # what the next restore or snapshot does first
         left = {p.name for p in target.parent.iterdir() if p != target and not p.name.endswith(".lock")}
