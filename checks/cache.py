@@ -10,9 +10,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
 from dflash_doctor.cache.inspection import SAMPLE, FolderReport, volatility
-from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir, snapshots_dir
+from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, check_apart, managed_inductor_dir, snapshots_dir
 from dflash_doctor.cache.status import CacheStatus, gather_status, warmth_of
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
@@ -46,6 +47,10 @@ def persistent_cache_remedy() -> str:
 @check("cache.location", "compile cache")
 def cache_location(ctx: CheckContext) -> Iterator[Finding]:
     status = cache_status(ctx)
+    try:
+        check_apart(status.locations.roots())
+    except DoctorError as exc:  # restore, snapshot and warm refuse these roots: say so before they run
+        yield fail("cache.nested_roots", exc.message, remedy=exc.hint)
     for folder in status.folders:
         facts = {"path": str(folder.path), "filesystem": folder.fs_type or "unknown", "exists": folder.exists}
         if folder.exists:

@@ -1,19 +1,23 @@
-"""SIGKILL the cache store's commands at random moments and count what every kill left (issue 21).
+"""SIGKILL the cache store's commands at random moments and count what every kill left (issues 21, 30).
 
 Loops, each in forked children running the production code (the only change: restore's `_pause`
-hook reports progress on a pipe, so a kill can be aimed at a file or at a swap step):
+hook, or the deletions of a backup, report progress on a pipe, so a kill can be aimed at a file, a swap
+step or a deletion):
 - `restore` of one root, kills anywhere and aimed at the exchange;
 - `restore` of one root through the two-rename fallback (the exchange made unavailable in the child);
 - `restore` of two roots (inductor + triton), kills anywhere and between the two roots' swaps;
+- `restore` into an absent cache (the restore holds the name with an empty folder of its own);
 - `snapshot` into the store, killed after a random delay;
-- snapshot `prune`, killed after a random delay.
+- snapshot `prune`, killed after a random delay;
+- backup retention (`prune_backups`, four backups down to two), killed at a random file or folder deletion.
 After each kill: the state at the kill, then recovery (what the next command does first), then the
 invariants: a cache is the whole old tree or the whole new one and all roots of one restore agree;
-a new cache's backup is the whole old tree; no staging folder, journal or partial archive is left;
-every archive the store lists reads back whole. Prints a table and writes JSON.
+a new cache's backup is the whole old tree; no staging folder, journal, half-deleted backup or partial
+archive is left; every backup left is whole and carries its record; every archive the store lists reads
+back whole. Prints a table and writes JSON.
 
-    .venv/bin/python bench/cache/cache_kill_loops.py [--restores 120] [--fallback 50] [--two-roots 60] \
-        [--snapshots 85] [--prunes 25] [--seed 21]
+    .venv/bin/python bench/cache/cache_kill_loops.py [--restores 50] [--fallback 50] [--two-roots 50] \
+        [--absent 50] [--snapshots 50] [--prunes 50] [--retention 50] [--seed 30]
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dflash_doctor.cache import restore
+from dflash_doctor.cache import fsops, restore
 from dflash_doctor.cache.archive import extract_verified
+from dflash_doctor.cache.backups import BACKUP_TAG, DOOMED_TAG, prune_backups
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.folder_lock import folder_locks
+from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, backup_owner_bytes
 from dflash_doctor.cache.restore import recover_interrupted, restore_snapshot
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable
@@ -65,13 +71,16 @@ def kill_at(pid: int, read_end: int, points: int, rng: random.Random) -> None:
 
 
 def leftovers(folder: Path) -> list[str]:
+    """Staging folders, journals and half-deleted backups: what no finished command leaves."""
     return [
-        p.name for p in folder.iterdir() if "staging" in p.name or p.name.endswith(restore.JOURNAL_SUFFIX)
+        p.name
+        for p in folder.iterdir()
+        if "staging" in p.name or DOOMED_TAG in p.name or p.name.endswith(restore.JOURNAL_SUFFIX)
     ]
 
 
 def restore_loop(
-    work: Path, runs: int, rng: random.Random, roots: tuple[str, ...], fallback: bool
+    work: Path, runs: int, rng: random.Random, roots: tuple[str, ...], fallback: bool, absent: bool = False
 ) -> Counter:
     new_src = {label: work / f"new-{label}" for label in roots}
     new = {
@@ -80,10 +89,14 @@ def restore_loop(
     }
     archive = take_snapshot(new_src, BUILD, "new", work / "new.tar.zst").path
     targets = {label: work / "run" / label for label in roots}
-    old = {
-        label: make_tree(path, files=25, seed=7 + i, size=30_000)
-        for i, (label, path) in enumerate(targets.items())
-    }
+
+    def make_old(label: str, target: Path) -> dict[str, str]:
+        if absent:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return {}
+        return make_tree(target, files=25, seed=7 + list(roots).index(label), size=30_000)
+
+    old = {label: make_old(label, target) for label, target in targets.items()}
     points = FILES * len(roots) + 2 * len(roots)
     counts: Counter = Counter()
     for run in range(runs):
@@ -91,14 +104,14 @@ def restore_loop(
             for backup in target.parent.glob(f"{target.name}.bak-*"):
                 shutil.rmtree(backup)
         for label, target in targets.items():
-            if tree_digests(target) != old[label]:
+            if tree_digests(target) != old[label] or (absent and target.exists()):
                 shutil.rmtree(target, ignore_errors=True)
-                make_tree(target, files=25, seed=7 + list(roots).index(label), size=30_000)
+                make_old(label, target)
         at = rng.randint(0, points) if run % 3 else rng.randint(points - 2 * len(roots), points)
 
         def run_restore() -> None:
             if fallback:
-                restore.exchange = lambda a, b: False  # type: ignore[assignment]
+                fsops.exchange_at = lambda *args: False  # type: ignore[assignment]
             restore_snapshot(archive, targets, BUILD)
 
         pid, read_end = fork_reporting(run_restore)
@@ -109,6 +122,8 @@ def restore_loop(
             state = "old" if at_kill[label] == old[label] else "new" if at_kill[label] == new[label] else None
             if at_kill[label] is None:
                 state = "absent"
+            elif absent and at_kill[label] == {}:
+                state = "an empty folder holding the name"
             counts[f"at kill: {state or 'MIX'}"] += 1
         if len(roots) > 1 and len({at_kill[label] == new[label] for label in roots}) > 1:
             counts["at kill: roots disagree (rolled forward by recovery)"] += 1
@@ -124,13 +139,72 @@ def restore_loop(
             "after recovery: "
             + ("/".join(sorted(generations)) if len(generations) > 1 else generations.pop())
         ] += 1
-        if any("staging" in name or restore.JOURNAL_SUFFIX in name for name in leftovers(work / "run")):
-            counts["LEFTOVER staging or journal"] += 1
+        if absent and any(t.is_dir() and not any(t.iterdir()) for t in targets.values()):
+            counts["note: an empty folder left at the cache's name (killed before the journal)"] += 1
+        if leftovers(work / "run"):
+            counts["LEFTOVER staging, journal or half-deleted backup"] += 1
         if after == new:
             for label, target in targets.items():
                 backups = list(target.parent.glob(f"{target.name}.bak-*"))
-                if len(backups) != 1 or tree_digests(backups[0]) != old[label]:
+                if absent and backups:  # the empty folder that held the name is removed, not kept
+                    counts["BAD backup of an empty placeholder"] += 1
+                elif not absent and (len(backups) != 1 or tree_digests(backups[0]) != old[label]):
                     counts["BAD backup"] += 1
+    return counts
+
+
+def retention_loop(work: Path, runs: int, rng: random.Random) -> Counter:
+    """Four backups of ours, pruned down to two in a child killed at a random deletion; then what the
+    next command does first (finish the deletions it finds), then the invariants."""
+    target = work / "run" / "inductor"
+    make_tree(target, files=5, seed=1)
+    trees = {
+        f"inductor{BACKUP_TAG}r{i}": make_tree(work / "src" / str(i), files=30, seed=40 + i) for i in range(4)
+    }
+    # progress points of deleting the two oldest: each file and folder of a backup, its record, its top
+    deletions = sum(sum(1 for _ in (work / "src" / str(i)).rglob("*")) + 2 for i in range(2))
+    counts: Counter = Counter()
+    for _ in range(runs):
+        for path in target.parent.iterdir():
+            if path != target and not path.name.endswith(".lock"):
+                shutil.rmtree(path)
+        for i, name in enumerate(trees):
+            shutil.copytree(work / "src" / str(i), target.parent / name)
+            record = backup_owner_bytes(f"r{i}", str(target), 1000.0 + i)
+            (target.parent / name / BACKUP_OWNER_NAME).write_bytes(record)
+
+        def prune() -> None:
+            real_unlink, real_rmdir = os.unlink, os.rmdir
+
+            def reporting(real: Callable[..., None]) -> Callable[..., None]:
+                def call(*args: object, **kwargs: object) -> None:
+                    real(*args, **kwargs)
+                    restore._pause()  # one byte on the progress pipe (fork_reporting)
+
+                return call
+
+            os.unlink, os.rmdir = reporting(real_unlink), reporting(real_rmdir)  # type: ignore[assignment]
+            with folder_locks([target]):
+                prune_backups(target, keep=2)
+
+        pid, read_end = fork_reporting(prune)
+        kill_at(pid, read_end, rng.randint(0, deletions + 2), rng)
+        os.close(read_end)
+        cut = [p for p in target.parent.iterdir() if DOOMED_TAG in p.name]
+        counts["at kill: a deletion cut short" if cut else "at kill: no deletion under way"] += 1
+        with folder_locks([target]):
+            recover_interrupted(target)  # what the next restore or snapshot does first
+        left = {p.name for p in target.parent.iterdir() if p != target and not p.name.endswith(".lock")}
+        if any(DOOMED_TAG in name for name in left):
+            counts["LEFTOVER half-deleted backup"] += 1
+        whole = {name for name in left if name in trees and tree_digests(target.parent / name) == trees[name]}
+        if left - whole:
+            counts["MIX or LEFTOVER beside the cache"] += 1
+        if any(not (target.parent / name / BACKUP_OWNER_NAME).is_file() for name in whole):
+            counts["BAD backup without its record"] += 1
+        counts[f"after recovery: {len(whole)} whole backups"] += 1
+        if len(whole) == 2 and whole != set(list(trees)[2:]):
+            counts["BAD retention kept the wrong two"] += 1
     return counts
 
 
@@ -189,12 +263,14 @@ def is_failure(outcome: str) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--restores", type=int, default=120)
+    parser.add_argument("--restores", type=int, default=50)
     parser.add_argument("--fallback", type=int, default=50)
-    parser.add_argument("--two-roots", type=int, default=60)
-    parser.add_argument("--snapshots", type=int, default=85)
-    parser.add_argument("--prunes", type=int, default=25)
-    parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument("--two-roots", type=int, default=50)
+    parser.add_argument("--absent", type=int, default=50)
+    parser.add_argument("--snapshots", type=int, default=50)
+    parser.add_argument("--prunes", type=int, default=50)
+    parser.add_argument("--retention", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     rng = random.Random(args.seed)
@@ -202,14 +278,17 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dflash-kill-", dir=args.workdir) as scratch:
         base = Path(scratch)
-        for name, runs, roots, fallback in (
-            ("restore (exchange)", args.restores, ("inductor",), False),
-            ("restore (two-rename fallback)", args.fallback, ("inductor",), True),
-            ("restore (two roots)", args.two_roots, ("inductor", "triton"), False),
+        for name, runs, roots, fallback, absent in (
+            ("restore (exchange)", args.restores, ("inductor",), False, False),
+            ("restore (two-rename fallback)", args.fallback, ("inductor",), True, False),
+            ("restore (two roots)", args.two_roots, ("inductor", "triton"), False, False),
+            ("restore (absent cache)", args.absent, ("inductor",), False, True),
         ):
             work = base / name.replace(" ", "_").replace("(", "").replace(")", "")
             work.mkdir()
-            results[name] = dict(restore_loop(work, runs, rng, roots, fallback))
+            results[name] = dict(restore_loop(work, runs, rng, roots, fallback, absent))
+        (base / "retention").mkdir()
+        results["backup retention"] = dict(retention_loop(base / "retention", args.retention, rng))
 
         store = SnapshotStore(base / "store")
         store.ensure()

@@ -620,7 +620,7 @@ def extract_verified(
             )
         folders = {label: os.fspath(folder).rstrip("/") or "/" for label, folder in destinations.items()}
         plan = _plan(reader, manifest, folders, limits, where, hash_here=not threaded)
-        stack.callback(plan.close)
+        stack.callback(plan.close)  # type: ignore[attr-defined]  # a generator: it has close()
         verifier = stack.enter_context(_Verifier()) if threaded else None
         _execute(plan, on_file, verifier)
         if verifier is not None:

@@ -1,19 +1,29 @@
-"""One lock per cache folder, beside it, taken by every command that reads or replaces that folder.
+"""The locks of the cache store: one beside each cache folder, one for the snapshot store, one for the
+warm-up records; all opened one way.
 
 The store's lock belongs to one home; two homes (two `DFLASH_DOCTOR_HOME`s, two users of one
-`TORCHINDUCTOR_CACHE_DIR`) would each hold their own and restore into one cache at once. So the lock
-lives beside the folder it guards, `<parent>/.<name>.dflash-doctor.lock`, named by the folder's real
-path (two spellings of one folder share it), and is a POSIX `flock`.
+`TORCHINDUCTOR_CACHE_DIR`) would each hold their own and restore into one cache at once. So a cache
+folder's lock lives beside it, `<parent>/.<name>.dflash-doctor.lock`, named by the folder's real path
+(two spellings of one folder share it), a POSIX `flock`, opened through the parent's handle after the
+parent was judged (parent_dir.py): `folder_lock` hands that handle to the command.
 
-The parent may be writable by others (`/tmp`): the lock file is opened with `O_NOFOLLOW` and never
-truncated (filelock opens with `O_TRUNC`, which a planted link would turn on any file), and it must be
-a regular file owned by this user, or the command stops with a message naming it.
+Every lock file is opened with `O_NOFOLLOW`, created when missing and never truncated (filelock 3.x
+opened with `O_TRUNC` and followed links: a link planted there truncated and chmod-ed any file), then
+checked on the handle: a regular file of this user with one link (a hard link to another file is
+refused). Anything else stops the command with a message naming it.
+
+In a shared parent (sticky, as /tmp) another user can create the lock's name first and block every
+restore and snapshot (issue 30, N5). There the lock is taken in the home too,
+`<home>/cache/locks/<sha256 of the folder's real path>.lock`, where no one else can create names, and a
+lock beside the cache that is not ours is left alone: the commands of one home always exclude each
+other; two homes exclude each other through the lock beside the cache while it is ours.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 import time
@@ -22,11 +32,18 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from dflash_base.errors import DoctorError
+from dflash_doctor import paths
 from dflash_doctor.cache.fsops import kind_of
+from dflash_doctor.cache.parent_dir import ParentDir
 
 LOCK_SUFFIX = ".dflash-doctor.lock"
 TIMEOUT_S = 600.0
 _POLL_S = 0.05
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class LockRefused(DoctorError):
+    """A lock's name is taken by something that is not a lock file of ours."""
 
 
 def lock_path(folder: Path) -> Path:
@@ -35,60 +52,102 @@ def lock_path(folder: Path) -> Path:
     return real.parent / f".{real.name}{LOCK_SUFFIX}"
 
 
-def _open_lock(path: Path) -> int:
+def private_lock_path(folder: Path) -> Path:
+    """The lock of `folder` in the home, for a shared parent: named by the folder's real path."""
+    real = os.path.realpath(folder.parent) + "/" + folder.name
+    return paths.cache_root() / "locks" / f"{hashlib.sha256(os.fsencode(real)).hexdigest()[:32]}.lock"
+
+
+def open_lock(name: str | Path, what: str, where: Path, hint: str, dir_fd: int | None = None) -> int:
+    """Open (or create) a lock file, checked after the open: `where` names it in messages."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        fd = os.open(name, _OPEN_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            why = "is a symbolic link"
+            refused = "is a symbolic link"
         elif exc.errno == errno.EISDIR:
-            why = "is a folder"
+            refused = "is a folder"
         else:
-            why = f"cannot be opened ({exc.strerror})"
-        raise DoctorError(
-            f"the cache lock {path} {why}",
-            hint=f"remove {path} if you did not make it, then try again",
-        ) from None
+            refused = f"cannot be opened ({exc.strerror})"
+        raise LockRefused(f"{what} {where} {refused}", hint=hint) from None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+    why: str | None = None
+    if not stat.S_ISREG(info.st_mode):
+        why = f"is a {kind_of(info.st_mode)}, not a file"
+    elif info.st_uid != os.getuid():
+        why = f"is a file of uid {info.st_uid}, not a file of yours: someone else may be using it"
+    elif info.st_nlink != 1:
+        why = f"has {info.st_nlink} names: a hard link to another file, not a lock of its own"
+    if why is not None:
         os.close(fd)
-        what = kind_of(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"file of uid {info.st_uid}"
-        raise DoctorError(
-            f"the cache lock {path} is a {what}, not a file of yours: someone else may be using this cache",
-            hint="point TORCHINDUCTOR_CACHE_DIR at a folder only you can write (see `dflash-doctor cache status`)",
-        )
+        raise LockRefused(f"{what} {where} {why}", hint=hint)
     return fd
 
 
+def hold(fd: int, timeout: float, busy: DoctorError) -> None:
+    """Take the flock of `fd`, waiting up to `timeout` seconds; `busy` is raised after that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise busy from None
+            time.sleep(_POLL_S)
+
+
 @contextmanager
-def folder_lock(folder: Path, timeout: float = TIMEOUT_S) -> Iterator[None]:
-    """Hold the lock of one cache folder (its parent is made when missing)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    path = lock_path(folder)
-    fd = _open_lock(path)
+def lock_file(path: Path, what: str, timeout: float, busy: DoctorError, hint: str) -> Iterator[None]:
+    """Hold the lock file `path` (its folder must exist) until the block ends."""
+    fd = open_lock(path, what, path, hint)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise DoctorError(
-                        f"another dflash-doctor command is using the cache {folder} (lock {path})",
-                        hint="wait for it to finish, then try again",
-                    ) from None
-                time.sleep(_POLL_S)
+        hold(fd, timeout, busy)
         yield
     finally:
         os.close(fd)  # releases the flock
 
 
 @contextmanager
-def folder_locks(folders: Iterable[Path], timeout: float = TIMEOUT_S) -> Iterator[None]:
-    """Hold the locks of several cache folders, always taken in one order (no deadlock)."""
+def folder_lock(folder: Path, timeout: float = TIMEOUT_S) -> Iterator[ParentDir]:
+    """Hold the lock of one cache folder; yields the handle of its parent (made when missing), judged."""
+    where = lock_path(folder)
+    busy = DoctorError(
+        f"another dflash-doctor command is using the cache {folder} (lock {where})",
+        hint="wait for it to finish, then try again",
+    )
+    hint = f"remove {where} if you did not make it, then try again"
+    with ParentDir.open(folder.parent) as parent, ExitStack() as stack:
+        name = f".{folder.name}{LOCK_SUFFIX}"
+        if parent.shared:  # others can take the name beside the cache: hold one they cannot, first
+            private = private_lock_path(folder)
+            private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            stack.enter_context(lock_file(private, "the cache lock", timeout, busy, hint))
+            try:
+                beside: int | None = open_lock(name, "the cache lock", where, hint, dir_fd=parent.fd)
+            except LockRefused:
+                beside = None  # another user's name: left alone
+        else:
+            beside = open_lock(
+                name,
+                "the cache lock",
+                where,
+                "point TORCHINDUCTOR_CACHE_DIR at a folder only you can write "
+                f"(see `dflash-doctor cache status`), or remove {where} if you did not make it",
+                dir_fd=parent.fd,
+            )
+        if beside is not None:
+            stack.callback(os.close, beside)  # releases the flock
+            hold(beside, timeout, busy)
+        yield parent
+
+
+@contextmanager
+def folder_locks(folders: Iterable[Path], timeout: float = TIMEOUT_S) -> Iterator[dict[Path, ParentDir]]:
+    """Hold the locks of several cache folders, always taken in one order (no deadlock); yields each
+    folder's parent handle."""
+    folders = list(folders)
     by_lock = {str(lock_path(folder)): folder for folder in folders}  # two spellings, one lock
     with ExitStack() as stack:
-        for key in sorted(by_lock):
-            stack.enter_context(folder_lock(by_lock[key], timeout))
-        yield
+        parents = {key: stack.enter_context(folder_lock(by_lock[key], timeout)) for key in sorted(by_lock)}
+        yield {folder: parents[str(lock_path(folder))] for folder in folders}

@@ -171,7 +171,7 @@ class FrameEndsEarly(ValueError):
     """The bytes stop inside a zstd frame: a copy cut short."""
 
 
-def _frame_end(read: Callable[[int, int], bytes | memoryview], start: int) -> int:
+def _frame_end(read: Callable[[int, int], bytes | bytearray | memoryview], start: int) -> int:
     """Where the zstd frame at `start` ends (header, blocks, checksum), found by walking its block
     headers without decompressing; `read(offset, count)` returns up to `count` bytes there.
     FrameEndsEarly when the bytes stop inside a header; ZstdError/ValueError if malformed. The end
@@ -267,7 +267,7 @@ class FrameBlocks:
     def __next__(self) -> bytes:
         compressed, decompressed = next(self._entries)
         view = memoryview(self._input)[:compressed]
-        got = self._raw.readinto(view)
+        got = self._raw.readinto(view)  # type: ignore[attr-defined]  # an unbuffered file has it
         if got != compressed:
             raise ArchiveError(f"{self._where}: truncated archive: a frame ends early")
         where = self._where

@@ -4,10 +4,14 @@ Nothing here follows a link or reuses a name someone else chose: files are opene
 created with `O_EXCL` (or at a random name, then renamed), renamed with `RENAME_NOREPLACE` where the
 target must not exist, and read back only when they are regular files owned by this user. A FIFO or a
 device is never opened blocking (`O_NONBLOCK`, then checked): a planted FIFO cannot hang a reader.
+
+The `*_at` functions act on a name in a folder already open (a handle, `parent_dir.py`): the kernel
+settles what the name is at the moment of the call, in that folder, whatever a path to it means by then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -23,17 +27,19 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _renameat2(a: Path, b: Path, flags: int) -> bool:
-    """renameat2(a, b, flags); False when this kernel or filesystem does not support the flags."""
+def _renameat2(from_fd: int, a: str | Path, to_fd: int, b: str | Path, flags: int) -> bool:
+    """renameat2(from_fd, a, to_fd, b, flags); False when this kernel or filesystem does not support the flags."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0:
+    if renameat2(from_fd, os.fsencode(a), to_fd, os.fsencode(b), flags) == 0:
         return True
     err = ctypes.get_errno()
     if err in _UNSUPPORTED:
@@ -41,15 +47,30 @@ def _renameat2(a: Path, b: Path, flags: int) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (RENAME_EXCHANGE). False when unsupported here."""
-    return _renameat2(a, b, _RENAME_EXCHANGE)
+def exchange_at(folder: int, a: str, b: str) -> bool:
+    """Atomically swap two names of the open folder `folder` (RENAME_EXCHANGE). False when unsupported."""
+    return _renameat2(folder, a, folder, b, _RENAME_EXCHANGE)
+
+
+def rename_noreplace_at(folder: int, source: str, dest: str) -> None:
+    """Rename within the open folder `folder`, refusing (FileExistsError) when `dest` exists, whoever put
+    it there. Where the kernel cannot say so atomically: a link for a file, a checked rename for a folder
+    (a name planted between the check and the rename is replaced: only there, and only a name)."""
+    if _renameat2(folder, source, folder, dest, _RENAME_NOREPLACE):
+        return
+    info = os.stat(source, dir_fd=folder, follow_symlinks=False)
+    if not stat.S_ISDIR(info.st_mode):
+        os.link(source, dest, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)  # EEXIST: atomic
+        os.unlink(source, dir_fd=folder)
+        return
+    if lstat_at(folder, dest) is not None:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dest)
+    os.rename(source, dest, src_dir_fd=folder, dst_dir_fd=folder)
 
 
 def rename_noreplace(source: Path, dest: Path) -> None:
-    """Rename, refusing (FileExistsError) when `dest` exists, whoever put it there. Where the kernel
-    cannot say so atomically: a link for a file, a checked rename for a folder."""
-    if _renameat2(source, dest, _RENAME_NOREPLACE):
+    """Rename by path, refusing (FileExistsError) when `dest` exists (an archive into its store)."""
+    if _renameat2(_AT_FDCWD, source, _AT_FDCWD, dest, _RENAME_NOREPLACE):
         return
     if not source.is_dir() or source.is_symlink():
         os.link(source, dest, follow_symlinks=False)  # EEXIST when dest exists: atomic too
@@ -58,6 +79,101 @@ def rename_noreplace(source: Path, dest: Path) -> None:
     if os.path.lexists(dest):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dest))
     os.rename(source, dest)
+
+
+def lstat_at(folder: int, name: str) -> os.stat_result | None:
+    """What `name` is in the open folder `folder`, links not followed; None when nothing is there."""
+    try:
+        return os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def identity(info: os.stat_result) -> tuple[int, int]:
+    """(device, inode): what a folder is, whatever it is called now (a rename keeps both)."""
+    return info.st_dev, info.st_ino
+
+
+def open_folder_at(folder: int, name: str) -> int:
+    """The folder `name` of the open folder `folder` as a handle; a link there is refused (ELOOP), never
+    followed, and anything but a folder is NotADirectoryError."""
+    return os.open(name, _FOLDER_FLAGS, dir_fd=folder)
+
+
+def read_owned_at(folder: int, name: str, max_bytes: int = 1 << 20) -> bytes | None:
+    """`read_owned` for a name in an open folder."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
+    except OSError:
+        return None
+    return _read_owned_fd(fd, max_bytes)
+
+
+def write_atomic_at(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Write `name` in the open folder `folder`: a new file at a random name (O_EXCL, O_NOFOLLOW), fsync,
+    renamed over `name` (a link there is replaced, never followed), the folder fsynced."""
+    temp = f"{random_name(name)}.tmp"
+    fd = os.open(temp, _CREATE_FLAGS, mode, dir_fd=folder)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temp, dir_fd=folder)
+        raise
+    os.close(fd)
+    try:
+        os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        os.unlink(temp, dir_fd=folder)
+        raise
+    with contextlib.suppress(OSError):
+        os.fsync(folder)
+
+
+def remove_tree_at(folder: int, name: str, last: str | None = None) -> None:
+    """Delete the folder `name` of the open folder `folder` and everything in it, through handles (no
+    link followed, no path looked up twice). `last`, a file at its top, goes after everything else: a
+    kill midway leaves it, so what is left still says whose it is (a backup's ownership record)."""
+    top = open_folder_at(folder, name)
+    try:
+        _empty_folder(top, keep=last)
+        if last is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(last, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(name, dir_fd=folder)
+
+
+def _empty_folder(folder: int, keep: str | None = None) -> None:
+    with os.scandir(folder) as entries:
+        names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    for entry_name, is_dir in names:
+        if entry_name == keep:
+            continue
+        if not is_dir:
+            os.unlink(entry_name, dir_fd=folder)
+            continue
+        inner = open_folder_at(folder, entry_name)
+        try:
+            _empty_folder(inner)
+        finally:
+            os.close(inner)
+        os.rmdir(entry_name, dir_fd=folder)
+
+
+def fd_path(fd: int) -> str | None:
+    """A path that reaches the open folder `fd` itself, whatever happens to the names above it
+    (`/proc/self/fd/<fd>`: the kernel resolves it to the handle's folder); None without /proc."""
+    path = f"/proc/self/fd/{fd}"
+    try:
+        return path if os.path.samestat(os.stat(path), os.fstat(fd)) else None
+    except OSError:
+        return None
 
 
 def random_name(stem: str) -> str:
@@ -99,6 +215,10 @@ def read_owned(path: Path, max_bytes: int = 1 << 20) -> bytes | None:
         fd = os.open(path, _READ_FLAGS)
     except OSError:
         return None
+    return _read_owned_fd(fd, max_bytes)
+
+
+def _read_owned_fd(fd: int, max_bytes: int) -> bytes | None:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > max_bytes:

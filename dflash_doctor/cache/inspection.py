@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint
-from dflash_doctor.cache.fsops import printable
-from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, MARKER_NAME, read_marker
+from dflash_doctor.cache.manifest import MARKER_NAME, read_marker
+from dflash_doctor.cache.parent_dir import exposure
 
 VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
 SAMPLE = 5  # how many offending paths a report names
@@ -95,13 +95,9 @@ class FolderReport:
         """`open` when others may rename or replace the cache itself (a group/world-writable parent
         without the sticky bit, or another user's), `shared` when they may only plant names beside it
         (sticky, as /tmp), None when only its owner (or root) can."""
-        if self.parent_mode is None:
+        if self.parent_mode is None or self.parent_uid is None:
             return None
-        if self.parent_uid not in (0, os.getuid()):
-            return "open"
-        if self.parent_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return "shared" if self.parent_mode & stat.S_ISVTX else "open"
-        return None
+        return exposure(self.parent_uid, self.parent_mode)  # the rule restore, snapshot and warm enforce
 
     @property
     def made_for(self) -> BuildFingerprint | None:
@@ -194,45 +190,6 @@ def _judge(report: FolderReport, full: str, info: os.stat_result, me: int) -> No
         report.foreign_count += 1
         if len(report.foreign_owned) < SAMPLE:
             report.foreign_owned.append(f"{full} (uid {info.st_uid})")
-
-
-# What Inductor and Triton put at the top of their cache folders: Inductor's code cache in folders named
-# by two characters of a hash (`ab/`), its named caches, and Triton's folders named by a whole hash.
-_CACHE_FOLDERS = frozenset(
-    {"fxgraph", "aotautograd", "triton", "locks", "precompiled_headers", "cache", "dynamo", "kernel"}
-)
-_HASH_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-=")
-
-
-def _cache_like(name: str, is_dir: bool) -> bool:
-    if name in (MARKER_NAME, BACKUP_OWNER_NAME):
-        return True
-    if not is_dir:
-        return False
-    return name in _CACHE_FOLDERS or ((len(name) == 2 or len(name) >= 16) and set(name) <= _HASH_CHARS)
-
-
-def not_a_cache_reason(folder: Path) -> str | None:
-    """Why `folder` does not look like a compile cache (None when it does, or when it is absent): a
-    restore moves the folder aside, so a folder of documents at TORCHINDUCTOR_CACHE_DIR must not be.
-    Empty, our marker at the top, or only Inductor/Triton's own layout count as a cache."""
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"it cannot be read ({exc.strerror})"
-    if not entries or any(e.name == MARKER_NAME for e in entries):
-        return None
-    strangers = [e.name for e in entries if not _cache_like(e.name, e.is_dir(follow_symlinks=False))]
-    if not strangers:
-        return None
-    shown = ", ".join(printable(n, 60) for n in sorted(strangers)[:3]) + (
-        " ..." if len(strangers) > 3 else ""
-    )
-    return (
-        f"it holds {len(strangers)} entr{'y' if len(strangers) == 1 else 'ies'} no compiler writes ({shown})"
-    )
 
 
 def _existing_parent(path: Path) -> Path:

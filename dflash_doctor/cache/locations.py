@@ -17,10 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_base.errors import DoctorError
 from dflash_doctor import paths
 
 INDUCTOR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_VARIABLE = "TRITON_CACHE_DIR"
+
+ROOT_VARIABLES = {"inductor": INDUCTOR_VARIABLE, "triton": TRITON_VARIABLE}
 
 # Inside a cache folder: things we never archive. `locks/` holds per-process lock files that are
 # meaningless elsewhere; `precompiled_headers/` is rebuilt on demand and is ~150 MB on CPU.
@@ -107,3 +110,20 @@ def command_locations(environ: Mapping[str, str]) -> CacheLocations:
         return resolve_locations(environ)
     default = resolve_locations({})
     return CacheLocations(managed_inductor_dir(), MANAGED_SOURCE, None, default.triton_user)
+
+
+def check_apart(roots: Mapping[str, Path]) -> None:
+    """Refuse cache roots of which one is inside the other (or both one folder), before anything moves:
+    a snapshot would archive the inner one's files twice, and a restore would swap the outer folder, then
+    fail to find the inner one it had just moved away (issue 30, N3)."""
+    real = {label: Path(os.path.realpath(path)) for label, path in roots.items()}
+    for outer, inner in ((a, b) for a in real for b in real if a != b):
+        if real[inner] == real[outer] or real[outer] in real[inner].parents:
+            where = "the same folder as" if real[inner] == real[outer] else "inside"
+            raise DoctorError(
+                f"{ROOT_VARIABLES.get(inner, inner)} ({roots[inner]}) is {where} "
+                f"{ROOT_VARIABLES.get(outer, outer)} ({roots[outer]}): a snapshot would archive those files "
+                "twice and a restore would move one cache inside the other; nothing was moved",
+                hint=f"unset {TRITON_VARIABLE} (Inductor then keeps Triton's kernels in its own triton/ "
+                f"folder), or point it at a folder outside {INDUCTOR_VARIABLE}",
+            )

@@ -256,9 +256,12 @@ def read_marker(raw: bytes) -> dict[str, Any] | None:
     return data
 
 
-def backup_owner_bytes(restore_id: str, target: str, created: float, not_a_cache: bool = False) -> bytes:
+def backup_owner_bytes(
+    restore_id: str, target: str, created: float, not_a_cache: bool = False, kept: str | None = None
+) -> bytes:
     """The ownership record a restore puts in the previous cache when it becomes `<name>.bak-...`:
-    retention deletes only folders carrying one, and sorts them by `created`, never by name."""
+    retention deletes only folders carrying one, and sorts them by `created`, never by name. `kept` says
+    why retention must leave this one alone (a far smaller snapshot replaced it)."""
     data = {
         "schema": BACKUP_SCHEMA,
         "restore_id": restore_id,
@@ -266,6 +269,7 @@ def backup_owner_bytes(restore_id: str, target: str, created: float, not_a_cache
         "created": created,
         "target": target,
         "not_a_cache": not_a_cache,
+        "kept": kept,
     }
     return json.dumps(data, indent=1).encode()
 

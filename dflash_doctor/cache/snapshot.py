@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +18,16 @@ from dflash_doctor.cache.archive import (
     hash_files,
     write_archive,
 )
+from dflash_doctor.cache.backups import remove_torn_records_at
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
+from dflash_doctor.cache.fsops import fd_path, kind_of, write_atomic_at
+from dflash_doctor.cache.layout import examine
+from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, marker_bytes
-from dflash_doctor.cache.restore import recover_interrupted, remove_torn_records
+from dflash_doctor.cache.parent_dir import ParentDir
+from dflash_doctor.cache.recovery import recover_interrupted
+from dflash_doctor.cache.restore import name_paths
 from dflash_doctor.cache.warm_record import WarmRecords
 
 
@@ -78,16 +86,55 @@ def take_snapshot(
     restore from any home waits); an interrupted restore is finished first, so a half-swapped pair of
     roots is never archived. The caller holds the store lock when `dest` is in the store.
 
+    Refused, before anything is read or written: nested roots, a parent folder others could change
+    (parent_dir.py), a root that is not a folder or not a compile cache by its content (layout.py).
+    Each root is read, and our marker written, through a handle of it.
+
     `records`: the warm-up records to carry, those whose files the snapshot holds (warm_record.py)."""
-    with folder_locks(roots.values(), lock_timeout):
+    check_apart(roots)
+    with folder_locks(roots.values(), lock_timeout) as parents, ExitStack() as stack:
         for path in roots.values():
-            recover_interrupted(path)
-            remove_torn_records(path)
-        return _snapshot_locked(roots, fingerprint, name, dest, level, now, records)
+            recover_interrupted(path, parents[path])
+        opened: dict[str, int] = {}
+        for label, path in roots.items():
+            fd = _open_root(parents[path], path)
+            if fd is not None:
+                stack.callback(os.close, fd)
+                opened[label] = fd
+        return _snapshot_locked(roots, opened, fingerprint, name, dest, level, now, records)
+
+
+def _open_root(parent: ParentDir, path: Path) -> int | None:
+    """A handle of the cache folder `path` (None when absent), once it proved a compile cache."""
+    info = parent.lstat(path.name)
+    if info is None:
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        raise DoctorError(
+            f"{path} is a {kind_of(info.st_mode)}, not a folder: a snapshot reads a cache folder itself",
+            hint="point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) at the compile cache folders",
+        )
+    fd = parent.open_folder(path.name)
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            remove_torn_records_at(fd)
+        reason = examine(fd).reason
+    except BaseException:
+        os.close(fd)
+        raise
+    if reason is not None:
+        os.close(fd)
+        raise DoctorError(
+            f"{path} does not look like a compile cache: {reason}. A snapshot archives only a compile "
+            "cache; nothing was written",
+            hint="point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) at the compile cache folders",
+        )
+    return fd
 
 
 def _snapshot_locked(
     roots: dict[str, Path],
+    opened: dict[str, int],
     fingerprint: BuildFingerprint,
     name: str,
     dest: Path,
@@ -96,26 +143,33 @@ def _snapshot_locked(
     records: WarmRecords | None,
 ) -> SnapshotResult:
     start = time.perf_counter()
-    files, skipped = collect_files(roots)
-    if not files:
-        where = ", ".join(str(p) for p in roots.values())
-        raise DoctorError(
-            f"nothing to snapshot: no cache files in {where}",
-            hint="compile something first, or run `dflash-doctor cache warm`",
+    through = {label: fd_path(fd) for label, fd in opened.items()}  # reads go through the handles
+    reading = {label: Path(through[label] or roots[label]) for label in opened}
+    fd_paths = {str(reading[label]): str(roots[label]) for label in opened if through[label]}
+    try:
+        files, skipped = collect_files(reading)
+        if not files:
+            where = ", ".join(str(p) for p in roots.values())
+            raise DoctorError(
+                f"nothing to snapshot: no cache files in {where}",
+                hint="compile something first, or run `dflash-doctor cache warm`",
+            )
+        hashed = hash_files(files)
+        manifest = CacheManifest(
+            name=name,
+            created=now if now is not None else time.time(),
+            fingerprint=fingerprint,
+            origins={label: str(roots[label]) for label in opened},
+            files=hashed,
+            skipped=skipped,
+            tool_version=__version__,
+            warm_records=records.covered_by({f.path: f.size for f in hashed}) if records else [],
         )
-    hashed = hash_files(files)
-    manifest = CacheManifest(
-        name=name,
-        created=now if now is not None else time.time(),
-        fingerprint=fingerprint,
-        origins={label: str(path) for label, path in roots.items() if path.is_dir()},
-        files=hashed,
-        skipped=skipped,
-        tool_version=__version__,
-        warm_records=records.covered_by({f.path: f.size for f in hashed}) if records else [],
-    )
-    size = write_archive(dest, manifest, files, level=level)
-    for path in roots.values():
-        if path.is_dir() and os.access(path, os.W_OK):
-            write_marker(path, fingerprint, str(path), name)
+        size = write_archive(dest, manifest, files, level=level)
+    except DoctorError as exc:
+        name_paths(exc, fd_paths)
+        raise
+    for label, fd in opened.items():
+        if os.fstat(fd).st_uid == os.getuid():
+            write_atomic_at(fd, MARKER_NAME, marker_bytes(fingerprint, str(roots[label]), name, None))
     return SnapshotResult(dest, manifest, size, time.perf_counter() - start)

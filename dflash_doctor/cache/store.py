@@ -1,8 +1,9 @@
 """The snapshot store: a folder of `<name>.tar.zst` archives, one lock, list and prune.
 
 Every operation that writes to the store takes the store's lock, so a snapshot, a restore and a prune
-of one home never interleave, across processes too (filelock: a POSIX `flock`); each cache folder has
-its own lock besides (folder_lock.py), for commands from other homes.
+of one home never interleave, across processes too (a POSIX `flock`, opened as folder_lock.py opens a
+cache folder's lock: no link followed, nothing truncated); each cache folder has its own lock besides,
+for commands from other homes.
 
 The archives hold code that a restore installs: an archive is trusted only when it is a regular file
 of this user (or root) in a store folder no one else can write. Another user's archive, or any archive
@@ -21,11 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
-
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, PARTIAL_TAG, read_manifest
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
+from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
 from dflash_doctor.paths import HOME_ENV
@@ -197,28 +197,17 @@ class SnapshotStore:
 
     @contextmanager
     def locked(self, timeout: float = 600.0) -> Iterator[None]:
-        """Hold the store lock; a clear error, not a hang, when another operation holds it too long."""
+        """Hold the store lock (opened like a cache folder's lock: folder_lock.py); a clear error, not a
+        hang, when another operation holds it too long."""
         self.ensure()
         lock_file = self.root / LOCK_NAME
-        if lock_file.is_symlink() or (lock_file.exists() and not lock_file.is_file()):
-            raise DoctorError(
-                f"the store lock {lock_file} is not a regular file",
-                hint=f"remove {lock_file}, then try again",
-            )
-        lock = filelock.FileLock(str(lock_file), timeout=timeout)
-        try:
-            with lock:
-                yield
-        except filelock.Timeout as exc:
-            raise DoctorError(
-                f"another dflash-doctor cache operation holds {lock_file}",
-                hint="wait for it to finish, then try again",
-            ) from exc
-        except PermissionError as exc:
-            raise DoctorError(
-                f"cannot take the store lock {lock_file}: permission denied",
-                hint=f"set {HOME_ENV} to a folder you can write",
-            ) from exc
+        busy = DoctorError(
+            f"another dflash-doctor cache operation holds {lock_file}",
+            hint="wait for it to finish, then try again",
+        )
+        hint = f"remove {lock_file} if you did not make it, or set {HOME_ENV} to a folder of yours"
+        with held_lock_file(lock_file, "the store lock", timeout, busy, hint):
+            yield
 
     def path_for(self, name: str) -> Path:
         return self.root / f"{check_name(name)}{ARCHIVE_SUFFIX}"

@@ -38,12 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from dflash_base.atomic import write_json_atomic
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.folder_lock import lock_file
 from dflash_doctor.cache.locations import snapshots_dir
 
 SCHEMA = "dflash-doctor/warm-records/v1"
@@ -239,10 +238,15 @@ class WarmRecords:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.is_dir() or self.path.is_symlink():
                 raise IsADirectoryError(21, "not a regular file", str(self.path))
-            with filelock.FileLock(f"{self.path}.lock", timeout=LOCK_TIMEOUT_S):
+            lock = Path(f"{self.path}.lock")
+            busy = DoctorError(
+                f"another launch holds {lock} for more than {LOCK_TIMEOUT_S:.0f} s",
+                hint="wait for it, then try again",
+            )
+            with lock_file(lock, "the warm-up records lock", LOCK_TIMEOUT_S, busy, f"remove {lock}"):
                 kept = [r for r in self._load() if r.get("key") not in keys] + new
                 write_json_atomic(self.path, {"schema": SCHEMA, "records": kept[-KEEP_RECORDS:]})
-        except (OSError, filelock.Timeout) as exc:
+        except OSError as exc:
             raise DoctorError(
                 f"cannot write the warm-up records {self.path}: {getattr(exc, 'strerror', None) or exc}",
                 hint=f"move {self.path} away if it is not a file of warm-up records; it is re-created",

@@ -19,7 +19,13 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.folder_lock import folder_locks
 from dflash_doctor.cache.fsops import printable
-from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, MANAGED_SOURCE, command_locations, snapshots_dir
+from dflash_doctor.cache.locations import (
+    INDUCTOR_VARIABLE,
+    MANAGED_SOURCE,
+    check_apart,
+    command_locations,
+    snapshots_dir,
+)
 from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
@@ -203,7 +209,11 @@ def snapshot_command(
 @named_os_errors
 def restore_command(
     snapshot: str = typer.Argument(..., help="A snapshot name from `cache list`, or a path to an archive."),
-    force: bool = typer.Option(False, "--force", help="Restore even when made for another build."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Restore even when made for another build, or when it holds no files for a cache that has some.",
+    ),
     replace_non_cache: bool = ReplaceNonCacheOption,
     python: str | None = PythonOption,
     json_out: bool = JsonOption,
@@ -240,6 +250,7 @@ def restore_command(
                 "backups": {k: str(v) for k, v in result.backups.items()},
                 "forced_over": result.forced_over,
                 "recovered": result.recovered,
+                "kept_out_of_retention": result.kept,
                 "warnings": warnings,
                 "warm_records": adopted,
                 "seconds": round(result.seconds, 3),
@@ -251,6 +262,8 @@ def restore_command(
         console.print(f"  [yellow]recovered:[/] {escape(action)}")
     for warning in warnings:
         console.print(f"  [yellow]note:[/] {escape(warning)}")
+    for kept in result.kept:
+        console.print(f"  [yellow]kept:[/] {escape(kept)}; never deleted by retention, remove it yourself")
     if result.forced_over:
         console.print(f"  [yellow]--force: restored despite {escape('; '.join(result.forced_over))}[/]")
     console.print(
@@ -383,6 +396,7 @@ def warm_command(
     if env.torch is None:
         raise DoctorError(f"torch is not installed for {env.interpreter.executable}", hint="nothing to warm")
     locations = command_locations(os.environ)
+    check_apart(locations.roots())
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
     with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles

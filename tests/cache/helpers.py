@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import os
@@ -26,15 +27,24 @@ CPU_BUILD = BuildFingerprint(
 )
 
 
+def inductor_key(*parts: object) -> str:
+    """A 52-character lowercase base32 key, as Inductor names its entries (deterministic from `parts`)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return base64.b32encode(digest).decode().lower().rstrip("=")
+
+
 def make_tree(root: Path, files: int = 40, seed: int = 0, size: int = 2000) -> dict[str, str]:
-    """A cache-like tree (`<2ch>/c<hash>.py|.so`, fxgraph entries); returns relative path -> sha256."""
+    """A cache-like tree laid out as Inductor lays it out (`<2 chars>/c<key>.py|.so|.cpp`, where the two
+    characters are the key's first two; `fxgraph/<2 chars>/f<key>/<entry key>`); returns relative path ->
+    sha256."""
     rng = random.Random(seed)
     digests = {}
     for index in range(files):
         kind = rng.choice(["py", "so", "cpp"])
-        rel = f"{rng.choice('abcdefgh')}{rng.choice('xyz')}/c{seed}_{index}.{kind}"
+        key = inductor_key(seed, index)
+        rel = f"{key[:2]}/c{key}.{kind}"
         if index % 5 == 0:
-            rel = f"fxgraph/{rng.choice('ab')}q/f{seed}_{index}/entry"
+            rel = f"fxgraph/{key[:2]}/f{key}/{inductor_key(seed, index, 'entry')}"
         data = rng.randbytes(rng.randint(1, size)) + f"seed {seed} file {index}\n".encode() * 20
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,180 @@
+"""The folder that holds a cache, opened once as a handle, judged on that handle, and used through it.
+
+A restore renames the cache, makes staging folders beside it and writes records into what it moved; a
+snapshot writes our marker into the cache. Done by path, each step looks the path up again, so another
+user who can change what a name there means (a link planted at an absent cache's name in /tmp, or a
+parent folder that is theirs) redirects a root restore's writes into a folder of their choosing
+(issue 30, N1 and N1b). So the parent is opened once, without following any link (each part of its real
+path opened with `O_NOFOLLOW` from the one before), its owner and mode are judged on that handle, and
+every rename, mkdir, record write and deletion beside the cache is relative to it (fsops' `*_at`).
+
+The rule for the parent is `check`'s `cache.parent_writable`: owned by this user or root, and not
+writable by others unless sticky (as /tmp, 1777), where others may add names but not rename or remove
+ours. A parent that breaks it is refused with the fix: no restore, snapshot or warm-up uses that cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+from dflash_base.errors import DoctorError
+from dflash_doctor.cache import fsops
+from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MADE_MODE = 0o755  # missing parents: never writable by others, whatever the umask
+
+
+def exposure(uid: int, mode: int) -> str | None:
+    """Who may change names in a folder of this owner and mode: `open` when others may rename or replace
+    what is in it (group/world-writable without the sticky bit, or another user's), `shared` when they
+    may only add names beside ours (sticky, as /tmp), None when only its owner (us or root) can."""
+    if uid not in (0, os.getuid()):
+        return "open"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "shared" if mode & stat.S_ISVTX else "open"
+    return None
+
+
+def parent_remedy() -> str:
+    return f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache in a folder only you own"
+
+
+class ParentDir:
+    """An open handle of the folder that holds a cache; close it (or use `with`)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        info = os.fstat(fd)
+        self.shared = exposure(info.st_uid, stat.S_IMODE(info.st_mode)) == "shared"
+
+    @classmethod
+    def open(cls, path: Path, make: bool = True) -> ParentDir:
+        """Open `path` (made, 0755, when missing and `make`) and judge it: a DoctorError when others
+        could rename the cache away or put a link in its place."""
+        if make:
+            _make_folders(path)
+        fd = open_nofollow(path)
+        info = os.fstat(fd)
+        why = _refusal(info)
+        if why is not None:
+            os.close(fd)
+            raise DoctorError(
+                f"the cache's folder {path} {why}: another user could rename the cache away or put a "
+                "link in its place, and a restore, snapshot or warm-up would write through it as you",
+                hint=parent_remedy(),
+            )
+        return cls(path, fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> ParentDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- names in the folder, each looked up by the kernel in this folder at the moment of the call
+
+    def lstat(self, name: str) -> os.stat_result | None:
+        return fsops.lstat_at(self.fd, name)
+
+    def identity(self, name: str) -> tuple[int, int] | None:
+        """(device, inode) of the folder at `name`; None when nothing, or not a folder, is there."""
+        info = self.lstat(name)
+        return fsops.identity(info) if info is not None and stat.S_ISDIR(info.st_mode) else None
+
+    def names(self) -> list[str]:
+        return sorted(os.listdir(self.fd))
+
+    def mkdir(self, name: str, mode: int = 0o700) -> None:
+        """A new folder (FileExistsError when the name is taken, whatever took it), exactly `mode`."""
+        os.mkdir(name, mode, dir_fd=self.fd)
+        made = self.open_folder(name)
+        try:
+            os.fchmod(made, mode)  # mkdir's mode is cut by the umask
+        finally:
+            os.close(made)
+
+    def open_folder(self, name: str) -> int:
+        return fsops.open_folder_at(self.fd, name)
+
+    def exchange(self, a: str, b: str) -> bool:
+        return fsops.exchange_at(self.fd, a, b)
+
+    def rename_noreplace(self, source: str, dest: str) -> None:
+        fsops.rename_noreplace_at(self.fd, source, dest)
+
+    def read_owned(self, name: str, max_bytes: int = 1 << 20) -> bytes | None:
+        return fsops.read_owned_at(self.fd, name, max_bytes)
+
+    def write_atomic(self, name: str, data: bytes) -> None:
+        try:
+            fsops.write_atomic_at(self.fd, name, data)
+        except OSError as exc:  # named by its path, not by the temp file's name or none
+            raise OSError(exc.errno, exc.strerror, str(self.path / name)) from None
+
+    def unlink(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)
+
+    def remove_tree(self, name: str, last: str | None = None) -> None:
+        fsops.remove_tree_at(self.fd, name, last)
+
+    def free_bytes(self) -> int:
+        info = os.fstatvfs(self.fd)
+        return info.f_bavail * info.f_frsize
+
+    def owned_folder(self, name: str) -> bool:
+        info = self.lstat(name)
+        return info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+
+
+def _refusal(info: os.stat_result) -> str | None:
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid not in (0, os.getuid()):
+        return f"belongs to uid {info.st_uid}"
+    if exposure(info.st_uid, mode) == "open":
+        return f"is a folder others can write (mode {mode:04o}) without the sticky bit"
+    return None
+
+
+def open_nofollow(path: Path) -> int:
+    """A handle of the folder `path` names now: its real path, each part opened from the one before with
+    `O_NOFOLLOW`, so a link swapped into the path meanwhile is refused, never followed."""
+    real = Path(os.path.realpath(path))
+    fd = os.open("/", _FOLDER_FLAGS)
+    try:
+        for part in real.parts[1:]:
+            inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise DoctorError(
+                f"{path} changed while it was being opened (a part of it became a link or a file)",
+                hint="try again; if it happens again, another user may be changing it",
+            ) from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    return fd
+
+
+def _make_folders(path: Path) -> None:
+    """`mkdir -p path`, each folder made 0755 at most (makedirs makes the ones above 0777 less the umask)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder):
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, _MADE_MODE)

@@ -1,0 +1,204 @@
+"""Finishing what a killed restore left: its journal says which staging folder belongs to which target,
+what each target was, and how far the restore got.
+
+The journal lives beside the first target, `.<name>.dflash-restore.json`: ours, written at a random name
+and renamed through the parent's handle, read back only when it is a regular file of ours. Recovery (the
+first step of the next restore or snapshot, under the folder locks) reads only that: phase `extracting`
+-> the staging folders are deleted (when their marker, or the journal and our uid, prove them ours), and
+a target the restore made to hold the name is removed while still empty; phase `swapping` -> every root
+is rolled forward (its staging was verified): swapped where not yet, the old cache moved to its backup
+where the exchange was done. So all roots of one restore are new together or old together. Deletions of
+old backups a kill cut short are finished too (backups.finish_deletions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from dflash_base.errors import DoctorError
+from dflash_doctor.cache.backups import MovedFolderChanged, finish_deletions, give_record, unowned_backups
+from dflash_doctor.cache.fsops import read_owned
+from dflash_doctor.cache.parent_dir import ParentDir
+from dflash_doctor.cache.swap import (
+    STAGING_TAG,
+    SwapRoot,
+    is_empty,
+    is_our_staging,
+    judge_target,
+    marker_at,
+    retire_previous,
+    swap,
+)
+
+JOURNAL_SUFFIX = ".dflash-restore.json"
+JOURNAL_SCHEMA = "dflash-doctor/restore-journal/v1"
+
+
+def journal_path(target: Path) -> Path:
+    return target.parent / f".{target.name}{JOURNAL_SUFFIX}"
+
+
+def write_journal(parent: ParentDir, target: Path, data: dict[str, Any]) -> None:
+    try:
+        parent.write_atomic(journal_path(target).name, json.dumps(data, indent=1).encode())
+    except PermissionError:
+        raise DoctorError(
+            f"{journal_path(target)} belongs to someone else: another user is restoring into this cache's folder",
+            hint="point TORCHINDUCTOR_CACHE_DIR at a folder only you can write",
+        ) from None
+
+
+def _parse_journal(raw: bytes | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != JOURNAL_SCHEMA
+        or data.get("uid") != os.getuid()
+        or data.get("phase") not in ("extracting", "swapping")
+        or not isinstance(data.get("restore_id"), str)
+        or not isinstance(data.get("roots"), dict)
+    ):
+        return None
+    for root in data["roots"].values():
+        if not isinstance(root, dict) or not all(isinstance(root.get(k), str) for k in ("target", "staging")):
+            return None
+        target, staging = Path(root["target"]), Path(root["staging"])
+        if staging.parent != target.parent or not staging.name.startswith(f".{target.name}{STAGING_TAG}"):
+            return None
+        old = root.get("old")
+        if old is not None and not (
+            isinstance(old, list) and len(old) == 2 and all(type(n) is int for n in old)
+        ):
+            return None
+    return data
+
+
+def read_journal(target: Path) -> dict[str, Any] | None:
+    """Our journal beside `target` (a regular file of ours, well-formed), or None."""
+    return _parse_journal(read_owned(journal_path(target)))
+
+
+def pending_restore(target: Path) -> str | None:
+    """A line when a restore into `target` was interrupted and not yet finished (for `cache status`)."""
+    journal = read_journal(target)
+    if journal is None:
+        return None
+    return f"restore {journal['restore_id']} was interrupted while {journal['phase']}"
+
+
+@contextmanager
+def _parents_of(journal: dict[str, Any], known: Mapping[Path, ParentDir]) -> Iterator[dict[Path, ParentDir]]:
+    """The parent handle of every target the journal names (those not held by the caller, opened)."""
+    with ExitStack() as stack:
+        handles: dict[Path, ParentDir] = {}
+        for entry in journal["roots"].values():
+            target = Path(entry["target"])
+            held = next((p for t, p in known.items() if t.parent == target.parent), None)
+            handles[target] = held or stack.enter_context(ParentDir.open(target.parent, make=False))
+        yield handles
+
+
+def _roots_of(journal: dict[str, Any], parents: Mapping[Path, ParentDir]) -> list[SwapRoot]:
+    roots = []
+    for label, entry in journal["roots"].items():
+        target = Path(entry["target"])
+        old = entry.get("old")
+        roots.append(
+            SwapRoot(
+                label,
+                target,
+                parents[target],
+                Path(entry["staging"]).name,
+                (old[0], old[1]) if old else None,
+                bool(entry.get("premade")),
+                bool(entry.get("not_a_cache")),
+                entry.get("kept") if isinstance(entry.get("kept"), str) else None,
+            )
+        )
+    return roots
+
+
+def _finish(journal: dict[str, Any], roots: list[SwapRoot]) -> list[str]:
+    restore_id, actions = journal["restore_id"], []
+    for root in roots:
+        parent, name = root.parent, root.target.name
+        if journal["phase"] == "extracting":
+            # Killed between its mkdir and its marker, a staging folder has no marker yet: the journal
+            # naming it and our uid on it prove it ours (no one else can make a folder of ours).
+            marker = marker_at(parent, root.staging)
+            if parent.owned_folder(root.staging) and (
+                marker is None or marker.get("restore_id") == restore_id
+            ):
+                parent.remove_tree(root.staging)
+                actions.append(f"removed an unfinished staging folder {parent.path / root.staging}")
+            if root.premade and parent.identity(name) == root.old and is_empty(parent, name):
+                os.rmdir(name, dir_fd=parent.fd)
+            continue
+        marker = marker_at(parent, name)
+        if marker is not None and marker.get("restore_id") == restore_id:  # swapped in already
+            info = parent.lstat(root.staging)
+            if info is not None and stat.S_ISDIR(info.st_mode):  # the old cache, after the exchange
+                if root.old is None and parent.owned_folder(root.staging):  # a journal of issue 21's time
+                    root.old = parent.identity(root.staging)
+                actions.append(_retire_in_recovery(root, restore_id))
+        elif is_our_staging(parent, root.staging, restore_id):  # verified, not swapped yet: roll forward
+            root.old = parent.identity(name)
+            content = judge_target(root, replace_non_cache=root.not_a_cache)
+            root.premade = root.premade and content is not None and not content.files
+            backup = swap(root, restore_id, lambda: None)
+            kept = f" (previous kept as {parent.path / backup})" if backup else ""
+            actions.append(f"finished swapping in {root.target}{kept}")
+        for backup in unowned_backups(parent, root.target, restore_id):
+            try:
+                give_record(parent, backup, root.old, root.record(restore_id))
+                actions.append(f"kept the previous cache as {parent.path / backup}")
+            except MovedFolderChanged as exc:
+                actions.append(f"{exc}; left alone")
+    return actions
+
+
+def _retire_in_recovery(root: SwapRoot, restore_id: str) -> str:
+    try:
+        backup = retire_previous(root, root.staging, restore_id)
+    except DoctorError as exc:
+        return exc.message
+    return f"kept the previous cache as {root.parent.path / backup}" if backup else "removed an empty folder"
+
+
+def recover_interrupted(target: Path, parent: ParentDir | None = None) -> list[str]:
+    """Finish what a killed restore's journal beside `target` says, and deletions a kill left; say what
+    was done. The caller holds the folder locks (and may pass the parent's handle they gave). Staging
+    folders no journal of ours names are left alone (see `strangers`)."""
+    if parent is None:
+        if not target.parent.is_dir():
+            return []
+        with ParentDir.open(target.parent, make=False) as opened:
+            return recover_interrupted(target, opened)
+    actions = finish_deletions(parent, target)
+    _remove_torn_journals(parent, target)
+    journal = _parse_journal(parent.read_owned(journal_path(target).name))
+    if journal is None:
+        return actions
+    with _parents_of(journal, {target: parent}) as parents:
+        actions += _finish(journal, _roots_of(journal, parents))
+    parent.unlink(journal_path(target).name)
+    return actions
+
+
+def _remove_torn_journals(parent: ParentDir, target: Path) -> None:
+    """Temp files of ours a kill left while the journal was being written (`.<journal>.<random>.tmp`)."""
+    prefix = f".{journal_path(target).name}."
+    for name in parent.names():
+        if name.startswith(prefix) and name.endswith(".tmp") and parent.read_owned(name) is not None:
+            parent.unlink(name)
