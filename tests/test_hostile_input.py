@@ -147,7 +147,7 @@ def test_lock_out_where_nothing_can_be_written_is_a_named_error(capsys, monkeypa
 )
 def test_a_damaged_record_is_skipped_by_runs_and_named_by_runs_show(capsys, content, words) -> None:
     store = RunStore()
-    kept = store.create("succeeded", metrics={"mean_tok_s": 1000.0, "final_loss": 2.5})
+    kept = store.create("succeeded", metrics={"steady_tok_s": 1000.0, "final_loss": 2.5})
     damaged = store.root / "20991231-235959-dead" / "record.json"
     damaged.parent.mkdir(parents=True)
     damaged.write_bytes(content)

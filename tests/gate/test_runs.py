@@ -29,8 +29,8 @@ def test_show_names_the_torch_build_that_changed_since_the_last_good_run(tmp_pat
     good_site.add_torch(version="2.10.0+cu128", cuda="12.8", git="a" * 40)
     bad_site.add_torch(version="2.10.0+cu128", cuda="12.8", git="b" * 40)  # "the same" version
     store = RunStore()
-    good = store.create("succeeded", environment=lock_of(good_site), metrics={"mean_tok_s": 20000.0})
-    bad = store.create("failed", environment=lock_of(bad_site), metrics={"mean_tok_s": 5400.0}, exit_code=1)
+    good = store.create("succeeded", environment=lock_of(good_site), metrics={"steady_tok_s": 20000.0})
+    bad = store.create("failed", environment=lock_of(bad_site), metrics={"steady_tok_s": 5400.0}, exit_code=1)
     assert run(["runs", "show", bad.id, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["baseline"] == good.id
@@ -83,3 +83,18 @@ def test_a_failed_run_keeps_its_last_stderr_lines_and_runs_show_prints_them(caps
     record = RunStore().create("failed", exit_code=1, stderr_tail=list(outcome.stderr_tail))
     assert run(["runs", "show", record.id]) == 0
     assert "d.jsonl line 100: not JSON" in capsys.readouterr().out
+
+
+def test_a_runs_throughput_is_the_steady_figure_and_an_older_record_says_what_its_figure_was(
+    tmp_path, capsys
+) -> None:
+    store = RunStore(tmp_path / "runs")
+    new = store.create(
+        "succeeded", metrics={"steady_tok_s": 14329.0, "mean_tok_s": 14441.0, "steady_steps": [6, 60]}
+    )
+    old = store.create("succeeded", metrics={"mean_tok_s": 16927.0})
+    assert new.tokens_per_second == 14329.0  # tokens / seconds, not the mean of rates beside it
+    assert old.tokens_per_second == 16927.0
+    from dflash_doctor.commands.runs import METRIC_LABELS
+
+    assert "older record" in METRIC_LABELS["mean_tok_s"] and METRIC_LABELS["steady_tok_s"] == "tok/s"

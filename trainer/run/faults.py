@@ -5,6 +5,8 @@
   as a crashed or OOM-killed target would. The job must then stop non-zero within a bounded time.
 - `drafter_hang_at_step:K`: the first drafter stops after K steps and sleeps, as a hung rank would; the
   resume test kills the job with SIGKILL at that known point.
+- `capture_delay_ms:K`: every capture takes K ms longer, as a slow target would; the step-time test knows
+  then how much of each step is its capture.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 ENV = "DFLASH_FAULT"
 FAULT_EXIT_CODE = 3
-KINDS = ("target_exit_at_batch", "drafter_hang_at_step")
+KINDS = ("target_exit_at_batch", "drafter_hang_at_step", "capture_delay_ms")
 
 
 @dataclass(frozen=True)
@@ -59,3 +61,9 @@ def maybe_hang_drafter(fault: Fault | None, drafter_index: int, steps_done: int)
         _announce(f"drafter 0 hanging after step {steps_done}", fault)
         while True:
             time.sleep(3600)
+
+
+def maybe_delay_capture(fault: Fault | None) -> None:
+    """A slow target: this capture takes `fault.at` ms longer."""
+    if fault is not None and fault.kind == "capture_delay_ms":
+        time.sleep(fault.at / 1000)

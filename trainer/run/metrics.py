@@ -34,14 +34,19 @@ class StepMetrics:
     accuracy: list[float]  # per block slot
     accept_len: float  # mean over valid anchors of 1 + leading correct slots
     accept_len_from_accuracy: float
-    tok_s: float  # real (non-padding) context tokens trained on per second (all drafters)
+    tok_s: (
+        float  # real (non-padding) context tokens trained on per second (all drafters): tokens / step_time_s
+    )
     supervised_tok_s: float  # tokens on the loss mask per second (all drafters)
     samples_s: float
-    step_time_s: float
+    step_time_s: float  # from the previous step's end to this step's: its own capture included, no other's
     data_wait_s: float
     heldout_accept_len: float | None = None  # held-out, against the target's greedy tokens
     heldout_accept_len_labels: float | None = None  # held-out, against the data labels
     heldout_s: float | None = None  # seconds the held-out evaluation took (not in step_time_s)
+    tokens: float = (
+        0.0  # real (non-padding) tokens of this step (all drafters): throughput = sum / sum of times
+    )
 
 
 class MetricsLog:
@@ -95,6 +100,9 @@ class Progress:
         self._bar: Any = None
         self._live = self.stream.isatty()
         self._started = False
+        # tok/s on the progress line: tokens / seconds over the steps since the line before (never a rate of
+        # one step, never a mean of rates)
+        self._tokens = self._seconds = 0.0
 
     def _start(self) -> None:
         self._started = True
@@ -123,19 +131,22 @@ class Progress:
         if m.heldout_accept_len is not None:
             self.heldout = m.heldout_accept_len
         shown = f"held-out accept {self.heldout:.2f} (target)  " if self.heldout is not None else ""
-        status = f"loss {m.loss:.4f}  {shown}train accept {m.accept_len:.2f}  {m.tok_s:,.0f} tok/s"
+        self._tokens += m.tokens
+        self._seconds += m.step_time_s
+        rate = self._tokens / self._seconds if self._seconds > 0 else m.tok_s
+        status = f"loss {m.loss:.4f}  {shown}train accept {m.accept_len:.2f}  {rate:,.0f} tok/s"
+        printed = m.step % self.log_every == 0 or m.step in (self.total, self.start + 1)
+        printed = printed or m.heldout_accept_len is not None
         if self._bar is not None:
             self._bar.update(self._task, completed=m.step, status=status)
-        elif (
-            m.step % self.log_every == 0
-            or m.step in (self.total, self.start + 1)
-            or m.heldout_accept_len is not None
-        ):
+        elif printed:
             print(
                 f"step {m.step}/{self.total}  {status}  eta {self.eta_s(m.step):.0f}s",
                 file=self.stream,
                 flush=True,
             )
+        if printed:  # the next line's rate counts the steps after this one
+            self._tokens = self._seconds = 0.0
 
     def close(self) -> None:
         if self._bar is not None:
@@ -147,12 +158,37 @@ def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path:
     return write_json_atomic(summary_path(output_dir), summary)
 
 
+# The first steps of a run are not its steady state (lazy allocations, the last compiles, caches filling): a
+# run's throughput counts the steps after them.
+WARM_STEPS = 5
+
+
+def steady_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps a run's throughput counts: after the first WARM_STEPS (after the first one when the run
+    has fewer than twice that), held-out and checkpoint time never inside them."""
+    skip = WARM_STEPS if len(records) >= 2 * WARM_STEPS else min(1, len(records) - 1)
+    return records[max(skip, 0) :]
+
+
+def steady_throughput(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens / seconds over the steady steps, read from the steps' own times (never a mean of per-step
+    rates), and which steps those were."""
+    steady = steady_steps(records)
+    seconds = sum(r["step_time_s"] for r in steady)
+    # Lines written before `tokens` existed: a step's tokens are its rate times its time.
+    tokens = sum(r.get("tokens") or r["tok_s"] * r["step_time_s"] for r in steady)
+    supervised = sum(r.get("supervised_tok_s", 0.0) * r["step_time_s"] for r in steady)
+    return {
+        "steady_tok_s": tokens / seconds if seconds > 0 else 0.0,
+        "steady_supervised_tok_s": supervised / seconds if seconds > 0 else 0.0,
+        "steady_steps": [steady[0]["step"], steady[-1]["step"]] if steady else None,
+        "steady_seconds": seconds,
+    }
+
+
 def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra: Any) -> dict[str, Any]:
     """The summary of a run from its metric lines."""
     first, last = (records[0], records[-1]) if records else ({}, {})
-    steady = records[1:] or records  # step 1 includes warm caches
-    tok = [r["tok_s"] for r in steady]
-    supervised = [r.get("supervised_tok_s", 0.0) for r in steady]
     evals = [r for r in records if r.get("heldout_accept_len") is not None]
     step_s = sum(r["step_time_s"] for r in records)
     return {
@@ -170,8 +206,7 @@ def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra
         "final_loss": last.get("loss"),
         "final_accuracy": last.get("accuracy"),
         "final_accept_len": last.get("accept_len"),  # on the training batch: a secondary figure
-        "mean_tok_s": sum(tok) / len(tok) if tok else 0.0,
-        "mean_supervised_tok_s": sum(supervised) / len(supervised) if supervised else 0.0,
+        **steady_throughput(records),
         "wall_s": wall_s,
         **extra,
     }

@@ -45,7 +45,13 @@ from trainer.model.device import autocast_for, resolve_device
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import LossOutput
 from trainer.run import checkpoint as ckpt
-from trainer.run.faults import fault_from_env, maybe_exit_target, maybe_hang_drafter
+from trainer.run.faults import (
+    Fault,
+    fault_from_env,
+    maybe_delay_capture,
+    maybe_exit_target,
+    maybe_hang_drafter,
+)
 from trainer.run.heldout import HeldoutEvaluator, HeldoutSums
 from trainer.run.metric_sinks import open_sinks
 from trainer.run.metrics import MetricsLog, Progress, summarize, write_summary
@@ -182,9 +188,11 @@ class TargetSide:
     source: SequenceSource
     eval_source: SequenceSource  # data.eval_path's records, or the training source (eval_fraction)
     order: BatchOrder
+    fault: Fault | None = None  # a testing hook (trainer.run.faults)
 
     def capture(self, index: int, device: torch.device) -> CapturedBatch:
         """Global training batch `index`: its sequences from the data, through the target."""
+        maybe_delay_capture(self.fault)
         input_ids, loss_mask = make_batch(self.source, self.order.sequence_ids(index))
         return self.target.capture(to_device(input_ids, device), to_device(loss_mask, device), index)
 
@@ -219,7 +227,7 @@ def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
         eval_source = build_source(cfg, device, vocab, cfg.data.eval_path, "data.eval_path")
     order = BatchOrder(split.train_ids, cfg.optim.batch_size, cfg.run.seed)
     run.clock.mark("data")
-    return TargetSide(target, source, eval_source, order)
+    return TargetSide(target, source, eval_source, order, fault_from_env())
 
 
 def run_target(run: RunContext) -> None:
@@ -383,13 +391,15 @@ class DrafterLoop:
         outs, grad_norm, lr = train_step(
             self.ddp, self.model, feed, cfg, self.anchor_gen, self.optimizer, self.scheduler, run.device
         )
+        numbers = StepNumbers(pack_step(outs, feed, grad_norm, run.group))
+        # A step's window runs from the previous step's end to this mark: it holds this step's own capture
+        # (queued below by the previous step, or captured inline) and never the next step's, so every
+        # step's time is real, the last one and those before an evaluation or a checkpoint too.
+        ended = self.timer.mark()
         if self.prefetch is not None and not (evaluate or checkpoint):
             self.prefetch(done * run.plan.accum)  # the next step's first capture, behind this update
-        numbers = StepNumbers(pack_step(outs, feed, grad_norm, run.group))
         since = self.queued.ended if self.queued is not None else started
-        current = QueuedStep(
-            done, numbers, outs[0].correct.numel(), lr, feed.waited, since, self.timer.mark()
-        )
+        current = QueuedStep(done, numbers, outs[0].correct.numel(), lr, feed.waited, since, ended)
         self.log_queued()
         if not (evaluate or checkpoint):
             self.queued = current
