@@ -136,7 +136,8 @@ def run_gate(
         from dflash_doctor.launch.split import recommendation_for_config
 
         # From the per-role rates measured on an H200 (dflash_doctor/data/role_rates.json).
-        recommendation = recommendation_for_config(training.config, gpu_count * plan.nnodes)
+        sync = plan.choice.sync if plan.choice is not None else None
+        recommendation = recommendation_for_config(training.config, gpu_count * plan.nnodes, sync=sync)
         if recommendation is not None:
             options.extra["split_recommendation"] = recommendation
     # The compile-cache checks judge the folder the workers will use, not this shell's default.

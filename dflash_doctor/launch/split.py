@@ -5,7 +5,10 @@ one recipe (samples/s of one target GPU, of one drafter GPU):
 
     samples/s (N targets + M drafters) = min(N x target_rate, M x drafter_rate);  tok/s = that x seq_len
 
-This ignores transport and gradient-sync costs (bench/e2e/e2e.py measures what a real 1+1 loses to them).
+Drafter ranks also average their gradients every step (DDP's all-reduce of every fp32 gradient); with a
+`GradientSync` a drafter GPU's rate counts that wait, as a ring all-reduce of the gradient bytes over a stated
+NVLink bus bandwidth, not overlapped with the backward (DDP's buckets do overlap it: a bound, not a guess).
+Transport between targets and drafters is still ignored (bench/e2e/e2e.py measures what a real 1+1 loses).
 Rates per recipe live in `dflash_doctor/data/role_rates.json` (filled from an H200 run by
 `bench/kernels/role_rates.py`; each entry says where its numbers came from).
 
@@ -15,8 +18,9 @@ A colocated GPU does both roles one after the other, so per GPU
 
 unless the recipe has a measured `colocated_samples_s` (bench/kernels/colocated.py), which wins.
 
-Public API: `recommend_split(rates, gpus)`, `recommendation_for_config(cfg, gpus)`, `load_role_rates(path)`,
-`project_split(rates, targets, drafters)`, `project_colocated(rates, ranks)`, `rates_for_config(cfg, table)`.
+Public API: `recommend_split(rates, gpus, sync)`, `recommendation_for_config(cfg, gpus, table, sync)`,
+`load_role_rates(path)`, `project_split(rates, targets, drafters, sync)`, `project_colocated(rates, ranks, sync)`,
+`rates_for_config(cfg, table)`, `GradientSync`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,55 @@ from trainer.spec.topology import forces_split, split_of
 
 # Shipped with the package, in dflash_doctor/data/.
 DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"
+
+# The bus bandwidth of NCCL's ring all-reduce between NVLink-connected H200s (NVSwitch, NVLink multicast off as on
+# these machines): nccl-tests report ~360 GB/s busbw for large messages on 8-GPU H100/H200 SXM nodes without
+# NVLS. A stated figure, not measured here (the machines lent to this project have one GPU).
+NVLINK_BUS_BYTES_S = 360e9
+# Across nodes the ring's slowest hop is a node's network: one 400 Gb/s InfiniBand NIC per GPU (DGX H100/H200),
+# ~45 GB/s of all-reduce bus bandwidth. Also stated, not measured.
+INTERNODE_BUS_BYTES_S = 45e9
+
+
+@dataclass(frozen=True)
+class GradientSync:
+    """The drafters' gradient all-reduce each optimizer step: every fp32 gradient, ring-reduced over the
+    drafter ranks (2 (K-1)/K of the bytes cross each GPU's link)."""
+
+    gradient_bytes: int  # 4 x the drafter's trainable parameters
+    sequences_per_step: int  # per drafter rank: optim.batch_size x optim.grad_accum
+    bus_bytes_s: float = NVLINK_BUS_BYTES_S
+    link: str = "NVLink"  # what `bus_bytes_s` is the bandwidth of
+
+    @classmethod
+    def over(cls, gradient_bytes: int, sequences_per_step: int, nodes: int) -> GradientSync:
+        """On one node the ring runs over NVLink; over several, a node's network is its slowest hop."""
+        if nodes > 1:
+            return cls(
+                gradient_bytes, sequences_per_step, INTERNODE_BUS_BYTES_S, "InfiniBand (between nodes)"
+            )
+        return cls(gradient_bytes, sequences_per_step)
+
+    def seconds(self, drafters: int) -> float:
+        """One step's all-reduce on `drafters` ranks (none for one: nothing to average)."""
+        if drafters <= 1:
+            return 0.0
+        return 2 * (drafters - 1) / drafters * self.gradient_bytes / self.bus_bytes_s
+
+    def rate(self, per_gpu_samples_s: float, drafters: int) -> float:
+        """A drafter GPU's samples/s once every step also waits for the all-reduce."""
+        step_s = self.sequences_per_step / per_gpu_samples_s + self.seconds(drafters)
+        return self.sequences_per_step / step_s
+
+    def describe(self, drafters: int) -> str:
+        gb = self.gradient_bytes / 1e9
+        if drafters <= 1:
+            return f"gradient all-reduce: none (one drafter rank; {gb:.2f} GB of fp32 gradients)"
+        return (
+            f"gradient all-reduce: {gb:.2f} GB of fp32 gradients a step, ring 2x({drafters}-1)/{drafters} over "
+            f"{self.bus_bytes_s / 1e9:,.0f} GB/s {self.link} bus bandwidth = {self.seconds(drafters) * 1000:.1f} ms a "
+            f"step of {self.sequences_per_step} sequence(s) per drafter, counted (not overlapped)"
+        )
 
 
 @dataclass(frozen=True)
@@ -131,12 +184,16 @@ class SplitRecommendation:
         }
 
 
-def project_split(rates: RoleRates, targets: int, drafters: int) -> SplitOption:
-    """Throughput of `targets` + `drafters` GPUs: the slower side sets the pace."""
+def project_split(
+    rates: RoleRates, targets: int, drafters: int, sync: GradientSync | None = None
+) -> SplitOption:
+    """Throughput of `targets` + `drafters` GPUs: the slower side sets the pace (the drafters' gradient
+    all-reduce counted when `sync` is given)."""
     if targets < 1 or drafters < 1:
         raise ValueError(f"a split needs at least one GPU per role, got {targets}+{drafters}")
     supply = targets * rates.target_samples_s
-    demand = drafters * rates.drafter_samples_s
+    per_drafter = sync.rate(rates.drafter_samples_s, drafters) if sync else rates.drafter_samples_s
+    demand = drafters * per_drafter
     samples = min(supply, demand)
     if abs(supply - demand) <= 1e-9 * max(supply, demand):
         bottleneck = "balanced"
@@ -168,23 +225,26 @@ class ColocatedOption:
         }
 
 
-def project_colocated(rates: RoleRates, ranks: int) -> ColocatedOption:
-    """Throughput of `ranks` colocated GPUs: each does a whole sample in t_target + t_drafter."""
+def project_colocated(rates: RoleRates, ranks: int, sync: GradientSync | None = None) -> ColocatedOption:
+    """Throughput of `ranks` colocated GPUs: each does a whole sample in t_target + t_drafter (and, with
+    `sync`, waits for the gradient all-reduce over the ranks every step)."""
     if ranks < 1:
         raise ValueError(f"colocated needs at least one GPU, got {ranks}")
     measured = rates.colocated_samples_s is not None
     per_gpu = rates.colocated_samples_s or 1.0 / (
         1.0 / rates.target_samples_s + 1.0 / rates.drafter_samples_s
     )
+    if sync is not None:
+        per_gpu = sync.rate(per_gpu, ranks)
     samples = ranks * per_gpu
     return ColocatedOption(ranks, samples, samples * rates.seq_len, measured)
 
 
-def recommend_split(rates: RoleRates, gpus: int) -> SplitRecommendation:
+def recommend_split(rates: RoleRates, gpus: int, sync: GradientSync | None = None) -> SplitRecommendation:
     """Every N+M = gpus split, best first (most samples/s; on a tie, the less idle, then more drafters)."""
     if gpus < 2:
         raise ValueError(f"a split needs at least 2 GPUs (one per role), got {gpus}")
-    options = [project_split(rates, n, gpus - n) for n in range(1, gpus)]
+    options = [project_split(rates, n, gpus - n, sync) for n in range(1, gpus)]
     options.sort(key=lambda o: (-round(o.samples_s, 9), o.idle_fraction, -o.drafters))
     return SplitRecommendation(rates.recipe, gpus, options[0], options, rates)
 
@@ -218,7 +278,7 @@ def rates_for_config(cfg: Any, table: dict[str, RoleRates]) -> RoleRates | None:
 
 
 def recommendation_for_config(
-    cfg: Any, gpus: int, table: dict[str, RoleRates] | None = None
+    cfg: Any, gpus: int, table: dict[str, RoleRates] | None = None, sync: GradientSync | None = None
 ) -> SplitRecommendation | None:
     """The best split of `gpus` for a trainer config (TrainConfig), or None when no rates were measured
     at its shapes or there are fewer than 2 GPUs. Per-sample rates: batch size does not change them."""
@@ -227,11 +287,11 @@ def recommendation_for_config(
     rates = rates_for_config(cfg, load_role_rates() if table is None else table)
     if rates is None:
         return None
-    recommendation = recommend_split(rates, gpus)
+    recommendation = recommend_split(rates, gpus, sync)
     current = None
     if forces_split(cfg.topology) or cfg.topology.mode == "split":  # the config's own split, if it has one
         own = split_of(cfg.topology)
-        current = project_split(rates, own.targets, own.drafters) if own.world_size <= gpus else None
+        current = project_split(rates, own.targets, own.drafters, sync) if own.world_size <= gpus else None
     return SplitRecommendation(
         recommendation.recipe, gpus, recommendation.best, recommendation.options, rates, current
     )

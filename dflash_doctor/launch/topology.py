@@ -18,10 +18,12 @@ from dflash_doctor.launch.memory_plan import (
     PlanInputs,
     colocated_estimate,
     drafter_estimate,
+    drafter_params,
     target_estimate,
 )
 from dflash_doctor.launch.split import (
     ColocatedOption,
+    GradientSync,
     RoleRates,
     SplitOption,
     load_role_rates,
@@ -69,6 +71,7 @@ class TopologyChoice:
     unit: str = "GPU"  # what `gpus` counts: "GPU", or "process" on CPU
     nodes: int = 1  # --nnodes: each node's launcher decides alone
     node_local: bool = False  # auto: this node's free memory changed the pick (other nodes may differ)
+    sync: GradientSync | None = None  # the drafters' gradient all-reduce, counted in both projections
 
     def _count(self, count: int | None = None) -> str:
         """'1 GPU', '2 GPUs', '2 processes': `count` (default: the ranks chosen for) of this unit."""
@@ -147,6 +150,8 @@ class TopologyChoice:
         ]
         if self.rates_source:
             out.append(f"  rates: {self.rates_source}")
+        if self.sync is not None and (self.colocated is not None or self.split is not None):
+            out.append(f"  {self.sync.describe(self.topology.drafters)} (in both projections)")
         nodes = self.nodes_line()
         if nodes:
             out.append(nodes)
@@ -172,6 +177,16 @@ class TopologyChoice:
                 else None
             ),
             "rates_source": self.rates_source,
+            "gradient_sync": (
+                {
+                    "gradient_bytes": self.sync.gradient_bytes,
+                    "sequences_per_step": self.sync.sequences_per_step,
+                    "bus_bytes_s": self.sync.bus_bytes_s,
+                    "seconds_per_step": round(self.sync.seconds(self.topology.drafters), 6),
+                }
+                if self.sync
+                else None
+            ),
             "nodes": self.nodes,
             "node_local": self.node_local,
         }
@@ -202,8 +217,9 @@ def choose_topology(
         if device_type == "cuda"
         else None
     )
-    colocated = project_colocated(rates, gpus) if rates else None
-    split = recommend_split(rates, gpus).best if rates and gpus >= 2 else None
+    sync = gradient_sync(cfg, inputs, nnodes) if device_type == "cuda" else None
+    colocated = project_colocated(rates, gpus, sync) if rates else None
+    split = recommend_split(rates, gpus, sync).best if rates and gpus >= 2 else None
     source = rates.source.split(":")[0] if rates else ""
     if rates and colocated and not colocated.measured:
         source += "; colocated projected as 1 / (1/target + 1/drafter)"
@@ -216,8 +232,13 @@ def choose_topology(
     )
     unit = "GPU" if device_type == "cuda" else "process"
     return TopologyChoice(
-        topology, section.mode, reason, gpus, fit, colocated, split, source, unit, nnodes, node_local
+        topology, section.mode, reason, gpus, fit, colocated, split, source, unit, nnodes, node_local, sync
     )
+
+
+def gradient_sync(cfg: Any, inputs: PlanInputs, nodes: int = 1) -> GradientSync:
+    """The all-reduce each drafter step waits for at this config's shapes (fp32 gradients of the drafter)."""
+    return GradientSync.over(4 * drafter_params(inputs), cfg.optim.batch_size * cfg.optim.grad_accum, nodes)
 
 
 def decide(

@@ -57,24 +57,42 @@ def test_auto_on_one_gpu_is_colocated_and_the_workers_are_told() -> None:
 
 def test_auto_picks_colocated_when_it_projects_faster() -> None:
     """b16 on 8 H200s: colocated 8 x the measured end-to-end rate against the best split 3+5 (5 x 7.14),
-    both read from the shipped rates table."""
+    both read from the shipped rates table, each drafter step also waiting for the gradient all-reduce."""
     from dflash_doctor.launch.split import load_role_rates
 
     rate = load_role_rates()["qwen3-8b-b16"].colocated_samples_s
     assert rate is not None
     plan = plan_for("qwen3-8b-b16", 8)
     choice = plan.choice
+    sync = choice.sync
+    assert sync is not None and sync.gradient_bytes > 4e9  # the 5-layer Qwen3-8B drafter's fp32 gradients
     assert plan.mode == "colocated" and plan.nproc_per_node == 8
-    assert choice.colocated.tok_s == pytest.approx(8 * rate * 3072, rel=1e-3) and choice.colocated.measured
+    expected = 8 * sync.rate(rate, 8) * 3072
+    assert expected < 8 * rate * 3072  # the all-reduce costs something on 8 ranks
+    assert choice.colocated.tok_s == pytest.approx(expected, rel=1e-3) and choice.colocated.measured
     assert (choice.split.targets, choice.split.drafters) == (3, 5)
     assert choice.colocated.tok_s > choice.split.tok_s
     colocated_k = f"{choice.colocated.tok_s / 1000:.1f}"
-    assert f"auto: colocated {colocated_k} >= best split 109.7 Ktok/s on 8 GPUs" in choice.reason
+    split_k = f"{choice.split.tok_s / 1000:.1f}"
+    assert f"auto: colocated {colocated_k} >= best split {split_k} Ktok/s on 8 GPUs" in choice.reason
     lines = "\n".join(choice.lines())
     assert (
         f"colocated on 8 GPUs: {colocated_k} Ktok/s (measured rate)" in lines
         and "best split of 8 GPUs: 3+5" in lines
     )
+    assert "gradient all-reduce:" in lines and "GB/s NVLink bus bandwidth" in lines  # named in --dry-run
+
+
+def test_the_all_reduce_is_ring_bytes_over_the_bus_and_free_for_one_drafter() -> None:
+    from dflash_doctor.launch.split import GradientSync
+
+    sync = GradientSync(gradient_bytes=4_000_000_000, sequences_per_step=2, bus_bytes_s=400e9)
+    assert sync.seconds(1) == 0.0  # nothing to average
+    assert sync.seconds(2) == pytest.approx(0.010)  # 2 x 1/2 x 4 GB / 400 GB/s
+    assert sync.seconds(8) == pytest.approx(0.0175)  # 2 x 7/8 x 4 GB / 400 GB/s
+    # 2 sequences at 10/s is 0.2 s a step; + 17.5 ms of all-reduce: 2 / 0.2175 samples/s
+    assert sync.rate(10.0, 8) == pytest.approx(2 / 0.2175)
+    assert sync.rate(10.0, 1) == pytest.approx(10.0)
 
 
 def test_auto_picks_the_split_when_it_projects_faster() -> None:
@@ -124,17 +142,18 @@ def test_colocated_ranks_that_do_not_split_over_nodes_fail(site: FakeSite) -> No
 
 def test_auto_over_nodes_says_what_decided_and_how_to_pin_it() -> None:
     """Each node's launcher decides alone: the plan says whether this node's free memory changed the pick
-    and gives the flags that pin it on every node."""
+    and gives the flags that pin it on every node. seed-b32: at its 2.5 s steps the gradient all-reduce
+    between nodes costs little, so colocated wins where it fits (it needs 69 GiB a GPU, the split 62)."""
     two = TorchrunOptions(nnodes=2)
-    shared = plan_for("qwen3-8b-b16", 8, free_gib=139.0, options=two)
+    shared = plan_for("seed-b32", 8, free_gib=139.0, options=two)
     assert shared.mode == "colocated" and not shared.choice.node_local
     line = shared.choice.lines()[-1]
     assert "2 nodes, each launcher deciding alone" in line and "free memory did not change it" in line
     assert line.endswith("pin it on every node: --set 'topology.mode=\"colocated\"' --set topology.ranks=16")
-    busy = plan_for("qwen3-8b-b16", 8, free_gib=40.0, options=two)  # a stray process on this node
+    busy = plan_for("seed-b32", 8, free_gib=65.0, options=two)  # a stray process on this node
     assert busy.mode == "split" and busy.choice.node_local
     line = busy.choice.lines()[-1]
-    assert "this node's free GPU memory (40.0 GiB) decided it" in line
+    assert "this node's free GPU memory (65.0 GiB) decided it" in line
     assert f"--set topology.targets={busy.targets} --set topology.drafters={busy.drafters}" in line
     assert busy.choice.to_json()["node_local"] is True
 
@@ -150,9 +169,9 @@ def test_one_node_or_a_set_mode_has_no_nodes_line() -> None:
 
 
 def test_the_gate_warns_when_this_nodes_free_memory_chose_the_topology(site: FakeSite) -> None:
-    got = findings(site, "qwen3-8b-b16", inventory(8, free_gib=40.0), nnodes=2, free_bytes=40 * GIB)
+    got = findings(site, "seed-b32", inventory(8, free_gib=65.0), nnodes=2, free_bytes=65 * GIB)
     warned = got["launch.topology.node_local"]
-    assert warned.severity is Severity.WARN and "this node's free GPU memory (40.0 GiB)" in warned.summary
+    assert warned.severity is Severity.WARN and "this node's free GPU memory (65.0 GiB)" in warned.summary
     assert "pin the topology on every node: --set 'topology.mode=\"split\"'" in warned.remedy
 
 
