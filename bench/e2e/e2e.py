@@ -178,6 +178,10 @@ def main() -> int:
     parser.add_argument("--colocated-json", type=Path, default=RESULTS / "colocated.json")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run: tiny-cpu, 1+1 over gloo")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/e2e-<recipe>.json")
+    parser.add_argument(
+        "--keep-output", action="store_true",
+        help="keep the run's output folder (a b16 run leaves ~14 GB: a checkpoint and an export)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     config = "tiny-cpu" if args.tiny else args.config
@@ -239,12 +243,17 @@ def main() -> int:
         "x2_colocated_tok_s": x2,
         "vs_x2_colocated": round(stats["steady_tok_s"] / x2, 3) if x2 and stats else None,
         "wall_s": round(wall, 1),
+        # the trainer's own figure (tokens / seconds over its steady steps), beside this script's
+        "trainer_steady_tok_s": summary.get("steady_tok_s"),
+        "trainer_steady_steps": summary.get("steady_steps"),
         "summary": summary,
         "log_tail": log_path.read_text()[-4000:],
     }
     row["startup"] = startup_lines(log_path.read_text())
     out = args.out or RESULTS / f"e2e-{recipe}.json"
     write_result(out, row)
+    if not args.keep_output:  # a full disk stops a GPU machine: four b16 runs left 56 GB
+        shutil.rmtree(output_dir, ignore_errors=True)
 
     shape = (
         f"colocated x{topology['drafters']}"
