@@ -19,8 +19,10 @@ from trainer.spec.eval_request import DEFAULTS, EvalRequest
 
 
 def eval_command(
-    export: str = typer.Option(
-        ..., "--export", help="The drafter's export folder (config.json + safetensors)."
+    export: str | None = typer.Option(
+        None,
+        "--export",
+        help="The drafter's export folder (config.json + safetensors); not for --drafter ngram.",
     ),
     config: str | None = typer.Option(
         None,
@@ -59,12 +61,35 @@ def eval_command(
         help="auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32. fp32 on CPU makes the identity exact: "
         "with --strict, the check that admits no near-tie.",
     ),
+    drafter: str = typer.Option(
+        DEFAULTS.drafter,
+        "--drafter",
+        help="What proposes the blocks: dflash (the exported drafter) | ngram (prompt lookup, vLLM's `ngram`).",
+    ),
+    baseline: bool = typer.Option(
+        DEFAULTS.baseline,
+        "--baseline/--no-baseline",
+        metavar=FLAG,
+        help="Prompt lookup beside the drafter on the same prompts (with --drafter dflash).",
+        show_default=False,
+    ),
+    ngram_k: int | None = typer.Option(
+        None,
+        "--ngram-k",
+        help="Tokens prompt lookup proposes per block (default: the drafter's block - 1, else 15).",
+    ),
+    ngram_min: int = typer.Option(
+        DEFAULTS.ngram_min, "--ngram-min", help="Prompt lookup: shortest n-gram matched."
+    ),
+    ngram_max: int = typer.Option(
+        DEFAULTS.ngram_max, "--ngram-max", help="Prompt lookup: longest n-gram matched."
+    ),
     json_out: bool = JsonOption,
 ) -> None:
     """Decode prompts with the target alone and with the drafter proposing blocks; compare."""
     request = EvalRequest(
         export, config, target, prompts, num_prompts, prompt_len, max_new_tokens, device, tuple(overrides),
-        tie_tolerance, dtype,
+        tie_tolerance, dtype, drafter, baseline, ngram_k, ngram_min, ngram_max,
     )  # fmt: skip
     request.check()  # bad options: exit 2 before torch is imported
     from trainer.api import format_report, run_eval

@@ -118,6 +118,8 @@ def test_synthetic_data_is_deterministic_and_not_chunking_dependent(one_thread: 
     assert a.ids.shape == (6, 24) and not (a.ids == 511).any()
     _ids, mask = a.get(0)
     assert not mask[:4].any() and mask[4:].all()  # the random prompt is not supervised
+    lazy = SyntheticSource(model, data, seed=0, mask_token_id=511, chunk=3, eager=False)
+    assert torch.equal(lazy.get(4)[0], a.ids[4]) and list(lazy._chunks) == [1]  # only sequence 4's chunk made
     # the tiny target is confident at a low temperature: most sampled tokens are its greedy choice
     gen = torch.Generator().manual_seed(0)
     seqs = sample_sequences(model, 8, 48, 4, 0.5, 511, gen)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -36,17 +35,17 @@ def _untrained_drafter(block: int = 4) -> DFlashDrafter:
 
 
 class OracleDrafter:
-    """Drafts the target's own greedy continuation (known in advance): every block should be accepted whole."""
+    """Proposes the target's own greedy continuation (known in advance): every block should be accepted whole."""
 
-    def __init__(self, continuation: list[int], prompt_len: int, block: int, vocab: int) -> None:
-        self.cfg = SimpleNamespace(block_size=block)
-        self.sequence, self.vocab = continuation, vocab
-        self.prompt_len = prompt_len
+    name, needs_features = "oracle", False
 
-    def draft_tokens(self, ids: Tensor, context: Tensor, anchor: Tensor, valid: Tensor) -> Tensor:
-        start = int(anchor) + 1 - self.prompt_len  # the generated index the slot-1 token has
-        picks = [self.sequence[min(start + k, len(self.sequence) - 1)] for k in range(self.cfg.block_size)]
-        return torch.tensor(picks[:-1]).view(1, 1, -1)  # slots 1..B-1
+    def __init__(self, continuation: list[int], prompt_len: int, block: int) -> None:
+        self.max_draft = block - 1
+        self.sequence, self.prompt_len = continuation, prompt_len
+
+    def propose(self, ids: list[int], features: Tensor | None) -> list[int]:
+        start = len(ids) - self.prompt_len  # the generated index the next token has
+        return [self.sequence[min(start + k, len(self.sequence) - 1)] for k in range(self.max_draft)]
 
 
 def test_untrained_drafter_output_equals_target_only_greedy() -> None:
@@ -64,8 +63,8 @@ def test_an_oracle_drafter_gets_whole_blocks_accepted() -> None:
     target, block, max_new = _tiny_target(), 4, 21
     prompt = PROMPTS[0]
     greedy = greedy_decode(target, prompt, max_new + block, None).tokens
-    oracle = OracleDrafter(greedy, len(prompt), block, 512)
-    report = evaluate(target, oracle, [prompt], max_new=max_new)  # type: ignore[arg-type]
+    oracle = OracleDrafter(greedy, len(prompt), block)
+    report = evaluate(target, oracle, [prompt], max_new=max_new)
     assert report.identical
     assert report.mean_accept_len == block  # every verify forward accepts B-1 drafts + the bonus token
     assert report.target_forwards == 1 + 5  # prefill (1 token) + 5 verify forwards of 4 tokens

@@ -128,31 +128,58 @@ class RandomSource:
 class SyntheticSource:
     """Sequences the tiny target samples from random prompts at a low temperature, fixed by the seed.
 
-    Generated once, in chunks of `chunk` sequences with one generator per chunk, so sequence j does not
-    depend on which rank generates it or in what order batches are asked for.
+    Made in chunks of `chunk` sequences with one generator per chunk, so sequence j does not depend on which
+    rank makes it or in what order batches are asked for. `eager`: every chunk at once (training, before its
+    loop); else a chunk the first time one of its sequences is asked for (`eval` reads a few held-out ones:
+    the whole set took 575 s for a 4-prompt eval on a loaded CPU).
     """
 
     def __init__(
-        self, model: nn.Module, data: DataSection, seed: int, mask_token_id: int, chunk: int = 64
+        self,
+        model: nn.Module,
+        data: DataSection,
+        seed: int,
+        mask_token_id: int,
+        chunk: int = 64,
+        eager: bool = True,
     ) -> None:
+        self.model, self.data, self.seed, self.mask_token_id, self.chunk = (
+            model,
+            data,
+            seed,
+            mask_token_id,
+            chunk,
+        )
         self.seq_len = data.seq_len
-        ids_chunks = []
-        for start in range(0, data.num_samples, chunk):
-            count = min(chunk, data.num_samples - start)
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (start // chunk) + 1)
-            ids_chunks.append(
-                sample_sequences(
-                    model, count, data.seq_len, data.prompt_len, data.temperature, mask_token_id, gen
-                )
+        self._chunks: dict[int, torch.Tensor] = {}
+        self.loss_mask = torch.arange(data.seq_len) >= data.prompt_len
+        if eager:
+            for c in range(-(-data.num_samples // chunk)):
+                self._ids(c)
+
+    def _ids(self, c: int) -> torch.Tensor:
+        if c not in self._chunks:
+            start = c * self.chunk
+            count = min(self.chunk, self.data.num_samples - start)
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 7919 * c + 1)
+            d = self.data
+            self._chunks[c] = sample_sequences(
+                self.model, count, d.seq_len, d.prompt_len, d.temperature, self.mask_token_id, gen
             )
-        self.ids = torch.cat(ids_chunks)
-        self.loss_mask = (torch.arange(data.seq_len) >= data.prompt_len).expand_as(self.ids)
+        return self._chunks[c]
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """Every sequence, (num_samples, seq_len) (made now where not yet)."""
+        return torch.cat([self._ids(c) for c in range(-(-self.data.num_samples // self.chunk))])
 
     def __len__(self) -> int:
-        return int(self.ids.shape[0])
+        return self.data.num_samples
 
     def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.ids[j].clone(), self.loss_mask[j].clone()
+        if not 0 <= j < self.data.num_samples:
+            raise IndexError(j)
+        return self._ids(j // self.chunk)[j % self.chunk].clone(), self.loss_mask.clone()
 
 
 @torch.inference_mode()
@@ -187,10 +214,16 @@ def sample_sequences(
 
 
 def build_source(
-    cfg: TrainConfig, device: torch.device, vocab_size: int, path: str | None = None, field: str = "data.path"
+    cfg: TrainConfig,
+    device: torch.device,
+    vocab_size: int,
+    path: str | None = None,
+    field: str = "data.path",
+    eager: bool = True,
 ) -> SequenceSource:
     """The configured source (on target ranks: synthetic generation runs the tiny target on `device`).
-    `path`/`field`: another file of the same kind (the held-out file, data.eval_path)."""
+    `path`/`field`: another file of the same kind (the held-out file, data.eval_path). `eager` False: synthetic
+    sequences are made only when asked for (`eval` reads a few; training makes them all before its loop)."""
     d = cfg.data
     mask_id = cfg.drafter.mask_token_id
     assert mask_id is not None, "load_config fills drafter.mask_token_id"
@@ -204,7 +237,7 @@ def build_source(
     if d.kind == "random":
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
     model = load_target_model(cfg.target.path, cfg.run.seed, device, torch.float32)  # the tiny target
-    return SyntheticSource(model, d, cfg.run.seed, mask_id)
+    return SyntheticSource(model, d, cfg.run.seed, mask_id, eager=eager)
 
 
 def load_tokenizer(target_path: str) -> Any:

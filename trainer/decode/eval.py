@@ -5,7 +5,7 @@ target-only greedy decoding, and the report that compares them (the algorithm: `
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from trainer.decode.compare import (
     compare_outputs,
     default_tie_tolerance,
 )
+from trainer.decode.proposers import DFlashProposer, PromptLookup, Proposer
 from trainer.decode.speculative import SpecTarget, greedy_decode, speculative_decode
 from trainer.model.drafter import DFlashDrafter
 from trainer.spec.data_files import jsonl_records
@@ -38,10 +39,12 @@ class PromptReport:
 
 @dataclass
 class EvalReport:
+    """One proposer (the drafter, or prompt lookup) over every prompt, against target-only greedy decoding."""
+
     prompts: int
-    mean_accept_len: float  # accepted tokens per verify forward (bonus token included), over all forwards
+    mean_accept_len: float  # tau: emitted tokens per verify forward (bonus token included), over all forwards
     target_forwards: int
-    baseline_forwards: int
+    baseline_forwards: int  # target-only greedy: one forward per token
     new_tokens: int
     tok_s: float
     baseline_tok_s: float
@@ -51,72 +54,108 @@ class EvalReport:
     differences: int  # prompts whose outputs really differ (a bug)
     tie_tolerance: float  # logits, relative to max(1, |logit|)
     dtype: str
-    block_size: int
+    block_size: int  # tokens a verify forward checks at most: the proposal + the last accepted token
     device: str
     per_prompt: list[PromptReport]
+    drafter: str = "dflash"  # dflash | ngram (prompt lookup)
+    # How far into a block verification gets: [i] = the share of verify forwards that accepted slot i + 1
+    # (what a block size and a draft depth are chosen with), and how many forwards emitted 1, 2, ... B tokens.
+    accept_by_position: list[float] = field(default_factory=list)
+    accept_length_histogram: list[int] = field(default_factory=list)
+    baseline: EvalReport | None = None  # prompt lookup on the same prompts and target, when asked for
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def exit_code(self, strict: bool = False) -> int:
-        """1 on a real difference (or, `strict`, on anything not bitwise identical), else 0."""
-        return 1 if self.differences or (strict and not self.identical) else 0
+        """1 on a real difference (or, `strict`, on anything not bitwise identical), else 0; the baseline's
+        output goes through the same verify loop, so a difference there is the same bug."""
+        own = 1 if self.differences or (strict and not self.identical) else 0
+        return max(own, self.baseline.exit_code(strict) if self.baseline is not None else 0)
+
+
+def acceptance_shape(accepted: list[int], block: int) -> tuple[list[float], list[int]]:
+    """(share of forwards accepting each slot 1..B-1, count of forwards per acceptance length 1..B)."""
+    forwards = max(len(accepted), 1)
+    by_position = [sum(a > slot for a in accepted) / forwards for slot in range(1, block)]
+    histogram = [sum(a == length for a in accepted) for length in range(1, block + 1)]
+    return by_position, histogram
 
 
 def evaluate(
     target: SpecTarget,
-    drafter: DFlashDrafter,
+    proposer: Proposer | DFlashDrafter,
     prompts: list[list[int]],
     max_new: int,
     eos: int | None = None,
     on_prompt: Callable[[int], None] | None = None,
     tie_tolerance: float | None = None,
+    baseline: Proposer | None = None,
 ) -> EvalReport:
-    """Decode every prompt both ways; the report compares them (tie_tolerance None: the dtype's default)."""
+    """Decode every prompt with the target alone and with each proposer (`baseline` beside the first); the
+    report compares each with target-only greedy (tie_tolerance None: the dtype's default)."""
+    if isinstance(proposer, DFlashDrafter):
+        proposer = DFlashProposer(proposer)
     tolerance = default_tie_tolerance(target.dtype) if tie_tolerance is None else tie_tolerance
-    rows: list[PromptReport] = []
-    all_accepted: list[int] = []
-    spec_s = base_s = 0.0
-    new_tokens = 0
+    proposers = [proposer, *([baseline] if baseline is not None else [])]
+    rows: dict[str, list[PromptReport]] = {p.name: [] for p in proposers}
+    accepted: dict[str, list[int]] = {p.name: [] for p in proposers}
+    seconds: dict[str, float] = {p.name: 0.0 for p in proposers}
+    base_s = 0.0
     for number, prompt in enumerate(prompts, start=1):
         base = greedy_decode(target, prompt, max_new, eos)
-        spec = speculative_decode(target, drafter, prompt, max_new, eos)
-        all_accepted.extend(spec.accepted)
-        spec_s, base_s = spec_s + spec.seconds, base_s + base.seconds
-        new_tokens += len(spec.tokens)
-        rows.append(
-            PromptReport(
-                prompt_tokens=len(prompt),
-                new_tokens=len(spec.tokens),
-                identical=spec.tokens == base.tokens,
-                accept_len=sum(spec.accepted) / max(len(spec.accepted), 1),
-                target_forwards=spec.target_forwards,
-                baseline_forwards=base.target_forwards,
-                seconds=spec.seconds,
-                baseline_seconds=base.seconds,
-                comparison=compare_outputs(base.tokens, base.top, spec.tokens, spec.top, tolerance),
+        base_s += base.seconds
+        for p in proposers:
+            spec = speculative_decode(target, p, prompt, max_new, eos)
+            accepted[p.name].extend(spec.accepted)
+            seconds[p.name] += spec.seconds
+            rows[p.name].append(
+                PromptReport(
+                    prompt_tokens=len(prompt),
+                    new_tokens=len(spec.tokens),
+                    identical=spec.tokens == base.tokens,
+                    accept_len=sum(spec.accepted) / max(len(spec.accepted), 1),
+                    target_forwards=spec.target_forwards,
+                    baseline_forwards=base.target_forwards,
+                    seconds=spec.seconds,
+                    baseline_seconds=base.seconds,
+                    comparison=compare_outputs(base.tokens, base.top, spec.tokens, spec.top, tolerance),
+                )
             )
-        )
         if on_prompt is not None:
             on_prompt(number)
-    return EvalReport(
-        prompts=len(prompts),
-        mean_accept_len=sum(all_accepted) / max(len(all_accepted), 1),
-        target_forwards=sum(r.target_forwards for r in rows),
-        baseline_forwards=sum(r.baseline_forwards for r in rows),
-        new_tokens=new_tokens,
-        tok_s=new_tokens / spec_s if spec_s else 0.0,
-        baseline_tok_s=new_tokens / base_s if base_s else 0.0,
-        speedup=base_s / spec_s if spec_s else 0.0,
-        identical=all(r.identical for r in rows),
-        ties=sum(r.comparison.verdict == "tie" for r in rows),
-        differences=sum(r.comparison.verdict == "different" for r in rows),
-        tie_tolerance=tolerance,
-        dtype=str(target.dtype).removeprefix("torch."),
-        block_size=int(drafter.cfg.block_size),
-        device=str(target.device),
-        per_prompt=rows,
-    )
+
+    def report(p: Proposer) -> EvalReport:
+        mine, spec_s = rows[p.name], seconds[p.name]
+        new_tokens = sum(r.new_tokens for r in mine)
+        block = p.max_draft + 1
+        by_position, histogram = acceptance_shape(accepted[p.name], block)
+        return EvalReport(
+            prompts=len(prompts),
+            mean_accept_len=sum(accepted[p.name]) / max(len(accepted[p.name]), 1),
+            target_forwards=sum(r.target_forwards for r in mine),
+            baseline_forwards=sum(r.baseline_forwards for r in mine),
+            new_tokens=new_tokens,
+            tok_s=new_tokens / spec_s if spec_s else 0.0,
+            baseline_tok_s=new_tokens / base_s if base_s else 0.0,
+            speedup=base_s / spec_s if spec_s else 0.0,
+            identical=all(r.identical for r in mine),
+            ties=sum(r.comparison.verdict == "tie" for r in mine),
+            differences=sum(r.comparison.verdict == "different" for r in mine),
+            tie_tolerance=tolerance,
+            dtype=str(target.dtype).removeprefix("torch."),
+            block_size=block,
+            device=str(target.device),
+            per_prompt=mine,
+            drafter=p.name,
+            accept_by_position=[round(x, 4) for x in by_position],
+            accept_length_histogram=histogram,
+        )
+
+    primary = report(proposer)
+    if baseline is not None:
+        primary.baseline = report(baseline)
+    return primary
 
 
 # ---------------------------------------------------------------- building the pieces
@@ -133,15 +172,21 @@ class EvalSetup:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
 
 
-def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
-    """The full target and the exported drafter (with the target's frozen embedding and head), on one device."""
+def load_eval_target(setup: EvalSetup) -> Any:
+    """The full target (causal LM with its head) on the eval's device and dtype."""
     from trainer.model.device import resolve_device, target_dtype
-    from trainer.model.export import ExportError, load_drafter
     from trainer.target.load import load_target_model
 
     device = resolve_device(setup.device)
-    dtype = target_dtype(setup.dtype, device)
-    model = load_target_model(setup.target_path, setup.seed, device, dtype)
+    return load_target_model(setup.target_path, setup.seed, device, target_dtype(setup.dtype, device))
+
+
+def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
+    """The full target and the exported drafter (with the target's frozen embedding and head), on one device."""
+    from trainer.model.export import ExportError, load_drafter
+
+    model = load_eval_target(setup)
+    device, dtype = model.device, model.dtype
     embed = model.model.embed_tokens.weight.detach()
     head = model.lm_head.weight.detach()
     try:
@@ -160,8 +205,12 @@ def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
 
 
 def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]) -> list[list[int]]:
-    """A JSONL of {"input_ids": [...]}, {"prompt": "..."} or {"messages": [...]} (rendered with the chat
-    template's generation prompt) records."""
+    """A JSONL of {"input_ids": [...]}, {"prompt": "..."} or {"messages": [...]} records. A chat (and a
+    prompt, as one user turn, the way `data regenerate` reads it) is rendered with the chat template's
+    generation prompt; a prompt goes in as plain text only where the tokenizer has no chat template."""
+    from trainer.decode.generation import prompt_ids
+
+    chat = getattr(tokenizer, "chat_template", None) is not None
     out = []
     for number, record in jsonl_records(Path(path), "--prompts"):
         where = f"--prompts: {path} line {number}"
@@ -170,34 +219,57 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
             continue
         if tokenizer is None:
             raise ConfigError(f'{where}: this target has no tokenizer; give "input_ids"')
-        if isinstance(record.get("prompt"), str):
+        if isinstance(record.get("prompt"), str) and not chat:
             out.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
+        elif isinstance(record.get("prompt"), str):
+            out.append(
+                prompt_ids(tokenizer, [{"role": "user", "content": record["prompt"]}], template_kwargs)
+            )
         elif isinstance(record.get("messages"), list):
-            from trainer.decode.generation import prompt_ids
-
             out.append(prompt_ids(tokenizer, record["messages"], template_kwargs))
         else:
             raise ConfigError(f'{where}: needs "prompt", "messages" or "input_ids"')
     return out
 
 
-def heldout_prompts(cfg: Any, prompt_len: int, count: int) -> list[list[int]]:
-    """The first `prompt_len` tokens of the run's first `count` held-out sequences (never trained on)."""
+def heldout_prompts(cfg: Any, prompt_len: int, count: int, tokenizer: Any = None) -> list[list[int]]:
+    """Prompts from the run's first `count` held-out sequences (never trained on). Chat data: each held-out
+    conversation up to its last answer, rendered with the generation prompt, the context the target wrote that
+    answer in; other data: the first `prompt_len` tokens of each sequence."""
     from trainer.data.sources import build_source, split_data
     from trainer.spec.target_shapes import target_shapes
 
     split = split_data(cfg)
     if not split.eval_ids:
         raise ConfigError("--config: this run holds no data out (set data.eval_fraction or data.eval_path)")
+    path, field_name = (
+        (cfg.data.eval_path, "data.eval_path") if cfg.data.eval_path else (cfg.data.path, "data.path")
+    )
+    if cfg.data.kind == "chat":
+        return chat_prompts(
+            Path(path), field_name, split.eval_ids[:count], tokenizer, cfg.data.chat_template_kwargs
+        )
     vocab = target_shapes(cfg.target.path).vocab_size
-    if cfg.data.eval_path is not None:
-        source = build_source(cfg, torch.device("cpu"), vocab, cfg.data.eval_path, "data.eval_path")
-    else:
-        source = build_source(cfg, torch.device("cpu"), vocab)
+    source = build_source(cfg, torch.device("cpu"), vocab, path, field_name, eager=False)
+    return [source.get(j)[0][:prompt_len].tolist() for j in split.eval_ids[:count]]
+
+
+def chat_prompts(
+    path: Path, field_name: str, ids: list[int], tokenizer: Any, template_kwargs: dict[str, Any]
+) -> list[list[int]]:
+    """Records `ids` of a chat file, each up to (not including) its last assistant turn, with the template's
+    generation prompt: where a server starts generating that answer."""
+    from trainer.decode.generation import prompt_ids
+
+    records = jsonl_records(path, field_name)
     prompts = []
-    for j in split.eval_ids[:count]:
-        ids, _ = source.get(j)
-        prompts.append(ids[:prompt_len].tolist())
+    for j in ids:
+        number, record = records[j]
+        messages = record["messages"]
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
+        if last == 0:
+            raise ConfigError(f"{field_name}: {path} line {number}: no turn before the answer to prompt with")
+        prompts.append(prompt_ids(tokenizer, messages[:last], template_kwargs))
     return prompts
 
 
@@ -227,13 +299,23 @@ def run_eval(
     if request.prompts is not None:
         prompts = prompts_from_file(request.prompts, tokenizer, kwargs)[: request.num_prompts]
     elif cfg is not None:
-        prompts = heldout_prompts(cfg, request.prompt_len, request.num_prompts)
+        prompts = heldout_prompts(cfg, request.prompt_len, request.num_prompts, tokenizer)
     else:
         raise ConfigError("--prompts: give a prompts file, or --config for the run's held-out sequences")
     seed = cfg.run.seed if cfg is not None else 0
-    setup = EvalSetup(request.export, target_path, seed, request.device, request.dtype)
-    target, drafter = load_pieces(setup)
+    setup = EvalSetup(request.export or "", target_path, seed, request.device, request.dtype)
+    drafter = None
+    if request.drafter == "dflash":
+        target, drafter = load_pieces(setup)
+    else:
+        target = SpecTarget(load_eval_target(setup), [])  # prompt lookup reads no layers
+    k = request.ngram_k or (drafter.cfg.block_size - 1 if drafter is not None else 15)
+    lookup = PromptLookup(k, request.ngram_min, request.ngram_max)
+    primary: Proposer = DFlashProposer(drafter) if drafter is not None else lookup
+    baseline = lookup if drafter is not None and request.baseline else None
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     if on_start is not None:
         on_start(len(prompts))
-    return evaluate(target, drafter, prompts, request.max_new_tokens, eos, on_prompt, request.tie_tolerance)
+    return evaluate(
+        target, primary, prompts, request.max_new_tokens, eos, on_prompt, request.tie_tolerance, baseline
+    )

@@ -44,15 +44,37 @@ def _verdict_line(report: EvalReport) -> str:
     ) + (f"; {ties}" if report.ties else "")
 
 
-def format_report(report: EvalReport) -> str:
-    lines = [
-        f"prompts {report.prompts}, new tokens {report.new_tokens}, block {report.block_size}, "
-        f"{report.device}, {report.dtype}",
-        f"mean acceptance length {report.mean_accept_len:.3f} tokens per target forward",
-        f"target forwards {report.target_forwards} (target-only greedy: {report.baseline_forwards})",
-        f"{report.tok_s:,.1f} tok/s vs {report.baseline_tok_s:,.1f} tok/s target-only: "
-        f"speed-up {report.speedup:.2f}x",
-        _verdict_line(report),
+NAMES = {"dflash": "the drafter", "ngram": "prompt lookup"}
+
+
+def _proposer_lines(report: EvalReport) -> list[str]:
+    """One proposer's figures: tau, forwards, speed, and how deep into a block verification gets."""
+    name = NAMES.get(report.drafter, report.drafter)
+    by_position = " ".join(f"{i}:{share:.2f}" for i, share in enumerate(report.accept_by_position, 1))
+    lengths = " ".join(f"{i}:{count}" for i, count in enumerate(report.accept_length_histogram, 1) if count)
+    return [
+        f"{name} ({report.drafter}, block {report.block_size}): mean acceptance length "
+        f"{report.mean_accept_len:.3f} tokens per target forward",
+        f"  target forwards {report.target_forwards} (target-only greedy: {report.baseline_forwards}); "
+        f"{report.tok_s:,.1f} tok/s vs {report.baseline_tok_s:,.1f} target-only: speed-up {report.speedup:.2f}x",
+        f"  slot accepted (share of forwards): {by_position}",
+        f"  tokens emitted per forward (count): {lengths}",
+        f"  {_verdict_line(report)}",
     ]
+
+
+def format_report(report: EvalReport) -> str:
+    lines = [f"prompts {report.prompts}, new tokens {report.new_tokens}, {report.device}, {report.dtype}"]
+    lines += _proposer_lines(report)
     lines += [_difference_line(n, r) for n, r in enumerate(report.per_prompt, 1) if not r.identical]
+    if report.baseline is not None:
+        base = report.baseline
+        lines += _proposer_lines(base)
+        lines += [_difference_line(n, r) for n, r in enumerate(base.per_prompt, 1) if not r.identical]
+        if base.mean_accept_len > 0:
+            lines.append(
+                f"the drafter against prompt lookup: {report.mean_accept_len / base.mean_accept_len:.2f}x the "
+                f"acceptance length, {base.target_forwards / max(report.target_forwards, 1):.2f}x fewer target "
+                "forwards"
+            )
     return "\n".join(lines)

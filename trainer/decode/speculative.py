@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from trainer.decode.compare import TOP_K, TopChoices
-from trainer.model.drafter import DFlashDrafter
+from trainer.decode.proposers import Proposer
 from trainer.target.capture import LayerOutputs
 from trainer.target.load import cache_argument, returned_cache
 
@@ -40,7 +40,9 @@ class Decoded:
     tokens: list[int]
     target_forwards: int
     seconds: float
-    accepted: list[int] = field(default_factory=list)  # per verify forward: tokens it accepted (1..B)
+    accepted: list[int] = field(
+        default_factory=list
+    )  # per verify forward: tokens it emitted (1..B), cut at the end
     top: list[TopChoices] = field(default_factory=list)  # per token: the target's top-k where it chose it
 
 
@@ -51,7 +53,7 @@ class TargetStep:
     greedy: Tensor  # (L,) the target's greedy next token
     top_logits: Tensor  # (L, k) its k highest logits, highest first
     top_ids: Tensor  # (L, k)
-    features: Tensor  # (1, L, F) the captured layers' outputs
+    features: Tensor | None  # (1, L, F) the captured layers' outputs (None: no layers captured)
     cache: Any
 
     def top(self, rows: slice) -> list[TopChoices]:
@@ -66,7 +68,7 @@ class SpecTarget:
     def __init__(self, model: Any, layer_ids: list[int]) -> None:  # a Hugging Face causal LM
         self.model = model.eval().requires_grad_(False)
         self.layer_ids = list(layer_ids)
-        self.outputs = LayerOutputs(model.model.layers, self.layer_ids)
+        self.outputs = LayerOutputs(model.model.layers, self.layer_ids) if self.layer_ids else None
         self.cache_name = cache_argument(model)
 
     @property
@@ -77,13 +79,15 @@ class SpecTarget:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def logits(self, ids: Tensor, cache: Any) -> tuple[Tensor, Tensor, Any]:
-        """(logits (L, V), captured features (1, L, F), the cache) for `ids` (1, L) after the cache."""
-        self.outputs.clear()
+    def logits(self, ids: Tensor, cache: Any) -> tuple[Tensor, Tensor | None, Any]:
+        """(logits (L, V), captured features (1, L, F) or None, the cache) for `ids` (1, L) after the cache."""
+        if self.outputs is not None:
+            self.outputs.clear()
         out = self.model(
             input_ids=ids, use_cache=True, **({self.cache_name: cache} if cache is not None else {})
         )
-        return out.logits[0], self.outputs.take(), returned_cache(out, self.cache_name)
+        features = self.outputs.take() if self.outputs is not None else None
+        return out.logits[0], features, returned_cache(out, self.cache_name)
 
     def forward(self, ids: Tensor, cache: Any) -> TargetStep:
         """The greedy token and top-k logits per position (a topk on rows computed anyway), features, cache."""
@@ -135,37 +139,49 @@ def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: int 
 
 @torch.inference_mode()
 def speculative_decode(
-    target: SpecTarget, drafter: DFlashDrafter, prompt: list[int], max_new: int, eos: int | None
+    target: SpecTarget, proposer: Proposer, prompt: list[int], max_new: int, eos: int | None
 ) -> Decoded:
-    """Greedy block speculative decoding (see the module docstring)."""
+    """Greedy block speculative decoding (see the module docstring) with any proposer: the drafter, or
+    prompt lookup. A block that proposes nothing is one plain decoding step."""
     device = target.device
-    block = drafter.cfg.block_size
     _sync(device)
     began = time.perf_counter()
     step = target.forward(torch.tensor([prompt], device=device), None)
     features, cache = step.features, step.cache
     ids, top = [*prompt, int(step.greedy[-1])], step.top(slice(-1, None))
     forwards, accepted = 1, []
-    one = torch.ones(1, 1, dtype=torch.bool, device=device)
-    while len(ids) - len(prompt) < max_new and ids[-1] != eos:
-        n = len(ids)  # the last token (n - 1) is the anchor; features exist for 0..n-2
-        context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
-        anchor = torch.tensor([[n - 1]], device=device)
-        draft = drafter.draft_tokens(torch.tensor([ids], device=device), context, anchor, one)[0, 0].tolist()
-        verify = torch.tensor([[ids[-1], *draft]], device=device)
-        step = target.forward(verify, cache)
+    ended = ids[-1] == eos
+    while len(ids) - len(prompt) < max_new and not ended:
+        n = len(ids)
+        draft = proposer.propose(ids, features)[: proposer.max_draft]
+        step = target.forward(torch.tensor([[ids[-1], *draft]], device=device), cache)
         cache = step.cache
         choices = step.greedy.tolist()  # the target's choice after each block position
         k = 0
-        while k < block - 1 and draft[k] == choices[k]:
+        while k < len(draft) and draft[k] == choices[k]:
             k += 1
         ids.extend([*draft[:k], choices[k]])
+        ended = eos is not None and eos in ids[n:]  # an accepted end-of-sequence ends it, wherever it sits
         top += step.top(slice(0, k + 1))  # the rows that chose the k + 1 emitted tokens
-        features = torch.cat([features, step.features[:, : k + 1]], dim=1)
+        if features is not None and step.features is not None:
+            features = torch.cat([features, step.features[:, : k + 1]], dim=1)
         keep_first(cache, n + k)
         forwards += 1
         accepted.append(k + 1)
     _sync(device)
     tokens = ids[len(prompt) :]
     n = _finish(tokens, max_new, eos)
-    return Decoded(tokens[:n], forwards, time.perf_counter() - began, accepted, top[:n])
+    return Decoded(tokens[:n], forwards, time.perf_counter() - began, emitted(accepted, n - 1), top[:n])
+
+
+def emitted(accepted: list[int], kept: int) -> list[int]:
+    """The verify forwards' acceptance lengths, counting only tokens that were emitted: the last forward
+    may accept tokens past the budget or the end-of-sequence token, which are then dropped (`kept`: the
+    tokens the verify forwards contributed to the output, the prefill's first token apart)."""
+    out, total = [], 0
+    for length in accepted:
+        if total >= kept:
+            break
+        out.append(min(length, kept - total))
+        total += out[-1]
+    return out

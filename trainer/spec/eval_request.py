@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from dflash_base.errors import ConfigError
 
 EVAL_DTYPES = ("auto", "bf16", "fp32")
+DRAFTERS = ("dflash", "ngram")  # the exported drafter; prompt lookup (vLLM's `ngram` method, training-free)
 # Near-tie tolerances (logits, relative to max(1, |logit|)); why these values: trainer/decode/compare.py.
 TIE_TOLERANCE_LOW_PRECISION = 2.0**-5
 TIE_TOLERANCE_FP32 = 1e-4
@@ -19,7 +20,7 @@ TIE_TOLERANCE_FP32 = 1e-4
 class EvalRequest:
     """An eval: the drafter's export, where the target and prompts come from, how much to decode."""
 
-    export: str  # the drafter's export folder
+    export: str | None  # the drafter's export folder (None: only prompt lookup, `drafter="ngram"`)
     config: str | None = None  # the run's config: its target, seed and held-out sequences
     target: str | None = None  # default: the config's target.path
     prompts: str | None = None  # a JSONL of prompt / messages / input_ids records
@@ -30,6 +31,11 @@ class EvalRequest:
     overrides: tuple[str, ...] = ()  # --set section.key=value on the config
     tie_tolerance: float | None = None  # None: the compute dtype's default
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    drafter: str = "dflash"  # what proposes the blocks: dflash | ngram
+    baseline: bool = True  # prompt lookup beside the drafter, on the same prompts (drafter="dflash" only)
+    ngram_k: int | None = None  # tokens prompt lookup proposes (default: the drafter's block - 1, else 15)
+    ngram_min: int = 1  # shortest n-gram matched
+    ngram_max: int = 4  # longest n-gram matched (vLLM: prompt_lookup_min/max)
 
     def check(self) -> None:
         """ConfigError naming the option, before anything loads."""
@@ -40,9 +46,21 @@ class EvalRequest:
             )
         if self.max_new_tokens < 1 or self.num_prompts < 1 or self.prompt_len < 1:
             raise ConfigError("--max-new-tokens, --num-prompts and --prompt-len: must be >= 1")
+        if self.drafter not in DRAFTERS:
+            raise ConfigError(f'--drafter: "{self.drafter}" is not one of {", ".join(DRAFTERS)}')
+        if self.drafter == "dflash" and not self.export:
+            raise ConfigError(
+                "--export: the drafter's export folder is needed for --drafter dflash",
+                hint="give --export DIR, or --drafter ngram for prompt lookup alone",
+            )
+        if (self.ngram_k is not None and self.ngram_k < 1) or not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(
+                f"--ngram-k / --ngram-min / --ngram-max: need k >= 1 and 1 <= min <= max, got "
+                f"{self.ngram_k}, {self.ngram_min}, {self.ngram_max}"
+            )
 
 
-DEFAULTS = EvalRequest(export="")  # the defaults, for the CLI's options
+DEFAULTS = EvalRequest(export=None)  # the defaults, for the CLI's options
 
 
 def check_tie_tolerance(tolerance: float | None) -> None:
