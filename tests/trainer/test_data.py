@@ -174,3 +174,18 @@ def test_chat_loss_mask_covers_assistant_turns_only(tmp_path: Path) -> None:
     src = TokenizedSource(str(data), "chat", tokenizer, 32)
     got_ids, got_mask = src.get(0)
     assert got_ids[: len(ids)].tolist() == ids and got_mask.sum() == len(supervised)
+
+
+def test_the_split_says_which_held_out_sequences_are_left_out() -> None:
+    """tiny-cpu holds out 51 sequences and scores whole batches of 8: 48 scored, 3 neither trained on nor
+    scored; the trainer's first line and summary.json say so."""
+    from trainer.data.sources import DataSplit
+
+    split = DataSplit(list(range(461)), list(range(51)), 8)
+    assert (split.eval_batches, split.eval_unscored) == (6, 3)
+    assert split.describe_heldout() == (
+        "held-out: 51 sequences, 48 scored in 6 batches of 8; 3 left over (less than a batch): "
+        "neither trained on nor scored"
+    )
+    assert "left over" not in DataSplit([0], list(range(16)), 8).describe_heldout()
+    assert DataSplit([0], [], 8).describe_heldout() == "no held-out data"

@@ -334,7 +334,8 @@ class DrafterLoop:
             resuming = f", resuming at step {run.resume_step}" if run.resume_step else ""
             print(
                 f"dflash trainer: {run.topology.describe()}, {run.plan.total_steps} steps{resuming}; "
-                f"warm-up {warmup['seconds']}s ({warmup['attention']} on {warmup['device']})",
+                f"warm-up {warmup['seconds']}s ({warmup['attention']} on {warmup['device']}); "
+                f"{run.split.describe_heldout()}",
                 flush=True,
             )
         self.fault = fault_from_env()
@@ -450,6 +451,7 @@ class DrafterLoop:
                 total_steps=run.plan.total_steps,
                 sequences_per_step=cfg.optim.batch_size * run.plan.accum * run.topology.drafters,
                 heldout_sequences=run.split.eval_batches * cfg.optim.batch_size,
+                heldout_unscored=run.split.eval_unscored,
                 warmup=self.warmup,
                 topology=run.topology.to_json(),
             ),
