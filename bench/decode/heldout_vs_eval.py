@@ -61,7 +61,7 @@ def main() -> int:
         batch = capture.capture_with_greedy(ids, mask, j)
         batch.hidden = batch.hidden.clone()  # out of inference mode
         with torch.no_grad():
-            estimate.add(score_batch(drafter, batch, len(sequence), cfg.run.seed))
+            estimate.add(score_batch(drafter, batch, len(sequence)))
     report = evaluate(target, drafter, prompts, args.max_new_tokens)
     row = {
         "prompts": len(prompts), "new_tokens": report.new_tokens,

@@ -7,7 +7,7 @@ import torch
 
 from dflash_base.errors import ConfigError
 from trainer.data.sources import split_data
-from trainer.run.heldout import acceptance_hits, leading_run
+from trainer.run.heldout import acceptance_hits, decoding_walk, every_anchor, leading_run
 from trainer.run.schedule import RunPlan, evaluates_after, target_work
 from trainer.spec.config import parse_config
 from trainer.target.capture import CaptureTarget
@@ -85,3 +85,24 @@ def test_acceptance_counts_the_bonus_token_and_stops_where_the_data_leave_the_gr
     assert vs_target.tolist() == [[[True, True, True, False]]]  # slot 4: the target's context is unknown
     assert vs_labels.tolist() == [[[True, True, False, True]]]
     assert (1 + leading_run(vs_target)).item() == 4 and (1 + leading_run(vs_labels)).item() == 3
+
+
+def test_the_held_out_figure_walks_each_answer_as_decoding_does() -> None:
+    """Answer positions 2..9 (8 tokens; the first comes from the prefill). A(a) per anchor: an easy run at
+    2..5 (A = 4, 3, 2, 1 would be accepted there), then one token at a time. Decoding verifies at 2 (emits 4:
+    3..6), then at 6, 7, 8 (one each, the last cut at the answer's end 9): 7 tokens in 4 forwards = 1.75.
+    The mean of A over every anchor, (4+3+2+1+1+1+1) / 7 = 1.86, counts the easy run's positions that decoding
+    crosses in one forward."""
+    mask = [False, False] + [True] * 8 + [False, False]
+    accept = {2: 4, 3: 3, 4: 2, 5: 1, 6: 1, 7: 1, 8: 2}
+    tokens, forwards = decoding_walk(accept, mask)
+    assert (tokens, forwards) == (7, 4)
+    two_answers = [*mask[:-2], False, True, True, True]  # a second answer at 11..13
+    assert decoding_walk({**accept, 11: 5, 12: 1}, two_answers) == (7 + 2, 4 + 1)  # 5 is cut to the 2 left
+
+
+def test_every_anchor_is_scored_in_chunks_of_the_training_count() -> None:
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    anchors, valid = every_anchor(mask, chunk=3)
+    assert anchors.shape == (2, 6)  # 4 valid anchors in row 0: two chunks of 3
+    assert anchors[0][valid[0]].tolist() == [1, 2, 3, 4] and anchors[1][valid[1]].tolist() == [3, 4, 5]

@@ -37,7 +37,7 @@ class Warmed:
     batch: CapturedBatch
 
     def score(self) -> HeldoutSums:
-        return evaluate_heldout(self.model, [self.batch], self.cfg.optim.anchors, self.cfg.run.seed)
+        return evaluate_heldout(self.model, [self.batch], self.cfg.optim.anchors)
 
 
 def warmed_drafter(eval_fraction: float) -> Warmed:
