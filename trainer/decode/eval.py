@@ -17,8 +17,9 @@ from trainer.decode.compare import (
     compare_outputs,
     default_tie_tolerance,
 )
+from trainer.decode.generation import stop_token_ids
 from trainer.decode.proposers import DFlashProposer, PromptLookup, Proposer
-from trainer.decode.speculative import SpecTarget, greedy_decode, speculative_decode
+from trainer.decode.speculative import SpecTarget, Stops, greedy_decode, speculative_decode
 from trainer.model.drafter import DFlashDrafter
 from trainer.spec.data_files import jsonl_records
 from trainer.spec.eval_request import EvalRequest
@@ -87,7 +88,7 @@ def evaluate(
     proposer: Proposer | DFlashDrafter,
     prompts: list[list[int]],
     max_new: int,
-    eos: int | None = None,
+    eos: Stops = None,
     on_prompt: Callable[[int], None] | None = None,
     tie_tolerance: float | None = None,
     baseline: Proposer | None = None,
@@ -313,7 +314,8 @@ def run_eval(
     lookup = PromptLookup(k, request.ngram_min, request.ngram_max)
     primary: Proposer = DFlashProposer(drafter) if drafter is not None else lookup
     baseline = lookup if drafter is not None and request.baseline else None
-    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    # Where an answer ends, as `data regenerate` reads it: the generation config's eos ids and the tokenizer's.
+    eos = stop_token_ids(tokenizer, getattr(target.model, "generation_config", None)) if tokenizer else None
     if on_start is not None:
         on_start(len(prompts))
     return evaluate(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,14 +113,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _finish(tokens: list[int], max_new: int, eos: int | None) -> int:
-    """How many of the emitted tokens count: at most max_new, up to and including the first eos."""
+Stops = int | Collection[int] | None  # where an answer ends: an end-of-sequence id, several, or none
+
+
+def _stops(eos: Stops) -> frozenset[int]:
+    if eos is None:
+        return frozenset()
+    return frozenset([eos]) if isinstance(eos, int) else frozenset(eos)
+
+
+def _finish(tokens: list[int], max_new: int, eos: Stops) -> int:
+    """How many of the emitted tokens count: at most max_new, up to and including the first stop token."""
+    stops = _stops(eos)
     tokens = tokens[:max_new]
-    return tokens.index(eos) + 1 if eos is not None and eos in tokens else len(tokens)
+    return next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
 
 
 @torch.inference_mode()
-def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: int | None) -> Decoded:
+def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: Stops) -> Decoded:
     """Target-only greedy decoding with a KV cache: one forward per token."""
     device = target.device
     _sync(device)
@@ -127,7 +138,8 @@ def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: int 
     step = target.forward(torch.tensor([prompt], device=device), None)
     tokens, top = [int(step.greedy[-1])], step.top(slice(-1, None))
     forwards = 1
-    while len(tokens) < max_new and tokens[-1] != eos:
+    stops = _stops(eos)
+    while len(tokens) < max_new and tokens[-1] not in stops:
         step = target.forward(torch.tensor([[tokens[-1]]], device=device), step.cache)
         tokens.append(int(step.greedy[-1]))
         top += step.top(slice(-1, None))
@@ -139,7 +151,7 @@ def greedy_decode(target: SpecTarget, prompt: list[int], max_new: int, eos: int 
 
 @torch.inference_mode()
 def speculative_decode(
-    target: SpecTarget, proposer: Proposer, prompt: list[int], max_new: int, eos: int | None
+    target: SpecTarget, proposer: Proposer, prompt: list[int], max_new: int, eos: Stops
 ) -> Decoded:
     """Greedy block speculative decoding (see the module docstring) with any proposer: the drafter, or
     prompt lookup. A block that proposes nothing is one plain decoding step."""
@@ -150,7 +162,8 @@ def speculative_decode(
     features, cache = step.features, step.cache
     ids, top = [*prompt, int(step.greedy[-1])], step.top(slice(-1, None))
     forwards, accepted = 1, []
-    ended = ids[-1] == eos
+    stops = _stops(eos)
+    ended = ids[-1] in stops
     while len(ids) - len(prompt) < max_new and not ended:
         n = len(ids)
         draft = proposer.propose(ids, features)[: proposer.max_draft]
@@ -161,7 +174,7 @@ def speculative_decode(
         while k < len(draft) and draft[k] == choices[k]:
             k += 1
         ids.extend([*draft[:k], choices[k]])
-        ended = eos is not None and eos in ids[n:]  # an accepted end-of-sequence ends it, wherever it sits
+        ended = not stops.isdisjoint(ids[n:])  # an accepted stop token ends it, wherever it sits
         top += step.top(slice(0, k + 1))  # the rows that chose the k + 1 emitted tokens
         if features is not None and step.features is not None:
             features = torch.cat([features, step.features[:, : k + 1]], dim=1)
