@@ -255,3 +255,21 @@ def test_real_conversion_gives_a_folder_transformers_loads_without_gguf(tmp_path
 
     cfg = load_config("smollm2-135m", [f'target.path="{target}"'], check_data=False)
     assert (cfg.drafter.mask_token_id, cfg.drafter.mask_token_text) == (3, "<repo_name>")
+
+
+def test_the_shipped_config_reads_what_prepare_writes_by_default() -> None:
+    """`smollm2-135m` finds the target where `prepare.py` puts it when both run from the repo root, and is
+    the quality recipe: block 16, 32 sequences per step, lr 6e-4, 4% warm-up, cosine, epochs, held-out on."""
+    from trainer.config import parse_config, read_raw, resolve_config_path
+
+    cfg = parse_config(read_raw(resolve_config_path("smollm2-135m")))
+    assert Path(cfg.target.path) == prepare.DEFAULT_OUT / "target"
+    assert Path(cfg.data.path or "").is_relative_to(prepare.DEFAULT_OUT)
+    assert Path(cfg.output.dir).is_relative_to(prepare.DEFAULT_OUT)
+    assert (cfg.data.kind, cfg.drafter.block_size, cfg.optim.batch_size * cfg.optim.grad_accum) == (
+        "chat",
+        16,
+        32,
+    )
+    assert (cfg.optim.lr, cfg.optim.warmup_ratio, cfg.optim.schedule) == (6e-4, 0.04, "cosine")
+    assert cfg.optim.epochs is not None and cfg.optim.epochs > 1 and cfg.data.eval_fraction > 0
