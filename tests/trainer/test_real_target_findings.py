@@ -25,3 +25,17 @@ def test_eval_reads_a_prompt_record_as_the_user_turn_data_regenerate_answers(tmp
     prompts.write_text('{"id": "a", "prompt": "w1 w2 w3"}\n')
     expected = prompt_ids(tokenizer, [{"role": "user", "content": "w1 w2 w3"}], {})
     assert prompts_from_file(str(prompts), tokenizer, {}) == [expected]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="config.apply_overrides only adds keys: a config that sets optim.epochs (the quality recipes, "
+    "smollm2-135m) cannot be run for N steps with --set optim.steps=N ('set exactly one'), and no --set can "
+    "remove a key. Fix: an override of optim.steps drops the file's optim.epochs and the other way round "
+    "(they are one choice), in apply_overrides.",
+)
+def test_set_steps_on_a_config_that_trains_for_epochs_runs_steps() -> None:
+    from trainer.config import load_config
+
+    cfg = load_config("tiny-cpu", ["optim.epochs=2"])  # tiny-cpu's file sets optim.steps = 300
+    assert (cfg.optim.steps, cfg.optim.epochs) == (None, 2.0)
