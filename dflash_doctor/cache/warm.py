@@ -9,6 +9,7 @@ from the child's `torch._dynamo.utils.counters`.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,12 +85,19 @@ def compile_count(result: Mapping[str, Any]) -> tuple[int, int]:
 
 def run_warm_child(command: list[str], environ: Mapping[str, str], timeout: float = 3600.0) -> dict[str, Any]:
     """Run the warm-up child; a DoctorError with the child's last words when it fails or times out. Its
-    compile workers are stopped with it, whatever happens (`dflash_doctor.processes.run_child`)."""
+    compile workers are stopped with it, whatever happens (`dflash_doctor.processes.run_child`). It runs in
+    this process's working directory, as the workers do: a config's relative paths (target.path, data.path)
+    mean the same to both."""
     from dflash_doctor.processes import run_child
 
     try:
         done = run_child(
-            command, timeout, "warm-up", env=environ, cwd="/", hint="run it alone, or with smaller shapes"
+            command,
+            timeout,
+            "warm-up",
+            env=environ,
+            cwd=os.getcwd(),
+            hint="run it alone, or with smaller shapes",
         )
     except OSError as exc:
         raise DoctorError(f"could not start {command[0]}: {exc}") from exc

@@ -46,3 +46,20 @@ def test_warm_compiles_flex_and_snapshots(
     misses, hits = data["fxgraph_misses"], data["fxgraph_hits"]
     assert misses + hits > 0 and data["snapshot"]["name"] == "warmed"
     assert (cache_env["snapshots"] / "warmed.tar.zst").is_file()
+
+
+def test_the_warm_up_child_runs_where_the_launch_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config's relative paths (smollm2-135m: target.path = "runs/smollm2-135m/target") mean "from where
+    `train` was run", for the workers and so for the warm-up child that builds the same drafter; run from "/",
+    the child could not find the target and the launch failed before training."""
+    import sys
+
+    from dflash_doctor.cache.warm import run_warm_child
+
+    monkeypatch.chdir(tmp_path)
+    script = f"import json, os; print({RESULT_PREFIX!r} + json.dumps({{'cwd': os.getcwd()}}))"
+    assert run_warm_child([sys.executable, "-c", script], dict(__import__("os").environ)) == {
+        "cwd": str(tmp_path)
+    }

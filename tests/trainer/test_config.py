@@ -103,7 +103,7 @@ def test_unknown_section_is_an_error() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["optim.epochs=2"], "optim.steps: set exactly one of optim.steps and optim.epochs"),
+        (["optim.steps=5", "optim.epochs=2"], "optim.steps: set exactly one of optim.steps and optim.epochs"),
         (['data.kind="jsonl"'], 'data.path: required when data.kind = "jsonl"'),
         (["data.seq_len=8"], "data.seq_len: must be > drafter.block_size (8), got 8"),
         (["drafter.target_layer_ids=[3, 1]"], "drafter.target_layer_ids: must be increasing"),
@@ -155,10 +155,15 @@ def test_unknown_random_preset(tmp_path: Path) -> None:
         load_config_text(text, tmp_path)
 
 
+PREPARED_TARGET_CONFIGS = {"smollm2-135m"}
+
+
 def test_shipped_configs_all_load() -> None:
     names = sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.toml"))
     assert {"tiny-cpu", "tiny-cpu-2t1d", "qwen3-8b-b16", "seed-b32", "qwen3-8b-5t3d"} <= set(names)
-    for name in names:
+    # smollm2-135m trains a real target that examples/smollm2/prepare.py writes (the real-target extra):
+    # tests/examples/test_smollm2_prepare.py parses it, and loads it against a prepared folder (slow)
+    for name in (n for n in names if n not in PREPARED_TARGET_CONFIGS):
         cfg = load_config(name)
         assert cfg.drafter.target_layer_ids
     assert load_config("qwen3-8b-b16").drafter.target_layer_ids == [1, 9, 17, 25, 33]

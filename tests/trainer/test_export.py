@@ -170,3 +170,18 @@ def test_every_engine_parameter_is_covered_with_the_right_shape(tmp_path: Path) 
     for fused, shapes in covered.items():
         rows = sum(s[0] for s in shapes)
         assert (rows, *shapes[0][1:]) == expected[fused], fused
+
+
+def test_serve_commands_name_a_relative_target_folder_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shipped config names its target relative to the working directory (smollm2-135m:
+    `runs/smollm2-135m/target`); the README's commands are run from anywhere, so they name the folder whole.
+    Embedded targets and hub names stay as written."""
+    (tmp_path / "runs" / "m" / "target").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    for command in serve_commands("runs/m/target", tmp_path / "export", 16).values():
+        assert f" {tmp_path / 'runs' / 'm' / 'target'} " in f" {command} ", command
+    assert serve_commands("Qwen/Qwen3-8B", tmp_path / "export", 16)["vllm"].startswith(
+        "vllm serve Qwen/Qwen3-8B "
+    )

@@ -86,7 +86,11 @@ def hf_config(cfg: DrafterConfig, dtype: torch.dtype, mask_token: str | None = N
 
 def serve_commands(target: str, export_dir: str | Path, block_size: int) -> dict[str, str]:
     """The commands that serve `target` with this drafter: vLLM must be told `"method": "dflash"` (else it
-    picks draft_model), SGLang `--speculative-algorithm DFLASH`."""
+    picks draft_model), SGLang `--speculative-algorithm DFLASH`. A target folder given relative to the
+    working directory (a config's `runs/smollm2-135m/target`) is named by its absolute path: the commands
+    are pasted from the export's README, from anywhere."""
+    if Path(target).is_dir():
+        target = str(Path(target).resolve())
     spec = json.dumps(
         {"method": "dflash", "model": str(export_dir), "num_speculative_tokens": block_size - 1}
     )

@@ -41,8 +41,14 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
     )
 
 
+# Keys that are one choice between two: setting one with --set drops the other from the file, so a recipe that
+# trains for epochs runs for `--set optim.steps=N` instead of failing "set exactly one".
+ONE_OF = {("optim", "steps"): ("optim", "epochs"), ("optim", "epochs"): ("optim", "steps")}
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`section.key=value` strings (value in TOML syntax, bare words taken as strings) on top of the file."""
+    overridden = {tuple(item.partition("=")[0].strip().partition(".")[::2]) for item in overrides}
     for item in overrides:
         dotted, sep, value_text = item.partition("=")
         section, dot, key = dotted.strip().partition(".")
@@ -56,6 +62,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if not isinstance(body, dict):
             raise ConfigError(f"{section}: must be a table ([{section}]), got {_shown(body)}")
         body[key] = value
+        other = ONE_OF.get((section, key))
+        if other is not None and other not in overridden:  # both set with --set: the config check says so
+            raw.get(other[0], {}).pop(other[1], None)
     return raw
 
 

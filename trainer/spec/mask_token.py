@@ -5,10 +5,14 @@
 3. the published DFlash value for the target's family (Qwen3 151669, Qwen3.5/3.6 248070), when it fits the
    target's embedding and is not an ordinary token of its tokenizer (151669 is one in Qwen3.5's);
 4. the first embedding row no tokenizer token uses (Qwen3: 151669 too; it is how the published value arose);
-5. else a ConfigError saying how to set it.
+5. the first special token that the chat template never writes and that is not the bos, eos, pad, unk, sep
+   or cls token: a target whose every row is a token (SmolLM2: 49,152 rows, 49,152 tokens) still has
+   specials no chat holds (SmolLM2's `<repo_name>`, id 3, a marker of its code pre-training data);
+6. else a ConfigError saying how to set it.
 
 The embedded targets have no tokenizer: tiny uses its last id, `random:` presets their family's value.
-Only JSON is read (tokenizer.json, tokenizer_config.json), never transformers: the launch gate runs this.
+Only the tokenizer's files are read (tokenizer.json, tokenizer_config.json, special_tokens_map.json, the chat
+template's own files), never transformers: the launch gate runs this.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ RULE_CONFIG = "drafter.mask_token_id"
 RULE_TOKENIZER = "the tokenizer's mask token"
 RULE_PUBLISHED = "the published value for {family}"
 RULE_UNUSED = "the first embedding row no tokenizer token uses"
+RULE_SPARE_SPECIAL = "the first special token that neither the chat template nor bos/eos/pad/unk uses"
 RULE_TINY = "the embedded tiny target's last id (it has no tokenizer)"
 
 
@@ -38,12 +43,20 @@ class MaskToken:
     rule: str  # which rule chose it, in words
 
 
+# The tokenizer settings that name special tokens with a role in every text (never a mask).
+ROLE_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token")
+# Where a tokenizer folder keeps its chat template, besides tokenizer_config.json (transformers 5: .jinja).
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
 @dataclass(frozen=True)
 class TokenizerVocabulary:
     """Token id -> (string, special) for every token a tokenizer folder defines."""
 
     tokens: dict[int, tuple[str, bool]]
     mask_token: str | None
+    role_tokens: frozenset[str] = frozenset()  # the bos/eos/pad/unk/sep/cls strings
+    chat_template: str = ""  # every chat template of the folder, joined ("" when it has none)
 
     @classmethod
     def read(cls, folder: Path) -> TokenizerVocabulary | None:
@@ -53,8 +66,10 @@ class TokenizerVocabulary:
             return None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            settings_path = folder / "tokenizer_config.json"
-            settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+            settings = _json_file(folder / "tokenizer_config.json")
+            special_map = _json_file(folder / "special_tokens_map.json")
+            templates = [folder.joinpath(name).read_text(encoding="utf-8") for name in TEMPLATE_FILES
+                         if folder.joinpath(name).is_file()]  # fmt: skip
         except (OSError, ValueError) as exc:
             raise ConfigError(f"target.path: cannot read the tokenizer in {folder}: {exc}") from exc
         tokens: dict[int, tuple[str, bool]] = {}
@@ -65,10 +80,15 @@ class TokenizerVocabulary:
             tokens.update({i: (str(entry[0]), False) for i, entry in enumerate(vocab)})
         for added in data.get("added_tokens") or []:
             tokens[int(added["id"])] = (str(added["content"]), bool(added.get("special")))
-        mask = settings.get("mask_token")
-        if isinstance(mask, dict):
-            mask = mask.get("content")
-        return cls(tokens, mask if isinstance(mask, str) else None)
+        mask = _token_text(settings.get("mask_token"))
+        roles = {
+            _token_text(source.get(key)) for source in (settings, special_map) for key in ROLE_TOKEN_KEYS
+        }
+        template = settings.get("chat_template")
+        if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+            template = " ".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+        templates.append(template if isinstance(template, str) else "")
+        return cls(tokens, mask, frozenset(r for r in roles if r), "\n".join(templates))
 
     def id_of(self, text: str) -> int | None:
         return next((i for i, (t, _) in self.tokens.items() if t == text), None)
@@ -80,6 +100,30 @@ class TokenizerVocabulary:
 
     def first_unused(self, vocab_size: int) -> int | None:
         return next((i for i in range(vocab_size) if i not in self.tokens), None)
+
+    def first_spare_special(self, vocab_size: int) -> int | None:
+        """The lowest-id special token that no chat holds: not written by the chat template, not a role
+        token (bos, eos, pad, ...). A row the target never sees in a chat, so never one it writes there."""
+        for token_id in sorted(self.tokens):
+            text, special = self.tokens[token_id]
+            spare = text not in self.role_tokens and text not in self.chat_template
+            if special and token_id < vocab_size and spare:
+                return token_id
+        return None
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """A token setting as its string: "<s>", or {"content": "<s>", ...} (AddedToken's JSON form)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def resolve_mask_token(
@@ -114,9 +158,13 @@ def resolve_mask_token(
     unused = vocabulary.first_unused(vocab_size) if vocabulary is not None else None
     if unused is not None:
         return MaskToken(unused, None, RULE_UNUSED)
+    spare = vocabulary.first_spare_special(vocab_size) if vocabulary is not None else None
+    if spare is not None:
+        return MaskToken(spare, text_of(spare), RULE_SPARE_SPECIAL)
     raise ConfigError(
         f"drafter.mask_token_id: no default for this target (model_type {model_type!r}: no mask token in "
-        "its tokenizer, no published value that fits, every embedding row is a token)",
+        "its tokenizer, no published value that fits, every embedding row is a token, every special token "
+        "is written by the chat template or is bos/eos/pad/unk)",
         hint="set drafter.mask_token_id to a token id the target never emits (e.g. an unused special token)",
     )
 

