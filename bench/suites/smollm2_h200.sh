@@ -18,7 +18,7 @@ ROOT=runs/smollm2-135m
 NEW_TOKENS=${SMOLLM2_NEW_TOKENS:-384}
 stage setup 25 bash -c "install_carried_wheels && python3 -m pip install -q --no-deps --no-index --target $SITE .whl/gguf-*.whl"
 stage convert 120 bash -c 'set -e; mkdir -p "$0" /tmp/gguf
-    cat .carry1/gguf.part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+    cat /tmp/gguf/part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf  # part 1: copied to /tmp by the call before
     sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
     rm -rf "$0/target" "$0/prompts" && cp -r .carry2/prompts "$0/prompts"
     python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
