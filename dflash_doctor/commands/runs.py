@@ -161,6 +161,8 @@ def show_run(
     console.print(
         f"[bold]run {record.id}[/] · {when} · [{style}]{escape(status_text(record))}[/] · exit {record.exit_code}"
     )
+    if record.reason:
+        console.print(f"[red]why it failed:[/] {escape(record.reason)}")
     console.print(f"config: {escape(str(record.config_path))}")
     if record.command:
         console.print(f"command: {escape(' '.join(record.command))}")

@@ -55,6 +55,7 @@ class RunRecord:
     launcher_started: float | None = None  # the launcher's start time: a reused pid is not the launcher
     last_seen: float | None = None  # the launcher's last heartbeat while the run was running
     stderr_tail: list[str] = field(default_factory=list)  # a failed run's last stderr lines: why it failed
+    reason: str | None = None  # why a failed run failed, in one line (a rank's named error, or its summary's)
 
     @property
     def seconds(self) -> float | None:
@@ -128,6 +129,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "launcher_started": _NUMBER,
     "last_seen": _NUMBER,
     "stderr_tail": (list,),
+    "reason": (str,),
 }
 ITEM_TYPES: dict[str, type] = {
     "findings": dict,
