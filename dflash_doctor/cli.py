@@ -6,7 +6,8 @@ Exit codes: 0 healthy, 1 a failing finding (or a failed run), 2 bad usage / bad 
 
 `run` is the one error boundary every command shares, so the next command added keeps the same rules:
 a DoctorError is its message and exit 2; an OSError that escaped (a read-only home, a full disk) names the
-file and the reason, exit 2; anything else is a bug: one line asking for a report, the traceback only
+file and the reason, exit 2, and so does a stdout that could not take the output (`/dev/full`, a full disk:
+`stdout.py`); anything else is a bug: one line asking for a report, the traceback only
 with `-v` (or DFLASH_DOCTOR_DEBUG=1).
 """
 
@@ -27,6 +28,8 @@ from dflash_base.stopping import Stopped, handling_stop_signals
 from dflash_doctor import __version__
 from dflash_doctor.console import make_console
 from dflash_doctor.paths import HOME_ENV
+from dflash_doctor.stdout import NAME as STDOUT
+from dflash_doctor.stdout import checked_stdout
 
 app = typer.Typer(
     name="dflash-doctor",
@@ -134,7 +137,7 @@ def run(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     _register_for(args)
     try:
-        with _stop_signals_unwind():
+        with _stop_signals_unwind(), checked_stdout():
             app(args=args, prog_name="dflash-doctor")
     except Stopped as stop:
         _print_error(f"{stop}; nothing more was done")
@@ -146,6 +149,12 @@ def run(argv: list[str] | None = None) -> int:
         _print_error(exc.message, exc.hint)
         return exc.exit_code
     except OSError as exc:
+        if exc.filename == STDOUT:
+            _print_error(
+                f"cannot write to {STDOUT}: {exc.strerror or exc}; what was printed is incomplete",
+                hint="send the output where there is room: another disk, or a pipe that reads all of it",
+            )
+            return DoctorError.exit_code
         _print_error(
             os_error_message(exc),
             hint="check that the path is right, that it is a folder where a folder is expected, "

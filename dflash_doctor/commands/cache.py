@@ -38,6 +38,7 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.registry import run_checks
 from dflash_doctor.report import dumps, exit_code, flatten, remedy_lines, render
+from dflash_doctor.stdout import NAME as STDOUT
 
 SCHEMA = "dflash-doctor/cache/v1"
 OutOption = typer.Option(None, "--out", help="Write the archive here (a file or a folder) instead.")
@@ -70,6 +71,8 @@ def named_os_errors(command: Command) -> Command:
         try:
             return command(*args, **kwargs)
         except OSError as exc:
+            if exc.filename == STDOUT:
+                raise  # the CLI names a stdout that could not take the output
             where = printable(str(exc.filename)) if exc.filename else "a file"
             why = {
                 errno.ENOSPC: "no space left on the device",
