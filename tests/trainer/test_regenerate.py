@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run as cli_run
+from tests.disk_fixtures import small_disk  # noqa: F401  (fixture)
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, parse_record
 from trainer.decode.generation import Chat, Completion, GenerationSettings
 from trainer.decode.regenerate import RegenerateError, regenerate, resume_state, scan_input
@@ -229,6 +230,30 @@ def test_an_output_of_other_settings_is_refused_unless_forced(tmp_path: Path) ->
     summary = regenerate(scan, out, other, EchoEngine, force=True)
     assert summary.written == 1 and lines(out)[0]["generation"]["target"] == "/models/other"
     assert len(list(tmp_path.glob("out.jsonl.old-*"))) == 1  # the old file kept beside
+
+
+def test_a_run_that_fails_before_its_first_answer_leaves_no_file(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": "r0", "prompt": "p"}])
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(scan_input(prompts, "stop"), out, SETTINGS, lambda: EchoEngine(fail_after_calls=0))
+    assert not out.exists()  # was a 0-byte --out
+
+
+def test_out_on_a_full_disk_names_the_path_and_keeps_the_whole_lines(small_disk, tmp_path: Path) -> None:  # noqa: F811
+    from dflash_base.disk import NoSpace
+
+    disk = small_disk(64)
+    records = [{"id": f"r{i}", "prompt": "p" * 300} for i in range(200)]
+    prompts = write_prompts(tmp_path / "in.jsonl", records)
+    out = disk / "out.jsonl"
+    with pytest.raises(NoSpace) as caught:
+        regenerate(scan_input(prompts, "stop"), out, SETTINGS, EchoEngine, chunk_size=10)
+    assert caught.value.path == str(out) and "no space left on the device for" in caught.value.message
+    kept = lines(out)  # every line whole: a re-run resumes after them
+    assert (
+        kept and len(kept) % 10 == 0 and resume_state(out, SETTINGS, force=False) == {r["id"] for r in kept}
+    )
 
 
 def test_bad_input_lines_stop_or_are_skipped(tmp_path: Path) -> None:

@@ -2,9 +2,10 @@
 
 The job reads prompt records (`trainer.decode.conversations`), has an engine (`trainer.decode.generation`) answer them turn by
 turn in chunks of conversations, and appends one finished conversation per line to the output, flushed and
-synced after each chunk: a crash loses at most the chunk in flight. Re-running with the same output skips the
-ids already written; a torn last line (a crash mid-write) is dropped first. Every line carries the settings
-that made it, and an output made with other settings is refused unless `force` moves it aside.
+synced after each chunk: a crash loses at most the chunk in flight, and a run that fails before its first
+answer leaves no file. Re-running with the same output skips the ids already written; a torn last line (a
+crash mid-write) is dropped first. Every line carries the settings that made it, and an output made with
+other settings is refused unless `force` moves it aside.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
 from trainer.decode.generation import Engine, GenerationSettings
@@ -192,24 +194,45 @@ def regenerate(
         on_progress(summary, len(todo))
     if not todo:
         return summary
-    out.parent.mkdir(parents=True, exist_ok=True)
     engine = engine_factory()
     start = time.perf_counter()
     try:
-        with open(out, "a", encoding="utf-8") as handle:
-            for chunk in chunks(todo, chunk_size):
-                walks = regenerate_chunk(engine, chunk)
-                handle.write("".join(output_line(w, settings, engine.name) for w in walks))
-                handle.flush()
-                os.fsync(handle.fileno())
-                summary.written += len(walks)
-                summary.answers += sum(len(w.finish_reasons) for w in walks)
-                summary.stopped_at_length += sum(w.finish_reasons.count("length") for w in walks)
-                summary.generated_tokens += sum(w.generated_tokens for w in walks)
-                summary.seconds = time.perf_counter() - start
-                if on_progress:
-                    on_progress(summary, len(todo))
+        for chunk in chunks(todo, chunk_size):
+            walks = regenerate_chunk(engine, chunk)
+            append_whole(out, "".join(output_line(w, settings, engine.name) for w in walks).encode())
+            summary.written += len(walks)
+            summary.answers += sum(len(w.finish_reasons) for w in walks)
+            summary.stopped_at_length += sum(w.finish_reasons.count("length") for w in walks)
+            summary.generated_tokens += sum(w.generated_tokens for w in walks)
+            summary.seconds = time.perf_counter() - start
+            if on_progress:
+                on_progress(summary, len(todo))
     finally:
         summary.seconds = time.perf_counter() - start
         engine.close()
     return summary
+
+
+def append_whole(out: Path, data: bytes) -> None:
+    """Append one chunk's lines to `out` (made on the first chunk: a run that fails before any answer leaves
+    no file), synced; a disk that fills mid-chunk cuts the file back to its last whole line and is one
+    NoSpace naming `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    made = not out.exists()
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def take_back() -> None:
+        if made:
+            out.unlink(missing_ok=True)
+        else:
+            os.ftruncate(fd, whole)
+
+    try:
+        whole = os.fstat(fd).st_size
+        with writing(out, len(data), cleanup=take_back):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+    finally:
+        os.close(fd)
