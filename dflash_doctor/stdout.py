@@ -14,6 +14,10 @@ import io
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 NAME = "stdout"  # the OSError's filename: what the CLI's message names
 
@@ -35,7 +39,7 @@ class WholeWrites(io.RawIOBase):
     def isatty(self) -> bool:
         return os.isatty(self.fd)
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+    def write(self, data: Buffer, /) -> int:
         view = memoryview(data).cast("B")
         size = len(view)
         if self.broken:
@@ -67,7 +71,7 @@ def checked_stdout() -> Iterator[None]:
         io.BufferedWriter(WholeWrites(original.fileno())),
         encoding=original.encoding,
         errors=original.errors,
-        line_buffering=original.line_buffering,
+        line_buffering=bool(original.line_buffering),
     )
     sys.stdout = checked
     try:
