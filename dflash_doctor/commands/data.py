@@ -80,14 +80,14 @@ def regenerate_command(
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainer.api import GenerationSettings, regenerate, scan_input
+    from trainer.api import GenerationSettings, check_prompt_lengths, regenerate, scan_input
     from trainer.spec.config import load_config
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine: must be one of {', '.join(ENGINES)}, got {engine!r}")
     if on_error not in ("stop", "skip"):
         raise ConfigError(f"--on-error: must be stop or skip, got {on_error!r}")
-    cfg = load_config(config, set_, check_data=False)
+    cfg = load_config(config, set_, check_data=False, drafter=False)  # generation needs no drafter setting
     template_kwargs = dict(getattr(cfg.data, "chat_template_kwargs", None) or {})
     settings = GenerationSettings(
         target=cfg.target.path,
@@ -97,7 +97,7 @@ def regenerate_command(
         chat_template_kwargs=template_kwargs,
         seed=cfg.run.seed,
     )
-    scan = scan_input(prompts, on_error)
+    scan = check_prompt_lengths(scan_input(prompts, on_error), settings, on_error)  # before the target loads
     err = make_console(stderr=True)
     for bad in scan.bad[:5]:
         err.print(f"[yellow]skipped[/] {prompts} {bad}")

@@ -21,7 +21,7 @@ from typing import Any
 
 from dflash_base.atomic import write_json_atomic
 from dflash_base.errors import DoctorError
-from dflash_doctor.paths import runs_dir
+from dflash_doctor.paths import check_folder_path, runs_dir
 
 RECORD_SCHEMA = "dflash-doctor/run/v1"
 STATUSES = ("refused", "running", "succeeded", "failed", "interrupted", "lost")
@@ -225,6 +225,7 @@ class RunStore:
         return good[-1] if good else None
 
     def _record_paths(self) -> list[Path]:
+        check_folder_path(self.root, "the run records' folder")  # a home that is a file: said, not "no runs"
         if not self.root.is_dir():
             return []
         return sorted(p / "record.json" for p in self.root.iterdir() if (p / "record.json").is_file())

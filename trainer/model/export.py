@@ -39,11 +39,9 @@ from torch import Tensor
 from dflash_base.atomic import fsync_dir, fsync_file
 from dflash_base.disk import require_space, writing
 from trainer.model.drafter import AttentionKind, DFlashDrafter, DrafterConfig
+from trainer.spec.export_files import ARCHITECTURE, CONFIG_NAME, WEIGHTS_NAME
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 README_NAME = "README.md"
-ARCHITECTURE = "DFlashDraftModel"
 
 
 # Besides the weights: safetensors' header (one JSON entry per tensor), config.json and README.md
