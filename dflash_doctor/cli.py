@@ -26,7 +26,7 @@ import typer
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, handling_stop_signals
 from dflash_doctor import __version__
-from dflash_doctor.console import make_console
+from dflash_doctor.console import make_console, plain_pipes
 from dflash_doctor.paths import HOME_ENV
 from dflash_doctor.stdout import NAME as STDOUT
 from dflash_doctor.stdout import checked_stdout
@@ -40,6 +40,25 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+
+def _flags_show_no_type() -> None:
+    """One `--help` style for every flag: a flag takes no value, so none shows typer's `<bool>` (`--help`,
+    `--force`, `--dry-run` did, `--json` did not: `metavar=FLAG` had been set option by option). Typer asks
+    each option's `display_type_rich` what to show; for a flag the answer is now nothing."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_no_type", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_show_no_type = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_show_no_type()
 
 DEBUG_ENV = "DFLASH_DOCTOR_DEBUG"
 BUG_EXIT_CODE = 3
@@ -137,7 +156,7 @@ def run(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     _register_for(args)
     try:
-        with _stop_signals_unwind(), checked_stdout():
+        with _stop_signals_unwind(), checked_stdout(), plain_pipes():
             app(args=args, prog_name="dflash-doctor")
     except Stopped as stop:
         _print_error(f"{stop}; nothing more was done")

@@ -256,6 +256,52 @@ def test_out_on_a_full_disk_names_the_path_and_keeps_the_whole_lines(small_disk,
     )
 
 
+def test_in_a_pipe_a_progress_line_comes_while_a_chunk_is_answered(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off a terminal no bar is drawn: a line at least every EVERY_S seconds (30; 0.2 here) even while the
+    first chunk is still being answered (CPU, 1024 new tokens: 11 minutes of nothing before)."""
+    from dflash_doctor import progress
+    from dflash_doctor.commands import data as data_command
+
+    class SlowEngine(EchoEngine):
+        def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+            time.sleep(1.0)
+            return super().generate(chats)
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.2)
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: SlowEngine)
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": "w1"} for i in range(3)])
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{target_folder}"\n[data]\nkind = "chat"\npath = "x.jsonl"\n[optim]\nsteps = 1\n'
+    )
+    argv = [
+        "data",
+        "regenerate",
+        "--config",
+        str(config),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert cli_run(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    waiting = [line for line in err if line.startswith("regenerating: 0 of 3 conversations written")]
+    assert len(waiting) >= 3, err  # while the one chunk was answered
+    assert any(line.startswith("regenerating: 3 of 3 conversations written, 3 answers") for line in err), err
+
+
+def test_loading_the_target_draws_no_bar_of_transformers(target_folder: Path, capfd) -> None:
+    from trainer.target.load import load_target_model
+
+    capfd.readouterr()
+    load_target_model(str(target_folder), 0, __import__("torch").device("cpu"), __import__("torch").float32)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+
+
 def test_bad_input_lines_stop_or_are_skipped(tmp_path: Path) -> None:
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"prompt": "ok"}\n{"oops": 1}\n{"id": "line-1", "prompt": "dup"}\n')
