@@ -1,4 +1,5 @@
-"""A launch that cannot work never starts: topology against the devices, memory plan against free memory.
+"""A launch that cannot work never starts: topology against the devices, memory plan against free memory,
+disk plan against free space.
 
 The topology finding also says why this one (`topology.mode`, or what `auto` compared).
 
@@ -12,6 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from dflash_base.disk import existing_ancestor, free_bytes, size_text
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.env.visible_devices import VARIABLE
@@ -19,6 +21,7 @@ from dflash_doctor.findings import Finding, fail, ok, warn
 from dflash_doctor.registry import check
 
 if TYPE_CHECKING:  # imported when a launch is checked, not by every `check` (psutil, the plan)
+    from dflash_doctor.launch.disk_plan import DiskWrite
     from dflash_doctor.launch.plan import LaunchPlan
 
 GIB = 1024**3
@@ -209,3 +212,78 @@ def _verdict(
         yield ok(
             "launch.memory", f"estimated peak {_gib(need)} fits the {_gib(have)} free on {what}", **evidence
         )
+
+
+def free_space(path: str) -> tuple[int, int | None]:
+    """(the file system's id, its free bytes) where `path` is, or will be made (its nearest existing folder)."""
+    where = existing_ancestor(path)
+    return os.stat(where).st_dev, free_bytes(where)
+
+
+# A snapshot is taken only after a success, and a failed one leaves the run's result intact ("no snapshot: ..."
+# in its record): a store that cannot hold it warns, an output folder that cannot hold the run fails.
+OUTPUT_WRITES = frozenset({"checkpoints", "export", "metrics"})
+
+
+@check("launch.disk", "launch disk plan", requires=["config"])
+def disk(ctx: CheckContext) -> Iterator[Finding]:
+    plan = _plan(ctx)
+    if not plan.disk:
+        return
+    systems: dict[int, list[DiskWrite]] = {}
+    free: dict[int, int | None] = {}
+    for write in plan.disk:
+        device, free[device] = free_space(write.path)
+        systems.setdefault(device, []).append(write)
+    lines, worst = [], None
+    for device, writes in systems.items():
+        need, have = sum(w.bytes for w in writes), free[device]
+        parts = ", ".join(f"{w.what} {size_text(w.bytes)}" for w in writes)
+        where = " and ".join(dict.fromkeys(_folder_of(w) for w in writes))
+        lines.append(f"{where}: {parts}; {size_text(have)} free")
+        if have is None:
+            continue
+        spare = (have - need) / have if have else -1.0
+        if worst is None or spare < worst[0]:
+            worst = (spare, need, have, where, parts, writes)
+    evidence: dict[str, object] = {
+        "writes": [f"{w.what}: {size_text(w.bytes)} in {w.path}: {w.detail}" for w in plan.disk],
+        "file_systems": lines,
+    }
+    if worst is None:
+        yield warn(
+            "launch.disk.unknown",
+            "the free space where the run writes could not be read",
+            "check that output.dir and DFLASH_DOCTOR_HOME are folders you can read",
+            **evidence,
+        )
+        return
+    spare, need, have, where, parts, writes = worst
+    trains = any(w.what in OUTPUT_WRITES for w in writes)
+    said = f"the run writes {size_text(need)} to {where} ({parts}) and {size_text(have)} are free there"
+    if need > have and trains:
+        yield fail("launch.disk.full", said, remedy=_disk_remedy(plan.disk), **evidence)
+    elif need > have:
+        yield warn(
+            "launch.disk.store_full",
+            f"{said}: the run trains, but the compile-cache snapshot after it will not fit",
+            remedy="dflash-doctor cache prune --keep 1, or set DFLASH_DOCTOR_HOME to a folder on a larger disk",
+            **evidence,
+        )
+    elif spare < LOW_HEADROOM:
+        yield warn(
+            "launch.disk.tight", f"{said}: under 10% to spare", remedy=_disk_remedy(plan.disk), **evidence
+        )
+    else:
+        yield ok("launch.disk", f"{said}", **evidence)
+
+
+def _folder_of(write: DiskWrite) -> str:
+    """The run's output folder for its own files, the store for the snapshot."""
+    return os.path.dirname(write.path) if write.what in ("checkpoints", "export") else write.path
+
+
+def _disk_remedy(writes: list[DiskWrite]) -> str:
+    each = next((w.each for w in writes if w.what == "checkpoints" and w.each), None)
+    one = f" (each checkpoint is {size_text(each)})" if each else ""
+    return f"free space there, point output.dir at a larger disk, or lower checkpoint.keep{one}"

@@ -6,7 +6,8 @@ Exit codes: 0 healthy, 1 a failing finding (or a failed run), 2 bad usage / bad 
 
 `run` is the one error boundary every command shares, so the next command added keeps the same rules:
 a DoctorError is its message and exit 2; an OSError that escaped (a read-only home, a full disk) names the
-file and the reason, exit 2; anything else is a bug: one line asking for a report, the traceback only
+file and the reason, exit 2, and so does a stdout that could not take the output (`/dev/full`, a full disk:
+`stdout.py`); anything else is a bug: one line asking for a report, the traceback only
 with `-v` (or DFLASH_DOCTOR_DEBUG=1).
 """
 
@@ -25,8 +26,10 @@ import typer
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, handling_stop_signals
 from dflash_doctor import __version__
-from dflash_doctor.console import make_console
+from dflash_doctor.console import make_console, plain_pipes
 from dflash_doctor.paths import HOME_ENV
+from dflash_doctor.stdout import NAME as STDOUT
+from dflash_doctor.stdout import checked_stdout
 
 app = typer.Typer(
     name="dflash-doctor",
@@ -37,6 +40,25 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+
+def _flags_show_no_type() -> None:
+    """One `--help` style for every flag: a flag takes no value, so none shows typer's `<bool>` (`--help`,
+    `--force`, `--dry-run` did, `--json` did not: `metavar=FLAG` had been set option by option). Typer asks
+    each option's `display_type_rich` what to show; for a flag the answer is now nothing."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_no_type", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_show_no_type = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_show_no_type()
 
 DEBUG_ENV = "DFLASH_DOCTOR_DEBUG"
 BUG_EXIT_CODE = 3
@@ -134,7 +156,7 @@ def run(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     _register_for(args)
     try:
-        with _stop_signals_unwind():
+        with _stop_signals_unwind(), checked_stdout(), plain_pipes():
             app(args=args, prog_name="dflash-doctor")
     except Stopped as stop:
         _print_error(f"{stop}; nothing more was done")
@@ -146,6 +168,12 @@ def run(argv: list[str] | None = None) -> int:
         _print_error(exc.message, exc.hint)
         return exc.exit_code
     except OSError as exc:
+        if exc.filename == STDOUT:
+            _print_error(
+                f"cannot write to {STDOUT}: {exc.strerror or exc}; what was printed is incomplete",
+                hint="send the output where there is room: another disk, or a pipe that reads all of it",
+            )
+            return DoctorError.exit_code
         _print_error(
             os_error_message(exc),
             hint="check that the path is right, that it is a folder where a folder is expected, "

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
+from dflash_base.errors import DoctorError
+
 HOME_ENV = "DFLASH_DOCTOR_HOME"
 
 
@@ -38,3 +40,16 @@ def runs_dir() -> Path:
 def probes_dir() -> Path:
     """Passed deep probes, one file per environment key, beside the run records."""
     return state_root() / "probes"
+
+
+def check_folder_path(folder: Path, what: str) -> None:
+    """A DoctorError when `folder`'s path runs into a file (a home, `state` or `runs` that is a file): a
+    reader would otherwise say "nothing there" of a folder it cannot see. `what` names the folder's role."""
+    for part in (folder, *folder.parents):
+        if os.path.lexists(part):
+            if not part.is_dir():
+                raise DoctorError(
+                    f"{part} is a file, not a folder: {what} {folder} cannot be there",
+                    hint=f"move {part} away, or set {HOME_ENV} to another folder",
+                )
+            return

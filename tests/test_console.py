@@ -88,3 +88,28 @@ def test_width_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     assert make_console(file=io.StringIO()).width == 90
     terminal = make_console(file=io.StringIO(), force_terminal=True)
     assert terminal.is_terminal and terminal.width != OFF_TERMINAL_WIDTH  # rich asks the terminal
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["check"], ["--help"], ["cache", "warm", "--help"], ["train", "--config", "tiny-cpu", "--dry-run"]],
+)
+def test_no_line_ends_in_blanks_in_a_pipe(args: list[str], tmp_path: Path) -> None:
+    """rich pads a table's rows to the table's width: `check` came out 206-330 columns wide, a 68-character
+    line padded to 179, `--help` to 80. In a pipe no line ends in a blank, stdout or stderr."""
+    extra = ["--no-deep"] if args[0] == "train" else []
+    done = cli([*args, *extra], DFLASH_DOCTOR_HOME=str(tmp_path / "home"))
+    assert done.stdout.strip()
+    for stream in (done.stdout, done.stderr):
+        padded = [line for line in stream.splitlines() if line != line.rstrip(" \t")]
+        assert padded == [], padded[:3]
+
+
+def test_blanks_ending_a_line_are_dropped_also_across_writes() -> None:
+    from dflash_doctor.console import NoTrailingBlanks
+
+    sink = io.StringIO()
+    stream = NoTrailingBlanks(sink)
+    for piece in ("a table row   ", "  ", "\nnext  \t\n  indented stays", "  ", "\n"):
+        stream.write(piece)
+    assert sink.getvalue() == "a table row\nnext\n  indented stays\n"

@@ -34,12 +34,14 @@ def fake_export(folder: Path) -> Path:
 
 
 def fake_python(folder: Path, verdict: dict[str, Any], code: int, sleep_s: float = 0) -> Path:
-    """An executable that writes its arguments and $HOME to `ran.txt`, prints `verdict` and exits `code`."""
+    """An executable that writes its arguments and $HOME to `ran.txt`, prints `verdict` and exits `code`;
+    asked to run a line of Python (`-c`: is it a python?), it is the real one."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "verdict.json").write_text("engine log line\n" + json.dumps(verdict) + "\n")
     script = folder / "python"
     script.write_text(
         "#!/bin/sh\n"
+        f'[ "$1" = "-c" ] && exec "{sys.executable}" "$@"\n'
         f'printf "%s\\n" "$@" "HOME=$HOME" > "{folder}/ran.txt"\n'
         f"sleep {sleep_s}\n"
         f'cat "{folder}/verdict.json"\n'

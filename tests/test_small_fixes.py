@@ -61,6 +61,22 @@ def test_flags_show_no_bool_metavar_in_help(capsys: pytest.CaptureFixture[str]) 
         assert "<bool>" not in json_line, command
 
 
+@pytest.mark.parametrize(
+    "command",
+    [[], ["check"], ["cache", "restore"], ["cache", "prune"], ["cache", "warm"], ["cache", "status"],
+     ["data", "regenerate"], ["data", "preview"], ["train"], ["eval"], ["serve-check"], ["runs", "show"]],
+)  # fmt: skip
+def test_one_help_style_no_flag_shows_a_type(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`--help`, `--force`, `--dry-run`, `--no-snapshot`, `--json` alike: a flag shows no `<bool>`; an option
+    that takes a value still shows its type."""
+    assert run([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "<bool>" not in out, [line for line in out.splitlines() if "<bool>" in line]
+    assert "--help" in out
+    if command == ["cache", "warm"]:
+        assert "<int>" in next(line for line in out.splitlines() if "--heads" in line)
+
+
 def test_lock_json_carries_a_schema(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
     assert run(["lock", "--json", "--out", str(tmp_path / "dflash.lock")]) == 0

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
 from dflash_doctor.cache.frames import FramedWriter
@@ -207,7 +208,8 @@ def write_archive(
     fd, partial_name = tempfile.mkstemp(prefix=f".{dest.name}{PARTIAL_TAG}", dir=dest.parent)
     partial = Path(partial_name)
     by_path = manifest.by_path()
-    try:
+    # A full disk names the archive (its partial file removed), not `a file`.
+    with writing(dest, cleanup=lambda: partial.unlink(missing_ok=True)):
         with (
             os.fdopen(fd, "wb") as raw,
             FramedWriter(raw, level=level, threads=threads) as out,
@@ -245,9 +247,6 @@ def write_archive(
             rename_noreplace(partial, dest)  # never over a file planted at dest meanwhile
         except FileExistsError:
             raise DoctorError(f"{dest} already exists", hint="choose another --name or --out") from None
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
     return dest.stat().st_size
 
 

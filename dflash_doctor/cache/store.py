@@ -28,7 +28,7 @@ from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
-from dflash_doctor.paths import HOME_ENV
+from dflash_doctor.paths import HOME_ENV, check_folder_path
 
 LOCK_NAME = ".store.lock"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -163,14 +163,7 @@ class SnapshotStore:
     def check_usable(self) -> None:
         """A DoctorError when the store's path runs into a file (a home or `cache/snapshots` that is a
         file): a reader would otherwise say "no snapshots" of a store it cannot see."""
-        for folder in (self.root, *self.root.parents):
-            if os.path.lexists(folder):
-                if not folder.is_dir():
-                    raise DoctorError(
-                        f"{folder} is a file, not a folder: the snapshot store {self.root} cannot be there",
-                        hint=f"move {folder} away, or set {HOME_ENV} to another folder",
-                    )
-                return
+        check_folder_path(self.root, "the snapshot store")
 
     def ensure(self) -> None:
         """Make the store folder (private), or say plainly why it cannot be."""

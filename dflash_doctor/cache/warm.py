@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,19 @@ class WarmShapes:
             raise DoctorError(
                 f"--anchors {self.anchors} must be fewer than --context {self.context} positions"
             )
+
+
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def check_device(device: str) -> None:
+    """`--device`: cpu, cuda or cuda:N, refused before the child starts (`tpu` was refused by torch inside
+    the child, seconds later, as a warm-up failure)."""
+    if not DEVICE.fullmatch(device):
+        raise DoctorError(
+            f"--device {device!r}: the warm-up compiles for cpu, cuda or cuda:N",
+            hint="--device cpu, or --device cuda:0 on a GPU machine",
+        )
 
 
 def child_command(

@@ -30,7 +30,14 @@ from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
-from dflash_doctor.cache.warm import WarmShapes, child_command, child_environ, compile_count, run_warm_child
+from dflash_doctor.cache.warm import (
+    WarmShapes,
+    check_device,
+    child_command,
+    child_environ,
+    compile_count,
+    run_warm_child,
+)
 from dflash_doctor.cache.warm_record import default_records
 from dflash_doctor.commands.options import JsonOption, PythonOption
 from dflash_doctor.console import make_console
@@ -38,6 +45,7 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.registry import run_checks
 from dflash_doctor.report import dumps, exit_code, flatten, remedy_lines, render
+from dflash_doctor.stdout import NAME as STDOUT
 
 SCHEMA = "dflash-doctor/cache/v1"
 OutOption = typer.Option(None, "--out", help="Write the archive here (a file or a folder) instead.")
@@ -70,6 +78,8 @@ def named_os_errors(command: Command) -> Command:
         try:
             return command(*args, **kwargs)
         except OSError as exc:
+            if exc.filename == STDOUT:
+                raise  # the CLI names a stdout that could not take the output
             where = printable(str(exc.filename)) if exc.filename else "a file"
             why = {
                 errno.ENOSPC: "no space left on the device",
@@ -390,6 +400,7 @@ def warm_command(
     """Compile training's functions once, in one process, main thread, then snapshot the cache."""
     if config is not None and not config.is_file():
         raise DoctorError(f"--config {config}: no such file")
+    check_device(device)
     shapes = WarmShapes(heads, head_dim, kv_heads, anchors, block, context)
     shapes.validate()
     env, current = _current(python)

@@ -7,9 +7,11 @@ as the trainer will see them (supervised tokens highlighted) and counts over the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ import typer
 from dflash_base.errors import ConfigError, DoctorError
 from dflash_doctor.commands.options import JsonOption
 from dflash_doctor.console import make_console
+from dflash_doctor.progress import ProgressLines, elapsed_text
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -80,14 +83,14 @@ def regenerate_command(
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainer.api import GenerationSettings, regenerate, scan_input
+    from trainer.api import GenerationSettings, check_prompt_lengths, regenerate, scan_input
     from trainer.spec.config import load_config
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine: must be one of {', '.join(ENGINES)}, got {engine!r}")
     if on_error not in ("stop", "skip"):
         raise ConfigError(f"--on-error: must be stop or skip, got {on_error!r}")
-    cfg = load_config(config, set_, check_data=False)
+    cfg = load_config(config, set_, check_data=False, drafter=False)  # generation needs no drafter setting
     template_kwargs = dict(getattr(cfg.data, "chat_template_kwargs", None) or {})
     settings = GenerationSettings(
         target=cfg.target.path,
@@ -97,7 +100,7 @@ def regenerate_command(
         chat_template_kwargs=template_kwargs,
         seed=cfg.run.seed,
     )
-    scan = scan_input(prompts, on_error)
+    scan = check_prompt_lengths(scan_input(prompts, on_error), settings, on_error)  # before the target loads
     err = make_console(stderr=True)
     for bad in scan.bad[:5]:
         err.print(f"[yellow]skipped[/] {prompts} {bad}")
@@ -117,13 +120,32 @@ def regenerate_command(
         disable=json_out or not err.is_terminal,
     )
     task = progress.add_task("", total=None, rate="")
+    began = time.monotonic()
+    seen: dict[str, Any] = {}  # the latest summary and count to do, for the lines a pipe gets
 
-    def show(summary: object, todo: int) -> None:
-        tok_s = summary.generated_tokens / summary.seconds if summary.seconds else 0.0  # type: ignore[attr-defined]
-        progress.update(task, total=todo, completed=summary.written, rate=f"{tok_s:,.0f} tok/s")  # type: ignore[attr-defined]
+    def show(summary: Any, todo: int) -> None:
+        tok_s = summary.generated_tokens / summary.seconds if summary.seconds else 0.0
+        progress.update(task, total=todo, completed=summary.written, rate=f"{tok_s:,.0f} tok/s")
+        first = not seen
+        seen.update(summary=summary, todo=todo)
+        if lines is not None and not first:  # a chunk was written (the first call only counts the work)
+            lines.moved()
 
+    def describe() -> str:
+        summary, todo = seen.get("summary"), seen.get("todo")
+        when = elapsed_text(time.monotonic() - began)
+        if summary is None:
+            return f"regenerating: reading the input and loading the target, {when} in"
+        tok_s = summary.generated_tokens / summary.seconds if summary.seconds else 0.0
+        return (
+            f"regenerating: {summary.written:,} of {todo:,} conversations written, {summary.answers:,} answers, "
+            f"{summary.generated_tokens:,} tokens ({tok_s:,.0f} tok/s), {when} in"
+        )
+
+    # In a terminal the bar moves; elsewhere (a pipe, a log) a line per chunk and at least every 30 s.
+    lines = None if err.is_terminal else ProgressLines(describe, lambda line: err.print(line, soft_wrap=True))
     try:
-        with progress:
+        with progress, lines or contextlib.nullcontext():
             summary = regenerate(scan, out, settings, factory, limit=limit, force=force, on_progress=show)
     except KeyboardInterrupt:
         err.print(f"stopped: every line in {out} is whole; run the same command again to resume")

@@ -11,7 +11,8 @@ PythonOption = typer.Option(
     "--python",
     help="Audit another interpreter's environment (e.g. .venv/bin/python); default: this one.",
 )
-# metavar "": a flag takes no value, and typer would otherwise print `--json <bool>` in --help.
+# metavar "": a flag takes no value, and typer would otherwise print `--json <bool>` in --help (the CLI now
+# shows no type for any flag: dflash_doctor/cli.py, `_flags_show_no_type`).
 FLAG = ""
 JsonOption = typer.Option(
     False, "--json", metavar=FLAG, help="Print machine-readable JSON (versioned schema)."

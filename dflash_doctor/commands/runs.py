@@ -19,7 +19,7 @@ from rich.table import Table
 from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import JsonOption
 from dflash_doctor.console import make_console
-from dflash_doctor.launch.run_curves import curves_of, plot_curves, sparkline_rows
+from dflash_doctor.launch.run_curves import curves_of, non_finite_notes, plot_curves, sparkline_rows
 from dflash_doctor.launch.runs import RunRecord, RunStore, age, describe_age
 
 RUNS_SCHEMA = "dflash-doctor/runs/v1"
@@ -161,6 +161,8 @@ def show_run(
     console.print(
         f"[bold]run {record.id}[/] · {when} · [{style}]{escape(status_text(record))}[/] · exit {record.exit_code}"
     )
+    if record.reason:
+        console.print(f"[red]why it failed:[/] {escape(record.reason)}")
     console.print(f"config: {escape(str(record.config_path))}")
     if record.command:
         console.print(f"command: {escape(' '.join(record.command))}")
@@ -232,6 +234,8 @@ def _print_sparklines(console: Console, record: RunRecord) -> None:
         for name, span, line in rows:
             table.add_row(escape(name), escape(span), line)
         console.print(table)
+    for note in non_finite_notes(curves):
+        console.print(f"[yellow]note:[/] {escape(note)}")
 
 
 @runs_app.command("compare")

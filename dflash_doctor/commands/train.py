@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dflash_base.disk import size_text
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
@@ -59,6 +60,14 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
     for name, estimate in plan.memory.items():
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate.parts.items())
         console.print(f"[dim]{name} memory (GiB): {parts}[/]", soft_wrap=True)
+    if plan.disk:  # what the run writes, at its peak (launch.disk compares it with the free space)
+        writes = "; ".join(
+            f"{w.what} {size_text(w.bytes)}"
+            + (f" ({w.bytes // w.each} x {size_text(w.each)})" if w.each and w.bytes > w.each else "")
+            + f" in {w.path}"
+            for w in plan.disk
+        )
+        console.print(f"[dim]disk at the peak: {escape(writes)}[/]", soft_wrap=True)
     console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)

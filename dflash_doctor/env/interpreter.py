@@ -74,6 +74,9 @@ class InterpreterInfo:
         return asdict(self)
 
 
+NOT_A_PYTHON_HINT = "give a python executable, e.g. .venv/bin/python"
+
+
 def current_interpreter() -> InterpreterInfo:
     paths = sysconfig.get_paths()
     import site
@@ -166,12 +169,21 @@ class InterpreterProbe:
                 hint='give a python executable; a wrapper script must end with `exec python "$@"`',
             ) from exc
         if self._child.returncode != 0:
-            tail = stderr.strip().splitlines()[-1:] or ["no output"]
-            raise InterpreterError(f"--python {python}: it exited {self._child.returncode}: {tail[0]}")
+            last = (stderr.strip().splitlines() or [""])[-1]
+            said = f": {last}" if 0 < len(last) <= 120 else ""  # not a program's echo of the whole script
+            raise InterpreterError(
+                f"--python {python}: not a python that runs (asked to run a line of Python, it exited "
+                f"{self._child.returncode}{said})",
+                hint=NOT_A_PYTHON_HINT,
+            )
         try:
             raw = json.loads(stdout.strip().splitlines()[-1])
         except (json.JSONDecodeError, IndexError) as exc:
-            raise InterpreterError(f"--python {python}: unexpected answer {stdout[:200]!r}") from exc
+            raise InterpreterError(
+                f"--python {python}: not a python (asked to run a line of Python, it answered "
+                f"{stdout[:200]!r})",
+                hint=NOT_A_PYTHON_HINT,
+            ) from exc
         return InterpreterInfo(
             executable=raw["executable"],
             version=raw["version"],

@@ -21,6 +21,7 @@ from dflash_doctor.deep.run import CACHE_ENV, deep_report
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, Severity
+from dflash_doctor.launch.disk_plan import disk_facts
 from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
 from dflash_doctor.lock.lockfile import current_lock
@@ -130,6 +131,7 @@ def run_gate(
         environ={k: environ[k] for k in ("TORCHINDUCTOR_CACHE_DIR",)},
         overrides=training.overrides,
         gpu_free_bytes=least_free,  # topology.mode = "auto" keeps only what fits
+        disk_facts=disk_facts(Path(training.config.output_dir).resolve(), managed_inductor_dir()),
     )
     options.extra["launch_plan"] = plan
     if plan.device_type == "cuda":

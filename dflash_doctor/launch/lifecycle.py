@@ -152,6 +152,8 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
     else:
         record.status = "succeeded" if outcome.exit_code == 0 else "failed"
         record.stderr_tail = list(outcome.stderr_tail)
+        if record.status == "failed":
+            record.reason = outcome.reason or _summary_error(record.metrics)
         if outcome.killed:
             record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
     if record.status == "succeeded":
@@ -166,5 +168,14 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
     )
     if outcome.interrupted:
         say(f"  {escape(record.notes[-1])}")
+    elif outcome.reason is not None:  # a rank's named error, shown above; its echoes went to the log
+        if stop_log.is_file():
+            say(f"[dim]  the other processes' output after that error: {escape(str(stop_log))}[/]")
     elif record.status != "succeeded":
         say(f"  see what changed since the last good run: dflash-doctor runs show {record.id}")
+
+
+def _summary_error(metrics: dict[str, Any]) -> str | None:
+    """The error the trainer's summary.json names, when the run failed without a named error line."""
+    error = metrics.get("error")
+    return error if isinstance(error, str) and error else None

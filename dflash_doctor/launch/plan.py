@@ -1,7 +1,7 @@
 """The plan for one launch: the topology (`topology.py`: split, colocated, or auto's pick), which rank
-plays which role on which device, the torchrun command, the environment it gets, and the memory each role
-will need. Built before anything starts, shown by `train --dry-run`, checked by `checks/launch.py`,
-recorded with the run.
+plays which role on which device, the torchrun command, the environment it gets, the memory each role
+will need and what the run will write to disk (`disk_plan.py`). Built before anything starts, shown by
+`train --dry-run`, checked by `checks/launch.py`, recorded with the run.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_doctor.cache.locations import snapshots_dir
+from dflash_doctor.launch.disk_plan import DiskFacts, DiskWrite, estimate_disk
 from dflash_doctor.launch.memory_plan import (
     DEFAULT_CUDA_CONTEXT_BYTES,
     ModelShape,
@@ -79,6 +81,7 @@ class LaunchPlan:
     memory_inputs: PlanInputs | None = None
     choice: TopologyChoice | None = None
     overrides: list[str] = field(default_factory=list)  # every `--set` the workers get, the topology's too
+    disk: list[DiskWrite] = field(default_factory=list)  # what the run writes, at its peak
 
     @property
     def mode(self) -> str:
@@ -111,6 +114,7 @@ class LaunchPlan:
             "command": self.command,
             "environ": self.environ,
             "memory": {k: v.to_json() for k, v in self.memory.items()},
+            "disk": [w.to_json() for w in self.disk],
         }
 
 
@@ -219,9 +223,13 @@ def build_launch_plan(
     overrides: list[str] | None = None,
     gpu_free_bytes: int | None = None,
     rates: dict[str, RoleRates] | None = None,
+    disk_facts: DiskFacts | None = None,
+    store_dir: Path | None = None,
 ) -> LaunchPlan:
     """`gpu_count`: GPUs on this node; `gpu_free_bytes`: the least free memory among them (None: unknown);
-    `rates`: the per-role rates table (default: the shipped one)."""
+    `rates`: the per-role rates table (default: the shipped one); `disk_facts`: checkpoints already in the
+    output folder and the compile cache's size (default: none, an empty cache); `store_dir`: where the
+    snapshot after a success goes (default: the store under DFLASH_DOCTOR_HOME)."""
     options = options or TorchrunOptions()
     device_type = choose_device_type(cfg.run.device, gpu_count)
     inputs = plan_inputs(cfg, target_config, device_type, cuda_context_bytes)
@@ -250,4 +258,14 @@ def build_launch_plan(
         memory_inputs=inputs,
         choice=choice,
         overrides=sets,
+        disk=estimate_disk(
+            cfg,
+            inputs,
+            topology.drafters,
+            device_type,
+            disk_facts or DiskFacts(),
+            Path(cfg.output_dir).resolve(),
+            store_dir or snapshots_dir(),
+            cfg.optim.steps,
+        ),
     )

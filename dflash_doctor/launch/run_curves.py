@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ class Curves:
 
     label: str
     series: dict[str, list[tuple[int, float]]]
+    # The steps where a field was NaN or infinite (a diverged run): left out of the series, and said.
+    non_finite: dict[str, list[int]] = field(default_factory=dict)
 
     def get(self, *names: str) -> tuple[str, list[tuple[int, float]]] | None:
         for name in names:
@@ -42,6 +44,7 @@ class Curves:
 def read_curves(metrics_path: Path, label: str) -> Curves:
     """Numeric top-level fields of every metrics line; damaged lines are skipped (a run killed mid-write)."""
     series: dict[str, list[tuple[int, float]]] = {}
+    non_finite: dict[str, list[int]] = {}
     try:
         text = metrics_path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -55,9 +58,13 @@ def read_curves(metrics_path: Path, label: str) -> Curves:
             continue
         for key, value in row.items():
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if key != "step" and number and math.isfinite(value):
+            if key == "step" or not number:
+                continue
+            if math.isfinite(value):
                 series.setdefault(key, []).append((row["step"], float(value)))
-    return Curves(label, series)
+            else:
+                non_finite.setdefault(key, []).append(row["step"])
+    return Curves(label, series, non_finite)
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
@@ -77,15 +84,37 @@ def sparkline(values: list[float], width: int = 40) -> str:
 
 
 def sparkline_rows(curves: Curves) -> list[tuple[str, str, str]]:
-    """(field, first -> last, sparkline) for each panel a run has data for."""
+    """(field, first -> last, sparkline) for each panel a run has data for; a field that was never a finite
+    number keeps its row, saying so (a loss that went NaN at the first step must not vanish)."""
     rows = []
     for _, names in PANELS:
         found = curves.get(*names)
         if found:
             name, points = found
             values = [v for _, v in points]
-            rows.append((name, f"{values[0]:.4g} -> {values[-1]:.4g}", sparkline(values)))
+            ended_bad = max(curves.non_finite.get(name, [0])) > points[-1][0]  # its last step was NaN
+            last = "NaN" if ended_bad else f"{values[-1]:.4g}"
+            rows.append((name, f"{values[0]:.4g} -> {last}", sparkline(values)))
+            continue
+        never = next((name for name in names if curves.non_finite.get(name)), None)
+        if never is not None:
+            rows.append((never, "NaN or infinite at every step", ""))
     return rows
+
+
+def non_finite_notes(curves: Curves) -> list[str]:
+    """One line per drawn field that was NaN or infinite at some steps: how many, and from which step."""
+    notes = []
+    for _, names in PANELS:
+        for name in names:
+            steps = curves.non_finite.get(name)
+            if steps:
+                total = len(steps) + len(curves.series.get(name, []))
+                notes.append(
+                    f"{name} is NaN or infinite at {len(steps)} of {total} steps, first at step {steps[0]}: "
+                    "the curve leaves those steps out"
+                )
+    return notes
 
 
 def plot_curves(runs: list[Curves], out: Path) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 
 from dflash_base.atomic import write_json_atomic
 from dflash_base.errors import DoctorError
-from dflash_doctor.paths import runs_dir
+from dflash_doctor.paths import check_folder_path, runs_dir
 
 RECORD_SCHEMA = "dflash-doctor/run/v1"
 STATUSES = ("refused", "running", "succeeded", "failed", "interrupted", "lost")
@@ -55,6 +55,7 @@ class RunRecord:
     launcher_started: float | None = None  # the launcher's start time: a reused pid is not the launcher
     last_seen: float | None = None  # the launcher's last heartbeat while the run was running
     stderr_tail: list[str] = field(default_factory=list)  # a failed run's last stderr lines: why it failed
+    reason: str | None = None  # why a failed run failed, in one line (a rank's named error, or its summary's)
 
     @property
     def seconds(self) -> float | None:
@@ -128,6 +129,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "launcher_started": _NUMBER,
     "last_seen": _NUMBER,
     "stderr_tail": (list,),
+    "reason": (str,),
 }
 ITEM_TYPES: dict[str, type] = {
     "findings": dict,
@@ -223,6 +225,7 @@ class RunStore:
         return good[-1] if good else None
 
     def _record_paths(self) -> list[Path]:
+        check_folder_path(self.root, "the run records' folder")  # a home that is a file: said, not "no runs"
         if not self.root.is_dir():
             return []
         return sorted(p / "record.json" for p in self.root.iterdir() if (p / "record.json").is_file())

@@ -8,6 +8,9 @@ left is killed. A second stop signal kills at once.
 
 While stopping, the processes' stderr (three tracebacks of KeyboardInterrupt/SignalException, ~150 lines)
 goes to a log file instead of the terminal, so a stop reads as one line; stdout (the progress) is untouched.
+The same once a rank prints an error a person can act on (`trainer.spec.outputs.error_line`: a full disk, a
+bad data line): that line is shown and kept as the run's reason, and what follows it (the peers losing that
+rank, torchrun's failure summary: ~150 lines) goes to the log.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import IO
 
 from dflash_base.stopping import handling_stop_signals, signal_name
 from dflash_doctor.processes import ProcessTree
+from trainer.spec.outputs import reason_of
 
 STOP_GRACE_S = 30.0  # how long torchrun and the workers get to exit after the signal, before SIGKILL
 TICK_S = 0.5  # how often the tree is re-read (a worker must be known before torchrun can vanish)
@@ -38,6 +42,7 @@ class TorchrunOutcome:
     stop_signal: int | None = None
     killed: int = 0  # processes still alive after the grace period (or left by torchrun), killed
     stderr_tail: tuple[str, ...] = ()  # the last lines the processes wrote to stderr (why a run failed)
+    reason: str | None = None  # the error a rank named (`rank 1: no space left ...`), when one did
 
     @property
     def interrupted(self) -> bool:
@@ -49,7 +54,8 @@ TAIL_LINES = 40
 
 class StderrRelay(threading.Thread):
     """Copies the children's stderr to ours line by line; after `quiet()`, into `log` instead. Keeps the
-    last lines shown, so a failed run's record can say why."""
+    last lines shown, so a failed run's record can say why; the first error line a rank prints (its reason)
+    is shown, kept in `reason`, and quiets the rest."""
 
     def __init__(self, source: IO[bytes], sink: IO[bytes], log: Path | None) -> None:
         super().__init__(name="stderr-relay", daemon=True)
@@ -57,6 +63,7 @@ class StderrRelay(threading.Thread):
         self._quiet = threading.Event()
         self.diverted = 0  # lines kept out of the terminal
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.reason: str | None = None
 
     def quiet(self) -> None:
         self._quiet.set()
@@ -66,10 +73,15 @@ class StderrRelay(threading.Thread):
         try:
             for line in iter(self.source.readline, b""):
                 if not self._quiet.is_set():
-                    self.tail.append(line.decode("utf-8", errors="replace").rstrip())
+                    text = line.decode("utf-8", errors="replace").rstrip()
+                    self.tail.append(text)
                     with contextlib.suppress(OSError, ValueError):
                         self.sink.write(line)
                         self.sink.flush()
+                    reason = reason_of(text)
+                    if reason is not None:
+                        self.reason = reason
+                        self.quiet()  # the rest is its echo: peers losing that rank, torchrun's summary
                     continue
                 self.diverted += 1
                 if self.log_path is not None and log is None:
@@ -137,7 +149,9 @@ def run_torchrun(
     relay.join(timeout=5)
     if stops:
         return TorchrunOutcome(128 + stops[0], stops[0], killed)
-    return TorchrunOutcome(code, None, killed, tuple(relay.tail) if code else ())
+    return TorchrunOutcome(
+        code, None, killed, tuple(relay.tail) if code else (), relay.reason if code else None
+    )
 
 
 def describe_stop(outcome: TorchrunOutcome, log: Path | None) -> str:

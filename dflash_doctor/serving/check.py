@@ -20,6 +20,7 @@ from typing import Any
 
 from dflash_base.errors import DoctorError
 from dflash_doctor import findings
+from dflash_doctor.env.interpreter import probe_interpreter
 from dflash_doctor.findings import Finding
 from dflash_doctor.processes import ChildTimedOut, run_child
 
@@ -104,6 +105,7 @@ def engine_python(engine: Engine, python: str | None) -> str:
                 f"--python {python}: not an executable file",
                 hint=f"pass the python of the venv {engine.title} is in",
             )
+        probe_interpreter(found)  # `--python /bin/ls`: "not a python", exit 2, before the loader runs
         return found
     command = shutil.which(engine.executable)
     if command is not None:

@@ -10,6 +10,7 @@ import pytest
 
 from dflash_doctor.cli import run
 from tests.cache.helpers import make_tree, tree_digests
+from tests.disk_fixtures import small_disk  # noqa: F401  (fixture)
 
 
 def json_of(capsys: pytest.CaptureFixture[str], argv: list[str], code: int = 0) -> dict:
@@ -76,3 +77,16 @@ def test_hostile_archive_by_path_exits_2(
     assert run(["cache", "restore", str(bad)]) == 2
     assert "truncated or corrupt" in capsys.readouterr().err
     assert tree_digests(cache) == before
+
+
+def test_snapshot_out_on_a_full_disk_names_the_archive(
+    cache_env: dict[str, Path],
+    small_disk,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    make_tree(cache_env["inductor"], files=40, size=20000)  # 800 kB that zstd cannot shrink much
+    disk = small_disk(64)
+    assert run(["cache", "snapshot", "--name", "big", "--out", str(disk)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"no space left on the device for {disk / 'big.tar.zst'}" in err and "a file" not in err
+    assert list(disk.iterdir()) == []  # no partial archive left

@@ -85,6 +85,42 @@ def test_a_failed_run_keeps_its_last_stderr_lines_and_runs_show_prints_them(caps
     assert "d.jsonl line 100: not JSON" in capsys.readouterr().out
 
 
+def test_a_ranks_named_error_is_the_runs_reason_and_its_echoes_go_to_the_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Disk full on the drafter: its one line is shown and kept as the reason; the peer that lost it and
+    torchrun's ChildFailedError summary (~150 lines) go to the stop log, not the terminal."""
+    import sys
+
+    from dflash_doctor.launch.supervise import run_torchrun
+    from trainer.spec.outputs import error_line
+
+    named = error_line(1, "no space left on the device for /o/checkpoints/step_00000020: it needs 2.6 MB")
+    script = (
+        "import sys, time\n"
+        "print('dflash trainer: rank 1 (drafter) ready in 2.0 s', file=sys.stderr, flush=True)\n"
+        f"print({named!r}, file=sys.stderr, flush=True)\n"
+        "time.sleep(0.2)\n"
+        "print('dflash trainer: rank 0: lost drafter rank 1 while sending a batch', file=sys.stderr)\n"
+        "print('Traceback (most recent call last):', file=sys.stderr)\n"
+        "print('torch.distributed.elastic.multiprocessing.errors.ChildFailedError:', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    log = tmp_path / "stop.log"
+    outcome = run_torchrun([sys.executable, "-c", script], {}, stop_log=log)
+    err = capfd.readouterr().err
+    assert outcome.exit_code == 1 and outcome.reason == named.split("error: ", 1)[1]
+    assert named in err and "ChildFailedError" not in err and "lost drafter" not in err
+    assert "ChildFailedError" in log.read_text() and "lost drafter rank 1" in log.read_text()
+
+
+def test_a_failed_runs_record_keeps_its_reason_and_runs_show_leads_with_it(capsys) -> None:
+    record = RunStore().create("failed", exit_code=1, reason="rank 1: no space left on the device for /o")
+    assert RunStore().load(record.id).reason == "rank 1: no space left on the device for /o"
+    assert run(["runs", "show", record.id]) == 0
+    assert "why it failed: rank 1: no space left on the device for /o" in capsys.readouterr().out
+
+
 def test_a_runs_throughput_is_the_steady_figure_and_an_older_record_says_what_its_figure_was(
     tmp_path, capsys
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run as cli_run
+from tests.disk_fixtures import small_disk  # noqa: F401  (fixture)
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, parse_record
 from trainer.decode.generation import Chat, Completion, GenerationSettings
 from trainer.decode.regenerate import RegenerateError, regenerate, resume_state, scan_input
@@ -229,6 +230,76 @@ def test_an_output_of_other_settings_is_refused_unless_forced(tmp_path: Path) ->
     summary = regenerate(scan, out, other, EchoEngine, force=True)
     assert summary.written == 1 and lines(out)[0]["generation"]["target"] == "/models/other"
     assert len(list(tmp_path.glob("out.jsonl.old-*"))) == 1  # the old file kept beside
+
+
+def test_a_run_that_fails_before_its_first_answer_leaves_no_file(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": "r0", "prompt": "p"}])
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        regenerate(scan_input(prompts, "stop"), out, SETTINGS, lambda: EchoEngine(fail_after_calls=0))
+    assert not out.exists()  # was a 0-byte --out
+
+
+def test_out_on_a_full_disk_names_the_path_and_keeps_the_whole_lines(small_disk, tmp_path: Path) -> None:  # noqa: F811
+    from dflash_base.disk import NoSpace
+
+    disk = small_disk(64)
+    records = [{"id": f"r{i}", "prompt": "p" * 300} for i in range(200)]
+    prompts = write_prompts(tmp_path / "in.jsonl", records)
+    out = disk / "out.jsonl"
+    with pytest.raises(NoSpace) as caught:
+        regenerate(scan_input(prompts, "stop"), out, SETTINGS, EchoEngine, chunk_size=10)
+    assert caught.value.path == str(out) and "no space left on the device for" in caught.value.message
+    kept = lines(out)  # every line whole: a re-run resumes after them
+    assert (
+        kept and len(kept) % 10 == 0 and resume_state(out, SETTINGS, force=False) == {r["id"] for r in kept}
+    )
+
+
+def test_in_a_pipe_a_progress_line_comes_while_a_chunk_is_answered(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off a terminal no bar is drawn: a line at least every EVERY_S seconds (30; 0.2 here) even while the
+    first chunk is still being answered (CPU, 1024 new tokens: 11 minutes of nothing before)."""
+    from dflash_doctor import progress
+    from dflash_doctor.commands import data as data_command
+
+    class SlowEngine(EchoEngine):
+        def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+            time.sleep(1.0)
+            return super().generate(chats)
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.2)
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: SlowEngine)
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": "w1"} for i in range(3)])
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{target_folder}"\n[data]\nkind = "chat"\npath = "x.jsonl"\n[optim]\nsteps = 1\n'
+    )
+    argv = [
+        "data",
+        "regenerate",
+        "--config",
+        str(config),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert cli_run(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    waiting = [line for line in err if line.startswith("regenerating: 0 of 3 conversations written")]
+    assert len(waiting) >= 3, err  # while the one chunk was answered
+    assert any(line.startswith("regenerating: 3 of 3 conversations written, 3 answers") for line in err), err
+
+
+def test_loading_the_target_draws_no_bar_of_transformers(target_folder: Path, capfd) -> None:
+    from trainer.target.load import load_target_model
+
+    capfd.readouterr()
+    load_target_model(str(target_folder), 0, __import__("torch").device("cpu"), __import__("torch").float32)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
 
 
 def test_bad_input_lines_stop_or_are_skipped(tmp_path: Path) -> None:

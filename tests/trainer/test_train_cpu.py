@@ -58,6 +58,30 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
         assert torch.equal(exported[name], tensor.to(torch.bfloat16).float()), name
 
 
+def test_the_disk_plan_covers_what_the_run_wrote_and_not_much_more() -> None:
+    """launch.disk's estimates against this real run's files: each checkpoint and the export fit their
+    estimate, with no more than the fixed allowance for records to spare."""
+    from dflash_doctor.launch.disk_plan import CHECKPOINT_OVERHEAD_BYTES, EXPORT_OVERHEAD_BYTES, DiskFacts
+    from dflash_doctor.launch.plan import build_launch_plan
+    from tests.trainer.trainer_runs import SHORT
+    from trainer.spec.config import load_config
+    from trainer.spec.target_shapes import target_hf_config
+
+    run = reference_run()
+    assert run.returncode == 0, run.stderr[-3000:]
+    cfg = load_config("tiny-cpu", [f"{k}={v}" for k, v in SHORT.items()])
+    plan = build_launch_plan(cfg, REPO, target_hf_config("tiny"), sys.executable, 0, disk_facts=DiskFacts())
+    writes = {w.what: w for w in plan.disk}
+    for folder in (run.out_dir / "checkpoints").iterdir():
+        real = sum(f.stat().st_size for f in folder.iterdir())
+        assert real <= writes["checkpoints"].each <= real + 2 * CHECKPOINT_OVERHEAD_BYTES, folder
+    assert writes["checkpoints"].bytes == 2 * writes["checkpoints"].each  # 40 steps, one every 20: 2 saves
+    exported = sum(f.stat().st_size for f in (run.out_dir / "export").iterdir())
+    assert exported <= writes["export"].bytes <= exported + EXPORT_OVERHEAD_BYTES
+    metrics = (run.out_dir / "metrics.jsonl").stat().st_size
+    assert metrics <= writes["metrics"].bytes
+
+
 def test_two_targets_one_drafter(tmp_path: Path) -> None:
     """2+1 consumes the very same batches in the same order as 1+1: identical losses, step for step."""
     run = torchrun("configs/tiny-cpu-2t1d.toml", tmp_path / "out", nproc=3)

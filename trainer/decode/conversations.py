@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.spec.messages import messages_problem
+from trainer.spec.messages import lone_surrogate, messages_problem, text_problem
 
 
 class RecordError(ValueError):
@@ -45,11 +45,15 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
     raw_id = record.get("id", f"line-{line_number}")
     if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
         raise RecordError(line_number, '"id" must be a string or an integer')
+    odd = lone_surrogate(raw_id, '"id"')
+    if odd is not None:  # it is written into --out: it must be text too
+        raise RecordError(line_number, f"{odd}: not text")
     if "messages" in record:
         messages = _checked_messages(line_number, record["messages"])
     elif "prompt" in record:
-        if not isinstance(record["prompt"], str) or not record["prompt"].strip():
-            raise RecordError(line_number, '"prompt" must be a non-empty string')
+        problem = text_problem(record["prompt"], '"prompt"')
+        if problem is not None:
+            raise RecordError(line_number, problem)
         messages = ({"role": "user", "content": record["prompt"]},)
     else:
         raise RecordError(line_number, 'needs "messages" (a chat) or "prompt" (one user turn)')

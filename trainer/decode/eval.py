@@ -22,7 +22,8 @@ from trainer.decode.proposers import DFlashProposer, PromptLookup, Proposer
 from trainer.decode.speculative import SpecTarget, Stops, greedy_decode, speculative_decode
 from trainer.model.drafter import DFlashDrafter
 from trainer.spec.data_files import jsonl_records
-from trainer.spec.eval_request import EvalRequest
+from trainer.spec.eval_request import EvalRequest, check_eval_prompts
+from trainer.spec.export_files import check_export_fits
 
 
 @dataclass
@@ -289,7 +290,13 @@ def run_eval(
     target_path = request.target or (cfg.target.path if cfg is not None else None)
     if target_path is None:
         raise ConfigError("--target: name the target (a folder, tiny, random:qwen3-8b) or give --config")
-    from trainer.spec.target_shapes import is_embedded
+    from trainer.spec.target_shapes import is_embedded, target_shapes
+
+    shapes = target_shapes(target_path)  # the export and the prompts against it, before anything loads
+    if request.drafter == "dflash" and request.export:
+        check_export_fits(request.export, shapes)
+    if request.prompts is not None:
+        check_eval_prompts(request.prompts, int(shapes.vocab_size))
 
     tokenizer = None
     if not is_embedded(target_path):

@@ -2,9 +2,10 @@
 
 The job reads prompt records (`trainer.decode.conversations`), has an engine (`trainer.decode.generation`) answer them turn by
 turn in chunks of conversations, and appends one finished conversation per line to the output, flushed and
-synced after each chunk: a crash loses at most the chunk in flight. Re-running with the same output skips the
-ids already written; a torn last line (a crash mid-write) is dropped first. Every line carries the settings
-that made it, and an output made with other settings is refused unless `force` moves it aside.
+synced after each chunk: a crash loses at most the chunk in flight, and a run that fails before its first
+answer leaves no file. Re-running with the same output skips the ids already written; a torn last line (a
+crash mid-write) is dropped first. Every line carries the settings that made it, and an output made with
+other settings is refused unless `force` moves it aside.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
-from trainer.decode.generation import Engine, GenerationSettings
+from trainer.decode.generation import Engine, GenerationSettings, prompt_ids
 
 SCHEMA = "dflash-doctor/regenerate/v1"
 
@@ -34,6 +36,7 @@ class InputScan:
 
     records: list[PromptRecord]
     bad: list[RecordError] = field(default_factory=list)
+    source: Path | None = None  # the --prompts file (never to be written over)
 
 
 def scan_input(path: Path, on_error: str) -> InputScan:
@@ -63,7 +66,74 @@ def scan_input(path: Path, on_error: str) -> InputScan:
         raise RegenerateError(f"--prompts: cannot read {path}: {exc.strerror}") from exc
     if not records:
         raise RegenerateError(f"--prompts: {path} holds no usable record")
-    return InputScan(records, bad)
+    return InputScan(records, bad, path)
+
+
+# Generously more than the tokens a chat template adds around one turn (role headers, markers): a
+# conversation's text of fewer bytes than the context minus this per turn cannot fill the context, since no
+# tokenizer makes more tokens of a text than it has UTF-8 bytes (byte-level BPE: at most one per byte).
+TEMPLATE_TOKENS_PER_TURN = 64
+
+
+def check_prompt_lengths(scan: InputScan, settings: GenerationSettings, on_error: str) -> InputScan:
+    """Before the target loads: a conversation whose prompt is longer than the target's context is a bad
+    line (stop: exit 2 naming it; skip: left out), not an allocation failure minutes in (a 10 MB prompt of
+    3.5M tokens against a context of 4096). Only a conversation long enough in bytes to be at risk is
+    tokenised: the first prompt as the engines render it, plus the later user and tool turns."""
+    from trainer.data.sources import load_tokenizer
+    from trainer.spec.target_shapes import target_shapes
+
+    context = int(target_shapes(settings.target).max_position_embeddings)
+    tokenizer = None
+    kept: list[PromptRecord] = []
+    bad = list(scan.bad)
+    for record in scan.records:
+        turns = [m for m in record.messages if m["role"] != "assistant"]
+        size = sum(len(m["content"].encode("utf-8")) for m in turns)
+        if size + TEMPLATE_TOKENS_PER_TURN * len(record.messages) < context:
+            kept.append(record)
+            continue
+        tokenizer = tokenizer or load_tokenizer(settings.target)
+        tokens = prompt_tokens(record, tokenizer, settings.chat_template_kwargs)
+        if tokens < context:
+            kept.append(record)
+            continue
+        error = RecordError(
+            record.line, f"{tokens:,} tokens, longer than the target's context ({context:,} tokens)"
+        )
+        if on_error == "stop":
+            raise RegenerateError(
+                f"--prompts: {scan.source} {error}",
+                hint="shorten or drop that conversation, or pass --on-error skip to leave it out",
+            )
+        bad.append(error)
+    return InputScan(kept, bad, scan.source)
+
+
+def prompt_tokens(record: PromptRecord, tokenizer: Any, template_kwargs: dict[str, Any]) -> int:
+    """The first prompt's tokens as rendered for generation, plus those of every later user or tool turn
+    (the prompts after them hold those and the answers before them: at least this many)."""
+    messages = list(record.messages)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    tokens = len(prompt_ids(tokenizer, messages[:first], template_kwargs))
+    for later in messages[first:]:
+        if later["role"] != "assistant":
+            tokens += len(tokenizer(later["content"], add_special_tokens=False)["input_ids"])
+    return tokens
+
+
+def check_out_is_not_prompts(prompts: Path, out: Path) -> None:
+    """`--out` must not be the `--prompts` file, by any name (`..`, a symbolic or hard link): appending the
+    answers to it, or moving it aside with --force, would destroy the input."""
+    try:
+        same = out.exists() and os.path.samefile(prompts, out)
+    except OSError:
+        same = False
+    if same or os.path.realpath(out) == os.path.realpath(prompts):
+        raise RegenerateError(
+            f"--out {out} is the --prompts file {prompts}",
+            hint="write the answers to another file, e.g. --out answers.jsonl",
+        )
 
 
 def _settings_of(line: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +254,8 @@ def regenerate(
     on_progress: Callable[[Summary, int], None] | None = None,
 ) -> Summary:
     """Write the regenerated conversations of `scan` to `out`, resuming what an earlier run wrote."""
+    if scan.source is not None:
+        check_out_is_not_prompts(scan.source, out)  # before `force` could move the input aside
     done = resume_state(out, settings, force)
     records = scan.records[:limit] if limit is not None else scan.records
     todo = [r for r in records if r.id not in done]
@@ -192,24 +264,45 @@ def regenerate(
         on_progress(summary, len(todo))
     if not todo:
         return summary
-    out.parent.mkdir(parents=True, exist_ok=True)
     engine = engine_factory()
     start = time.perf_counter()
     try:
-        with open(out, "a", encoding="utf-8") as handle:
-            for chunk in chunks(todo, chunk_size):
-                walks = regenerate_chunk(engine, chunk)
-                handle.write("".join(output_line(w, settings, engine.name) for w in walks))
-                handle.flush()
-                os.fsync(handle.fileno())
-                summary.written += len(walks)
-                summary.answers += sum(len(w.finish_reasons) for w in walks)
-                summary.stopped_at_length += sum(w.finish_reasons.count("length") for w in walks)
-                summary.generated_tokens += sum(w.generated_tokens for w in walks)
-                summary.seconds = time.perf_counter() - start
-                if on_progress:
-                    on_progress(summary, len(todo))
+        for chunk in chunks(todo, chunk_size):
+            walks = regenerate_chunk(engine, chunk)
+            append_whole(out, "".join(output_line(w, settings, engine.name) for w in walks).encode())
+            summary.written += len(walks)
+            summary.answers += sum(len(w.finish_reasons) for w in walks)
+            summary.stopped_at_length += sum(w.finish_reasons.count("length") for w in walks)
+            summary.generated_tokens += sum(w.generated_tokens for w in walks)
+            summary.seconds = time.perf_counter() - start
+            if on_progress:
+                on_progress(summary, len(todo))
     finally:
         summary.seconds = time.perf_counter() - start
         engine.close()
     return summary
+
+
+def append_whole(out: Path, data: bytes) -> None:
+    """Append one chunk's lines to `out` (made on the first chunk: a run that fails before any answer leaves
+    no file), synced; a disk that fills mid-chunk cuts the file back to its last whole line and is one
+    NoSpace naming `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    made = not out.exists()
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def take_back() -> None:
+        if made:
+            out.unlink(missing_ok=True)
+        else:
+            os.ftruncate(fd, whole)
+
+    try:
+        whole = os.fstat(fd).st_size
+        with writing(out, len(data), cleanup=take_back):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -17,7 +17,9 @@ beside its id. A README.md holds the exact vLLM and SGLang serve commands.
 
 The write is atomic: everything goes into a temp folder beside the destination, is fsynced, made readable
 by other users (folder 0755, files 0644: a server in a container may run as another user), then renamed
-into place (an existing export is moved aside first and deleted after the swap).
+into place (an existing export is moved aside first and deleted after the swap). A disk too full for it is
+one error (`dflash_base.disk.NoSpace`) naming the weights file and the bytes it needs, with the temp folder
+removed and an earlier export left in place.
 """
 
 from __future__ import annotations
@@ -35,12 +37,16 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from dflash_base.atomic import fsync_dir, fsync_file
+from dflash_base.disk import require_space, writing
 from trainer.model.drafter import AttentionKind, DFlashDrafter, DrafterConfig
+from trainer.spec.export_files import ARCHITECTURE, CONFIG_NAME, WEIGHTS_NAME
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 README_NAME = "README.md"
-ARCHITECTURE = "DFlashDraftModel"
+
+
+# Besides the weights: safetensors' header (one JSON entry per tensor), config.json and README.md
+# (tiny-cpu: 433,831 bytes in all for 427,136 bytes of bf16 weights).
+EXPORT_OVERHEAD_BYTES = 64 * 1024
 
 
 class ExportError(ValueError):
@@ -161,8 +167,10 @@ def export_drafter(
     state = model.state_dict()
     tensors: dict[str, Tensor] = {name: t.detach().to("cpu", dtype).contiguous() for name, t in state.items()}
 
+    needed = sum(t.nelement() * t.element_size() for t in tensors.values()) + EXPORT_OVERHEAD_BYTES
+    require_space(out / WEIGHTS_NAME, needed)  # names the file; measured on the folder it goes in
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with writing(out / WEIGHTS_NAME, needed, cleanup=lambda: shutil.rmtree(staging, ignore_errors=True)):
         save_file(tensors, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
         config = hf_config(model.cfg, dtype, mask_token)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
@@ -173,9 +181,6 @@ def export_drafter(
         os.chmod(staging, 0o755)  # mkdtemp made it 0700: a server running as another user could not read it
         fsync_dir(staging)
         _swap_into_place(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
 
 

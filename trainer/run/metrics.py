@@ -13,6 +13,7 @@ status) is what the launcher reads when the run ends.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dflash_base.atomic import write_bytes_atomic, write_json_atomic
+from dflash_base.disk import NoSpace, writing
 from trainer.run.metric_sinks import MetricSink, scalars_of
-from trainer.spec.outputs import read_metrics, summary_path
+from trainer.spec.outputs import SUMMARY_FILE, read_metrics, summary_path
 
 
 @dataclass
@@ -50,7 +52,10 @@ class StepMetrics:
 
 
 class MetricsLog:
-    """Append-only JSONL. On resume it first drops lines past the resume step, so each step appears once."""
+    """Append-only JSONL. On resume it first drops lines past the resume step, so each step appears once.
+
+    Each line goes out in one unbuffered write: a disk that fills mid-line has the file cut back to its last
+    whole line (a resume reads every line) and is one NoSpace error naming the file."""
 
     def __init__(self, path: Path, resume_step: int, sinks: Sequence[MetricSink] = ()) -> None:
         self.path = path
@@ -58,18 +63,22 @@ class MetricsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(path) if r["step"] <= resume_step] if resume_step else []
         write_bytes_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
-        self._handle = open(path, "a")  # noqa: SIM115  (held for the run, closed in close())
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)  # held for the run, closed in close()
 
     def write(self, m: StepMetrics) -> None:
         row = asdict(m)
-        self._handle.write(json.dumps(row) + "\n")
-        self._handle.flush()
+        data = (json.dumps(row) + "\n").encode()
+        whole = os.fstat(self._fd).st_size
+        with writing(self.path, len(data), cleanup=lambda: os.ftruncate(self._fd, whole)):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
         scalars = scalars_of(row)
         for sink in self.sinks:
             sink.write(m.step, scalars)
 
     def close(self) -> None:
-        self._handle.close()
+        os.close(self._fd)
         for sink in self.sinks:
             sink.close()
 
@@ -153,9 +162,19 @@ class Progress:
             self._bar.stop()
 
 
-def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path:
-    """`<output>/summary.json`, atomically: the launcher reads it when the run ends."""
-    return write_json_atomic(summary_path(output_dir), summary)
+def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path | None:
+    """`<output>/summary.json`, atomically: the launcher reads it when the run ends. A full disk is NoSpace,
+    except for the summary of a run that already failed: the error that ended it is the one to report, so
+    this one is a line on stderr."""
+    path = summary_path(output_dir)
+    try:
+        with writing(path):
+            return write_json_atomic(path, summary)
+    except NoSpace as exc:
+        if summary.get("status") == "ok":
+            raise
+        print(f"dflash trainer: {SUMMARY_FILE} not written: {exc.message}", file=sys.stderr, flush=True)
+        return None
 
 
 # The first steps of a run are not its steady state (lazy allocations, the last compiles, caches filling): a

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer.data.order import BatchOrder, make_batch
 from trainer.data.sources import DataSplit, SequenceSource, build_source, split_data
@@ -65,7 +66,7 @@ from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_me
 from trainer.run.transport import BatchReceiver, BatchSender, TransportError
 from trainer.run.warmup import warm_up_model, warm_up_target
 from trainer.spec.config import TrainConfig
-from trainer.spec.outputs import EXPORT_DIR, metrics_path, read_metrics
+from trainer.spec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
 from trainer.spec.target_shapes import target_hf_config
 from trainer.spec.topology import RunDigest, Topology, check_agreement, resolve_topology
 from trainer.target.capture import CaptureTarget, capture_target_for
@@ -127,6 +128,10 @@ def main(cfg: TrainConfig) -> int:
     except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
+    except DoctorError as exc:  # a full disk, a bad data line: one line, before the peers see this rank go
+        hint = f"; {exc.hint}" if exc.hint else ""
+        print(error_line(me.rank, exc.message + hint), file=sys.stderr, flush=True)
+        return exc.exit_code
     except Stopped as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

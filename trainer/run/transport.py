@@ -18,6 +18,8 @@ target j % N -> drafter j % M), and one more tensor after hidden: the target's g
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +72,7 @@ class BatchSender:
 
     def __init__(self, topology: Topology, in_flight: int, device: torch.device) -> None:
         self.topology, self.in_flight, self.device = topology, in_flight, device
-        self._pending: deque[tuple[list[dist.Work | None], list[torch.Tensor]]] = deque()
+        self._pending: deque[tuple[int, list[dist.Work | None], list[torch.Tensor]]] = deque()
         self.max_pending_seen = 0
 
     def send(self, batch: CapturedBatch) -> None:
@@ -84,23 +86,35 @@ class BatchSender:
         if batch.target_ids is not None:
             tensors.append(batch.target_ids.contiguous())
         works = [dist.isend(t, dst) for t in tensors]
-        self._pending.append((works, tensors))  # the tensors must outlive their sends
+        self._pending.append((dst, works, tensors))  # the tensors must outlive their sends
         self.max_pending_seen = max(self.max_pending_seen, len(self._pending))
         while len(self._pending) > self.in_flight:
             self._wait_oldest()
 
     def _wait_oldest(self) -> None:
-        works, _ = self._pending.popleft()
+        dst, works, _ = self._pending.popleft()
         for work in works:
             if work is not None:  # isend returns None where this rank is not in the group
-                work.wait()
+                with _lost(dst, "sending a batch"):
+                    work.wait()
 
     def close(self) -> None:
         """Finish every send, then tell every drafter this target is done."""
         while self._pending:
             self._wait_oldest()
         for d in range(self.topology.drafters):
-            dist.send(encode_header(None).to(self.device), self.topology.drafter_rank(d))
+            dst = self.topology.drafter_rank(d)
+            with _lost(dst, "sending the end of the stream"):
+                dist.send(encode_header(None).to(self.device), dst)
+
+
+@contextmanager
+def _lost(peer: int, doing: str) -> Iterator[None]:
+    """A send to a drafter that died (its own error is the run's reason) as one TransportError line."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo: connection closed / timed out; NCCL: watchdog abort
+        raise TransportError(f"lost drafter rank {peer} while {doing}: {exc}") from exc
 
 
 class BatchReceiver:

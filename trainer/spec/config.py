@@ -359,10 +359,15 @@ def complete_with_target(cfg: TrainConfig, target_config: Any) -> TrainConfig:
 
 
 def load_config(
-    name_or_path: str | Path, overrides: list[str] | None = None, check_data: bool = True
+    name_or_path: str | Path,
+    overrides: list[str] | None = None,
+    check_data: bool = True,
+    drafter: bool = True,
 ) -> TrainConfig:
     """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing.
-    `check_data=False` for commands that make the data file rather than read it (`data regenerate`)."""
+    `check_data=False` for commands that make the data file rather than read it (`data regenerate`);
+    `drafter=False` for those that use the target alone (`data regenerate` generates with it): the drafter's
+    defaults that depend on the target (its mask token, its layer ids) are left unresolved."""
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
     if cfg.output_dir.exists() and not cfg.output_dir.is_dir():
@@ -371,14 +376,32 @@ def load_config(
             hint="choose a folder for the run's output",
         )
     shapes = target_shapes(cfg.target.path)
-    completed = complete_with_target(cfg, shapes)
+    completed = complete_with_target(cfg, shapes) if drafter else cfg
     if check_data and cfg.data.path is not None:
         check_data_file(cfg.data.kind, cfg.data.path, vocab_size=int(shapes.vocab_size))
     if check_data and cfg.data.eval_path is not None:
         check_data_file(cfg.data.kind, cfg.data.eval_path, int(shapes.vocab_size), field="data.eval_path")
     if check_data:
-        heldout_sequences(completed)  # ConfigError: fewer than one batch held out
+        total = num_sequences(completed)
+        held = heldout_sequences(completed, total)  # ConfigError: fewer than one batch held out
+        check_step_fits(completed, total if cfg.data.eval_path is not None else total - held)
     return completed
+
+
+def check_step_fits(cfg: TrainConfig, training: int) -> None:
+    """One optimizer step takes optim.batch_size x optim.grad_accum sequences on each drafter: a step larger
+    than the whole training split is a typo (grad_accum = 100000000: 800M sequences of a 461-sequence split),
+    refused before it is planned."""
+    o = cfg.optim
+    step = o.batch_size * o.grad_accum
+    if step <= training:
+        return
+    field = "optim.grad_accum" if o.grad_accum > 1 else "optim.batch_size"
+    raise ConfigError(
+        f"{field}: one step is optim.batch_size {o.batch_size} x optim.grad_accum {o.grad_accum} = {step:,} "
+        f"sequences on each drafter, more than the {training:,} of the training split",
+        hint="lower optim.grad_accum (or optim.batch_size): one step should be a small share of the data",
+    )
 
 
 def num_sequences(cfg: TrainConfig) -> int:

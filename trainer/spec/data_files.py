@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import ConfigError
-from trainer.spec.messages import messages_problem
+from trainer.spec.messages import messages_problem, text_problem
 
 RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
 
@@ -81,6 +81,7 @@ def record_problem(kind: str, record: dict[str, Any], vocab_size: int | None) ->
     elif kind == "text":
         if not isinstance(record["text"], str) or not record["text"]:
             return f"text must be a non-empty string, got {_shown(record['text'])}"
+        return text_problem(record["text"], "text")
     elif kind == "chat":
         return messages_problem(record["messages"])
     return None
@@ -98,6 +99,7 @@ class DataScan:
     records: int = 0
     bad_lines: int = 0
     first_bad: str | None = None  # "line 100: not JSON (...)"
+    answered: int = 0  # chat: conversations with an assistant turn (the only turns a drafter learns)
 
 
 def scan_data_file(kind: str, path: Path, vocab_size: int | None, field: str = "data.path") -> DataScan:
@@ -105,8 +107,10 @@ def scan_data_file(kind: str, path: Path, vocab_size: int | None, field: str = "
     for number, record, problem in _lines(path, field):
         if record is not None:
             problem = record_problem(kind, record, vocab_size)
-        if problem is None:
+        if problem is None and record is not None:
             scan.records += 1
+            if kind == "chat" and any(m.get("role") == "assistant" for m in record["messages"]):
+                scan.answered += 1
             continue
         scan.bad_lines += 1
         if scan.first_bad is None:
@@ -116,7 +120,7 @@ def scan_data_file(kind: str, path: Path, vocab_size: int | None, field: str = "
 
 def check_data_file(kind: str, path: str, vocab_size: int | None = None, field: str = "data.path") -> None:
     """Before any process starts, every line of the file: a ConfigError (exit 2) naming the first bad
-    line and counting the others, or a file with no records."""
+    line and counting the others, a file with no records, or chat data with nothing to supervise."""
     if kind not in RECORD_FIELDS:
         return
     if Path(path).exists() and not Path(path).is_file():  # a folder, or a FIFO that would block the read
@@ -131,6 +135,13 @@ def check_data_file(kind: str, path: str, vocab_size: int | None = None, field: 
         )
     if not scan.records:
         raise ConfigError(f"{field}: {path} holds no records")
+    if kind == "chat" and not scan.answered:
+        raise ConfigError(
+            f"{field}: {path}: none of its {scan.records} conversations has an assistant turn: nothing to "
+            "supervise (a drafter learns the assistant's turns only)",
+            hint="answer the prompts with the target first: dflash-doctor data regenerate --prompts FILE --out "
+            "FILE (its output is chat data with every assistant turn)",
+        )
 
 
 def count_records(path: str, field: str = "data.path") -> int:

@@ -1,13 +1,18 @@
 """What `dflash-doctor eval` is asked to do, as plain data: one request object, its defaults written once
-(the CLI's options take theirs from here), checked before anything loads. No torch here: the CLI imports it
-to build its options."""
+(the CLI's options take theirs from here), checked before anything loads (the options, the export folder's
+files, every line of --prompts). No torch here: the CLI imports it to build its options."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from dflash_base.errors import ConfigError
+from trainer.spec.data_files import jsonl_records
+from trainer.spec.export_files import check_export
+from trainer.spec.messages import messages_problem, text_problem
 
 EVAL_DTYPES = ("auto", "bf16", "fp32")
 DRAFTERS = ("dflash", "ngram")  # the exported drafter; prompt lookup (vLLM's `ngram` method, training-free)
@@ -58,6 +63,43 @@ class EvalRequest:
                 f"--ngram-k / --ngram-min / --ngram-max: need k >= 1 and 1 <= min <= max, got "
                 f"{self.ngram_k}, {self.ngram_min}, {self.ngram_max}"
             )
+        if self.export:
+            check_export(self.export)  # a truncated or empty model.safetensors: exit 2 naming it, first
+
+
+def check_eval_prompts(path: str, vocab_size: int) -> None:
+    """Every line of `--prompts` against the target's vocabulary, before anything loads: ConfigError naming
+    the line and what is wrong (an id outside the vocabulary, negative or not an integer, no ids at all)."""
+    for number, record in jsonl_records(Path(path), "--prompts"):
+        problem = eval_prompt_problem(record, vocab_size)
+        if problem is not None:
+            raise ConfigError(f"--prompts: {path} line {number}: {problem}")
+
+
+def eval_prompt_problem(record: dict[str, Any], vocab_size: int) -> str | None:
+    """What is wrong with one eval prompt record (None: nothing)."""
+    if "input_ids" in record:
+        ids = record["input_ids"]
+        if not isinstance(ids, list) or not ids:
+            return f"input_ids must be a non-empty list of token ids, got {json_of(ids)}"
+        for i, token in enumerate(ids):
+            if not isinstance(token, int) or isinstance(token, bool):
+                return f"input_ids[{i}] is {json_of(token)}, not a token id (an integer)"
+            if not 0 <= token < vocab_size:
+                return f"input_ids[{i}] is {token}, outside the target's vocabulary (0..{vocab_size - 1})"
+        return None
+    if "prompt" in record:
+        return text_problem(record["prompt"], "prompt")
+    if "messages" in record:
+        return messages_problem(record["messages"])
+    return 'needs "prompt", "messages" or "input_ids"'
+
+
+def json_of(value: Any) -> str:
+    import json
+
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 DEFAULTS = EvalRequest(export=None)  # the defaults, for the CLI's options

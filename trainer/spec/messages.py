@@ -1,12 +1,45 @@
 """The one rule for a conversation's messages, wherever a chat enters: `data regenerate`'s prompts, chat
 training data (checked by the gate and again by the worker that renders it) and `eval`'s prompts. One rule,
-so a file one command accepts is never refused by the next, or the other way round."""
+so a file one command accepts is never refused by the next, or the other way round.
+
+Text is text a tokenizer can read: JSON may spell a lone UTF-16 surrogate (`"\ud800"`), which Python reads
+into a string no encoder takes (the tokenizers' TypeError was exit 3 after the target had loaded), so every
+string a template renders is checked here, and `text_problem` gives the same rule to prompts and text."""
 
 from __future__ import annotations
 
 from typing import Any
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def lone_surrogate(value: Any, where: str) -> str | None:
+    """Where in `value` (a string, or lists and objects of them) a lone surrogate sits, and which; None: none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where} holds a lone surrogate ({value[exc.start]!a}) at character {exc.start}"
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = lone_surrogate(item, f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
+def text_problem(value: Any, where: str) -> str | None:
+    """What is wrong with a piece of text a tokenizer will read (None: nothing)."""
+    if not isinstance(value, str) or not value.strip():
+        return f"{where} must be a non-empty string"
+    found = lone_surrogate(value, where)
+    return f"{found}: not text a tokenizer can read" if found else None
 
 
 def messages_problem(value: Any) -> str | None:
@@ -37,6 +70,9 @@ def messages_problem(value: Any) -> str | None:
             return f"{where}: a tool turn must follow an assistant turn"
         if role == "user" and before == "user":
             return f"{where}: two user turns in a row (roles out of order)"
+        found = lone_surrogate(message, where)
+        if found is not None:
+            return f"{found}: not text a tokenizer can read"
         before = role
     if not any(m["role"] == "user" for m in value):
         return "messages holds no user turn"

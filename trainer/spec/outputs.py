@@ -1,5 +1,7 @@
 """The files a run writes into `output.dir`, named once: the trainer writes them, the launcher, `runs` and
-the benches read them back."""
+the benches read them back. Also the one line a rank prints when it stops on an error a person can act on
+(a full disk, a bad data line): the launcher shows that line as the run's reason, and keeps the other
+processes' echoes of it (a peer gone, torchrun's summary) out of the terminal."""
 
 from __future__ import annotations
 
@@ -12,6 +14,24 @@ SUMMARY_FILE = (
     "summary.json"  # written when the run ends, also when it failed (trainer.run.metrics.summarize)
 )
 EXPORT_DIR = "export"  # the drafter for the engines (trainer.model.export)
+CHECKPOINTS_DIR = "checkpoints"  # one folder per checkpoint (trainer.run.checkpoint)
+CHECKPOINT_PREFIX = "step_"  # `step_00000040`: a complete checkpoint; `.tmp-step_...` one being written
+CHECKPOINT_STATE = "state.pt"  # in each checkpoint folder, beside meta.json
+
+
+ERROR_LINE_PREFIX = "dflash trainer: error: "  # then "rank N: <what is wrong>"
+
+
+def error_line(rank: int | str, message: str) -> str:
+    """The line a rank prints for an error a person can act on, before its process group closes."""
+    return f"{ERROR_LINE_PREFIX}rank {rank}: {message}"
+
+
+def reason_of(line: str) -> str | None:
+    """The message of an `error_line` (None for any other line)."""
+    if not line.startswith(ERROR_LINE_PREFIX):
+        return None
+    return line[len(ERROR_LINE_PREFIX) :].strip()
 
 
 def metrics_path(output_dir: str | Path) -> Path:

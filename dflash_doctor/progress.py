@@ -1,0 +1,67 @@
+"""Progress where no bar is drawn (a pipe, a log): a plain line each time the work moves, and at least every
+EVERY_S seconds while it does not, so a log shows the command is alive and how far it is.
+
+rich draws its bar on a terminal only: `data regenerate` on CPU with the default 1024 new tokens printed
+nothing for 11 minutes into a pipe (its first chunk of 64 conversations had not finished).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+EVERY_S = 30.0
+
+
+class ProgressLines:
+    """`with ProgressLines(describe, write): ... lines.moved()`: `write(describe())` on every `moved()` and
+    after EVERY_S seconds without one; a thread keeps the time, the lines never interleave."""
+
+    def __init__(
+        self,
+        describe: Callable[[], str],
+        write: Callable[[str], None],
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.describe, self.write, self.clock = describe, write, clock
+        self.every_s = EVERY_S if every_s is None else every_s
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._last = clock()
+        self._thread = threading.Thread(target=self._beat, name="progress-lines", daemon=True)
+
+    def moved(self) -> None:
+        """The work moved: say so now (the next quiet-time line is EVERY_S from here)."""
+        with self._lock:
+            self.write(self.describe())
+            self._last = self.clock()
+
+    def _beat(self) -> None:
+        while not self._done.wait(max(0.0, self._last + self.every_s - self.clock())):
+            with self._lock:
+                if self.clock() - self._last >= self.every_s:
+                    self.write(self.describe())
+                    self._last = self.clock()
+
+    def __enter__(self) -> ProgressLines:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+
+def elapsed_text(seconds: float) -> str:
+    """`45 s`, `3m10s`, `1h02m`."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
