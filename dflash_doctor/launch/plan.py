@@ -22,6 +22,7 @@ from dflash_doctor.launch.memory_plan import (
 )
 from dflash_doctor.launch.split import RoleRates
 from dflash_doctor.launch.topology import TopologyChoice, choose_topology
+from trainer.spec.topology import overlap_mode
 
 # What importing torch + transformers costs a CPU process (RSS, measured here: ~330 MiB), rounded up.
 CPU_PROCESS_OVERHEAD_BYTES = 512 * 1024**2
@@ -158,7 +159,7 @@ def plan_inputs(
         on_gpu=on_gpu,
         compiled_layers=on_gpu and cfg.drafter.compile_layers,  # as trainer/run/warmup.py compiles them
         heldout=cfg.data.holds_out,  # target ranks then keep the whole target and its LM head
-        overlap_capture=cfg.topology.overlap_capture != "off",
+        overlap_capture=overlap_mode(cfg.topology.overlap_capture, on_gpu) != "off",
     )
 
 

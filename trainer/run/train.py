@@ -68,7 +68,7 @@ from trainer.run.warmup import warm_up_model, warm_up_target
 from trainer.spec.config import TrainConfig
 from trainer.spec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
 from trainer.spec.target_shapes import target_hf_config
-from trainer.spec.topology import RunDigest, Topology, check_agreement, resolve_topology
+from trainer.spec.topology import RunDigest, Topology, check_agreement, overlap_mode, resolve_topology
 from trainer.target.capture import CaptureTarget, capture_target_for
 from trainer.target.load import load_frozen_embeddings
 
@@ -284,7 +284,7 @@ def run_colocated(run: RunContext) -> int:
     def heldout_batch(eval_index: int) -> CapturedBatch:
         return side.capture_heldout(run.split, eval_index, run.device)
 
-    overlap = run.cfg.topology.overlap_capture if run.device.type == "cuda" else "off"  # CPU: synchronous
+    overlap = overlap_mode(run.cfg.topology.overlap_capture, run.device.type == "cuda")  # CPU: synchronous
     stream = torch.cuda.Stream(run.device) if overlap != "off" else None
     start_at = OptimizerStart(loop.optimizer) if overlap == "optimizer" else None
     ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum, stream, start_at)

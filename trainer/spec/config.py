@@ -123,8 +123,9 @@ class TopologySection:
     in_flight: int = option(4, integer(1))  # batches a target rank may have sent and not yet seen received
     # Colocated on CUDA: capture the next step's batch on a second stream (trainer/run/pipeline.py), beside what
     # is left of this step ("step": as soon as it is queued) or beside its optimizer update only
-    # ("optimizer": the memory-bound AdamW next to the capture's matmuls). "off" until measured faster.
-    overlap_capture: str = option("off", choice(*OVERLAP_MODES))
+    # ("optimizer": the memory-bound AdamW next to the capture's matmuls). "auto": "step" on CUDA (measured
+    # faster: BENCHMARKS.md), "off" on CPU (trainer.spec.topology.overlap_mode).
+    overlap_capture: str = option("auto", choice(*OVERLAP_MODES))
 
 
 @dataclass(frozen=True)

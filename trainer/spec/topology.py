@@ -29,7 +29,16 @@ COLOCATED = "colocated"
 AUTO = "auto"
 MODES = (AUTO, SPLIT, COLOCATED)
 # topology.overlap_capture: when a colocated rank's next capture may run (trainer/run/pipeline.py)
-OVERLAP_MODES = ("off", "step", "optimizer")
+OVERLAP_MODES = ("auto", "off", "step", "optimizer")
+
+
+def overlap_mode(setting: str, on_cuda: bool) -> str:
+    """What `topology.overlap_capture` means on this device: `auto` is "step" on CUDA (measured faster at
+    qwen3-8b-b16 on an H200, +2.2% and +3.1% in two sessions, the same losses) and "off" elsewhere; a CPU
+    captures synchronously whatever is set (it has no second stream)."""
+    if not on_cuda:
+        return "off"
+    return "step" if setting == "auto" else setting
 
 
 @dataclass(frozen=True)
