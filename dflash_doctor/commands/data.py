@@ -78,6 +78,12 @@ def regenerate_command(
     ),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm engine: GPUs per model."),
     set_: list[str] = typer.Option([], "--set", help="Override a config field: section.key=value."),
+    commit_every: float = typer.Option(
+        60.0,
+        "--commit-every",
+        min=1.0,
+        help="Seconds of work per commit to --out (the chunk of conversations adapts to the pace): a kill loses at most about this.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
@@ -146,7 +152,16 @@ def regenerate_command(
     lines = None if err.is_terminal else ProgressLines(describe, lambda line: err.print(line, soft_wrap=True))
     try:
         with progress, lines or contextlib.nullcontext():
-            summary = regenerate(scan, out, settings, factory, limit=limit, force=force, on_progress=show)
+            summary = regenerate(
+                scan,
+                out,
+                settings,
+                factory,
+                limit=limit,
+                force=force,
+                commit_every_s=commit_every,
+                on_progress=show,
+            )
     except KeyboardInterrupt:
         err.print(f"stopped: every line in {out} is whole; run the same command again to resume")
         raise typer.Exit(130) from None
@@ -163,6 +178,14 @@ def regenerate_command(
         )
         if summary.written or summary.skipped_done:
             print(f'train on it with: data.kind = "chat", data.path = "{os.path.abspath(out)}"')
+    if summary.stopped_at_length:
+        share = summary.stopped_at_length / max(summary.answers, 1)
+        err.print(
+            f"[yellow]![/] {summary.stopped_at_length} of {summary.answers} answers ({share:.0%}) stopped at "
+            f"--max-new-tokens {max_new_tokens}: the drafter will learn answers cut short where the target would "
+            "have gone on; raise --max-new-tokens (re-run with --force) if that is most of them",
+            soft_wrap=True,
+        )
     raise typer.Exit(0)
 
 

@@ -344,7 +344,9 @@ def test_torch_engine_is_greedy_and_batching_changes_nothing(target_folder: Path
     assert together[1].text == expected and together[1].tokens >= 1
 
 
-def test_cli_regenerates_a_file_that_trains_as_chat(target_folder: Path, tmp_path: Path) -> None:
+def test_cli_regenerates_a_file_that_trains_as_chat(
+    target_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from trainer.data.sources import build_source
     from trainer.spec.config import load_config
 
@@ -395,6 +397,12 @@ def test_cli_regenerates_a_file_that_trains_as_chat(target_folder: Path, tmp_pat
         "--json",
     ]
     assert cli_run(argv) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    # a random target at 5 new tokens: answers are cut short, and the command says so
+    assert report["answers_cut_at_max_new_tokens"] > 0
+    cut = f"{report['answers_cut_at_max_new_tokens']} of {report['answers']} answers"
+    assert cut in " ".join(captured.err.split()) and "stopped at --max-new-tokens 5" in captured.err
     got = lines(tmp_path / "regen.jsonl")
     assert [g["id"] for g in got] == ["q1", "q2"] and got[1]["generation"]["engine"] == "torch"
     assert cli_run(argv) == 0  # everything already there: nothing regenerated
@@ -520,3 +528,43 @@ def test_a_static_cache_gives_the_same_tokens_as_the_dynamic_one(target_folder: 
     dynamic = generate_token_batch(*args, seed=0)
     static = generate_token_batch(*args, seed=0, static_cache=True)
     assert static == dynamic and all(len(row) == 5 for row in static)
+
+
+def test_commits_follow_the_pace_not_a_fixed_64() -> None:
+    """A commit is about --commit-every seconds of work: a slow CPU (15 s a conversation) commits 4 at a time
+    (64 took 38 min there and a kill lost them all); a fast GPU commits enough for its batch."""
+    from trainer.decode.regenerate import MAX_CHUNK, CommitPace
+
+    pace = CommitPace(60.0)
+    assert pace.size == 64  # before the pace is known
+    pace.record(64, 960.0)  # 15 s a conversation
+    assert pace.size == 4
+    pace.record(4, 0.5)  # 0.125 s a conversation
+    assert pace.size == 480
+    pace.record(480, 0.48)
+    assert pace.size == MAX_CHUNK  # bounded
+    fixed = CommitPace(60.0, first=3, fixed=True)
+    fixed.record(3, 1000.0)
+    assert fixed.size == 3
+
+
+def test_a_run_commits_in_paced_chunks(tmp_path: Path) -> None:
+    from trainer.decode import regenerate as module
+
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(20)])
+    sizes: list[int] = []
+    real = module.regenerate_chunk
+
+    def spy(engine: object, records: list) -> list:
+        sizes.append(len(records))
+        return real(engine, records)  # type: ignore[arg-type]
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "regenerate_chunk", spy)
+        patch.setattr(module, "FIRST_CHUNK", 2)
+        regenerate(
+            scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, EchoEngine, commit_every_s=60.0
+        )
+    assert sizes[0] == 2 and len(sizes) == 2 and sum(sizes) == 20  # a fast engine: the rest in one commit

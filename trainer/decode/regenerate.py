@@ -226,9 +226,32 @@ class Summary:
         }
 
 
-def chunks(records: list[PromptRecord], size: int) -> Iterator[list[PromptRecord]]:
-    for start in range(0, len(records), size):
-        yield records[start : start + size]
+FIRST_CHUNK = 64  # conversations in the first commit, before the pace is known
+MAX_CHUNK = 4096  # an engine batches within a commit: a fast GPU gets large batches, never unbounded ones
+
+
+class CommitPace:
+    """How many conversations the next commit takes, so that each commit is about `seconds` of work: a kill
+    loses at most that (on a slow CPU a few conversations, not 64 of them; 64 took 38 min there), and a fast
+    GPU commits large chunks its engine can batch (64 at a time held a batch of 512 to 64 rows)."""
+
+    def __init__(self, seconds: float, first: int = FIRST_CHUNK, fixed: bool = False) -> None:
+        self.seconds, self.size, self.fixed = seconds, first, fixed
+        self.per_conversation: float | None = None
+
+    def record(self, conversations: int, seconds: float) -> None:
+        if conversations > 0 and seconds > 0 and not self.fixed:
+            self.per_conversation = seconds / conversations
+            self.size = max(1, min(MAX_CHUNK, int(self.seconds / self.per_conversation)))
+
+
+def chunks(records: list[PromptRecord], pace: CommitPace) -> Iterator[list[PromptRecord]]:
+    """The records in commits of `pace.size` conversations (read again before each chunk)."""
+    start = 0
+    while start < len(records):
+        chunk = records[start : start + pace.size]
+        start += len(chunk)
+        yield chunk
 
 
 def regenerate_chunk(engine: Engine, records: list[PromptRecord]) -> list[Regeneration]:
@@ -250,8 +273,9 @@ def regenerate(
     engine_factory: Callable[[], Engine],
     limit: int | None = None,
     force: bool = False,
-    chunk_size: int = 64,
+    commit_every_s: float = 60.0,
     on_progress: Callable[[Summary, int], None] | None = None,
+    chunk_size: int | None = None,
 ) -> Summary:
     """Write the regenerated conversations of `scan` to `out`, resuming what an earlier run wrote."""
     if scan.source is not None:
@@ -266,9 +290,16 @@ def regenerate(
         return summary
     engine = engine_factory()
     start = time.perf_counter()
+    pace = (
+        CommitPace(commit_every_s, first=chunk_size, fixed=True)  # a fixed commit size (tests)
+        if chunk_size is not None
+        else CommitPace(commit_every_s, first=min(FIRST_CHUNK, max(1, int(commit_every_s))))
+    )
     try:
-        for chunk in chunks(todo, chunk_size):
+        for chunk in chunks(todo, pace):
+            chunk_began = time.perf_counter()
             walks = regenerate_chunk(engine, chunk)
+            pace.record(len(walks), time.perf_counter() - chunk_began)
             append_whole(out, "".join(output_line(w, settings, engine.name) for w in walks).encode())
             summary.written += len(walks)
             summary.answers += sum(len(w.finish_reasons) for w in walks)
