@@ -117,16 +117,8 @@ def unowned_backups(parent: ParentDir, target: Path, restore_id: str) -> list[st
 
 
 def _record_of(parent: ParentDir, name: str) -> dict[str, Any] | None:
-    try:
-        fd = parent.open_folder(name)
-    except OSError:
-        return None
-    try:
-        if os.fstat(fd).st_uid != os.getuid():
-            return None
-        return read_backup_owner(read_owned_at(fd, BACKUP_OWNER_NAME))
-    finally:
-        os.close(fd)
+    raw = parent.read_in_owned_folder(name, BACKUP_OWNER_NAME)
+    return read_backup_owner(raw) if raw is not None else None
 
 
 def backup_owner(parent: ParentDir, name: str, target: Path) -> dict[str, Any] | None:

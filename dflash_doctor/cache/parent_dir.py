@@ -116,6 +116,18 @@ class ParentDir:
     def read_owned(self, name: str, max_bytes: int = 1 << 20) -> bytes | None:
         return fsops.read_owned_at(self.fd, name, max_bytes)
 
+    def read_in_owned_folder(self, folder: str, name: str) -> bytes | None:
+        """File `name` at the top of our folder `folder` (opened without following links; None when either is
+        missing or not ours): the marker or ownership record of a cache, staging folder or backup."""
+        try:
+            fd = self.open_folder(folder)
+        except OSError:
+            return None
+        try:
+            return fsops.read_owned_at(fd, name) if os.fstat(fd).st_uid == os.getuid() else None
+        finally:
+            os.close(fd)
+
     def write_atomic(self, name: str, data: bytes) -> None:
         try:
             fsops.write_atomic_at(self.fd, name, data)

@@ -20,7 +20,7 @@ from typing import Any
 
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.backups import BackupRecord, Identity, MovedFolderChanged, retire
-from dflash_doctor.cache.fsops import kind_of, printable, read_owned_at
+from dflash_doctor.cache.fsops import kind_of, printable
 from dflash_doctor.cache.layout import CacheContent, examine
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, read_marker
 from dflash_doctor.cache.parent_dir import ParentDir
@@ -61,16 +61,7 @@ class SwapRoot:
 
 def marker_at(parent: ParentDir, name: str) -> dict[str, Any] | None:
     """Our marker at the top of the folder `name` of ours, or None."""
-    try:
-        fd = parent.open_folder(name)
-    except OSError:
-        return None
-    try:
-        if os.fstat(fd).st_uid != os.getuid():
-            return None
-        raw = read_owned_at(fd, MARKER_NAME)
-    finally:
-        os.close(fd)
+    raw = parent.read_in_owned_folder(name, MARKER_NAME)
     return read_marker(raw) if raw is not None else None
 
 
