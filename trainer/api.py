@@ -8,7 +8,7 @@ from __future__ import annotations
 from trainer.data.preview import preview
 from trainer.decode.eval import EvalReport, run_eval
 from trainer.decode.generation import DevicePool, GenerationSettings, TorchEngine, VllmEngine, vllm_available
-from trainer.decode.regenerate import check_prompt_lengths, regenerate, scan_input
+from trainer.decode.regenerate import check_prompt_lengths, check_supervisable, regenerate, scan_input
 from trainer.decode.report import format_report
 from trainer.run.warmup import warm_up
 
@@ -19,6 +19,7 @@ __all__ = [
     "TorchEngine",
     "VllmEngine",
     "check_prompt_lengths",
+    "check_supervisable",
     "format_report",
     "preview",
     "regenerate",

@@ -89,7 +89,13 @@ def regenerate_command(
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from trainer.api import GenerationSettings, check_prompt_lengths, regenerate, scan_input
+    from trainer.api import (
+        GenerationSettings,
+        check_prompt_lengths,
+        check_supervisable,
+        regenerate,
+        scan_input,
+    )
     from trainer.spec.config import load_config
 
     if engine not in ENGINES:
@@ -107,6 +113,7 @@ def regenerate_command(
         seed=cfg.run.seed,
     )
     scan = check_prompt_lengths(scan_input(prompts, on_error), settings, on_error)  # before the target loads
+    check_supervisable(settings)  # a template train cannot supervise: refused before any answer is paid for
     err = make_console(stderr=True)
     for bad in scan.bad[:5]:
         err.print(f"[yellow]skipped[/] {prompts} {bad}")

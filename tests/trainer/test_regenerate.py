@@ -568,3 +568,29 @@ def test_a_run_commits_in_paced_chunks(tmp_path: Path) -> None:
             scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, EchoEngine, commit_every_s=60.0
         )
     assert sizes[0] == 2 and len(sizes) == 2 and sum(sizes) == 20  # a fast engine: the rest in one commit
+
+
+def test_a_template_train_cannot_supervise_is_refused_before_generating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mistral's templates write no assistant header: `train` refused such data after `data regenerate` had
+    paid for every answer. Now regenerate refuses first, and a template with headers passes."""
+    from dflash_base.errors import ConfigError
+    from tests.trainer.chat_fixtures import PLAIN, byte_tokenizer
+    from trainer.data import sources
+    from trainer.decode.generation import GenerationSettings
+    from trainer.decode.regenerate import check_supervisable
+
+    mistral_like = (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+        "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+    )
+    settings = GenerationSettings(target="/models/x", max_new_tokens=8)
+    monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(mistral_like))
+    with pytest.raises(
+        ConfigError, match=r"could not supervise answers rendered by this chat template"
+    ) as err:
+        check_supervisable(settings)
+    assert "nothing was generated" in (err.value.hint or "")
+    monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(PLAIN))
+    check_supervisable(settings)  # ChatML-like: headers and end-of-turn marks, passes

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.disk import writing
-from dflash_base.errors import DoctorError
+from dflash_base.errors import ConfigError, DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
 from trainer.decode.generation import Engine, GenerationSettings, prompt_ids
 
@@ -73,6 +73,26 @@ def scan_input(path: Path, on_error: str) -> InputScan:
 # conversation's text of fewer bytes than the context minus this per turn cannot fill the context, since no
 # tokenizer makes more tokens of a text than it has UTF-8 bytes (byte-level BPE: at most one per byte).
 TEMPLATE_TOKENS_PER_TURN = 64
+
+
+def check_supervisable(settings: GenerationSettings) -> None:
+    """Before any answer is generated: `train` must be able to find, in this template's rendering, the
+    assistant turns it will supervise. A template that writes no assistant header (Mistral's two common ones,
+    DeepSeek-R1's as vLLM ships it) was refused by `train` only after the generation had been paid for."""
+    from trainer.data.chat import TemplateMarks
+    from trainer.data.sources import load_tokenizer
+    from trainer.spec.target_shapes import is_embedded
+
+    if is_embedded(settings.target):
+        return  # no tokenizer, no chat: the engine refuses it, naming why
+    try:
+        TemplateMarks.of(load_tokenizer(settings.target), dict(settings.chat_template_kwargs))
+    except ConfigError as exc:
+        raise ConfigError(
+            f"data regenerate: `train` could not supervise answers rendered by this chat template: {exc.message}",
+            hint="nothing was generated; use a target whose template marks assistant turns, or pre-tokenise "
+            'the data as data.kind = "jsonl"',
+        ) from exc
 
 
 def check_prompt_lengths(scan: InputScan, settings: GenerationSettings, on_error: str) -> InputScan:
