@@ -32,11 +32,9 @@ def _supervised(template: str, messages: list[dict[str, Any]], **kwargs: Any) ->
 
 
 def test_qwen3_like_two_turns_supervise_each_answer_and_its_end_of_turn() -> None:
-    # the old span arithmetic supervised "Hello!<|im_end|>\n<|im_start|>user\n" here
-    assert _supervised(QWEN3_LIKE, TWO_TURNS) == [
-        "Hello!<|im_end|>",
-        "<think>\n\n</think>\n\nSee you.<|im_end|>",
-    ]
+    # the old span arithmetic supervised "Hello!<|im_end|>\n<|im_start|>user\n" here; and the empty think
+    # block the template puts before the last answer is the template's, not the target's (issue 27, D1)
+    assert _supervised(QWEN3_LIKE, TWO_TURNS) == ["Hello!<|im_end|>", "See you.<|im_end|>"]
 
 
 def test_qwen3_like_reasoning_keeps_the_last_think_block_and_never_the_user_turn() -> None:
@@ -64,7 +62,7 @@ def test_tool_turns_supervise_the_call_and_never_the_tool_response() -> None:
     got = _supervised(QWEN3_LIKE, messages)
     first, second = got
     assert first.startswith("Let me look.\n<tool_call>") and first.endswith("</tool_call><|im_end|>")
-    assert second == "<think>\n\n</think>\n\nIt rains.<|im_end|>"
+    assert second == "It rains.<|im_end|>"  # not the template's empty think block before it
     assert not any("rain<" in run or "tool_response" in run for run in got)
 
 
@@ -163,3 +161,31 @@ def test_an_assistant_tool_call_without_content_is_a_valid_turn() -> None:
     turns = [{"role": "user", "content": "q"}, call, {"role": "tool", "content": "42"}]
     assert messages_problem(turns) is None
     assert messages_problem([{"role": "user", "content": "q"}, {**call, "tool_calls": []}]) is not None
+
+
+def test_regenerated_data_must_be_rendered_with_the_template_arguments_it_was_made_with(
+    tmp_path: Path,
+) -> None:
+    """D1 (issue 27): answers regenerated with {} trained under {enable_thinking = false} (or the other way)
+    sit in a context the target did not write them in; the gate refuses it, naming the line and both."""
+    from trainer.spec.data_files import check_data_file
+
+    record = {
+        "id": "a",
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        "generation": {"target": "/models/x", "chat_template_kwargs": {}, "max_new_tokens": 8},
+    }
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps(record) + "\n")
+    check_data_file("chat", str(data), template_kwargs={})  # made as it is rendered: fine
+    check_data_file("chat", str(data))  # no run arguments given (e.g. a file checked on its own)
+    with pytest.raises(ConfigError) as err:
+        check_data_file("chat", str(data), template_kwargs={"enable_thinking": False})
+    message = " ".join(err.value.message.split())
+    assert (
+        "line 1: regenerated with chat_template_kwargs {}" in message
+        and '{"enable_thinking": false}' in message
+    )
+    hand_made = {"messages": record["messages"]}  # no `generation`: not ours to judge
+    data.write_text(json.dumps(hand_made) + "\n")
+    check_data_file("chat", str(data), template_kwargs={"enable_thinking": False})

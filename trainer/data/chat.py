@@ -126,6 +126,12 @@ def assistant_spans(
                 f"{where}: assistant message {number}: its text is not where the chat template renders "
                 "the turn (the template rewrote it or dropped it); fix the record or pre-tokenise the data"
             )
+        content = message.get("content") or ""
+        written = rendered.find(content, start, close) if content.strip() else -1
+        if written > start and rendered[start:written].strip():
+            # The template put text of its own before the answer (Qwen3: an empty think block before the last
+            # answer), which the target did not write: the answer is supervised from where its own text starts.
+            start = written
         spans.append((start, end))
         cursor = end
     return spans

@@ -379,9 +379,16 @@ def load_config(
     shapes = target_shapes(cfg.target.path)
     completed = complete_with_target(cfg, shapes) if drafter else cfg
     if check_data and cfg.data.path is not None:
-        check_data_file(cfg.data.kind, cfg.data.path, vocab_size=int(shapes.vocab_size))
+        kwargs = dict(cfg.data.chat_template_kwargs)
+        check_data_file(cfg.data.kind, cfg.data.path, int(shapes.vocab_size), template_kwargs=kwargs)
     if check_data and cfg.data.eval_path is not None:
-        check_data_file(cfg.data.kind, cfg.data.eval_path, int(shapes.vocab_size), field="data.eval_path")
+        check_data_file(
+            cfg.data.kind,
+            cfg.data.eval_path,
+            int(shapes.vocab_size),
+            field="data.eval_path",
+            template_kwargs=dict(cfg.data.chat_template_kwargs),
+        )
     if check_data:
         total = num_sequences(completed)
         held = heldout_sequences(completed, total)  # ConfigError: fewer than one batch held out

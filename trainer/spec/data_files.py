@@ -102,11 +102,35 @@ class DataScan:
     answered: int = 0  # chat: conversations with an assistant turn (the only turns a drafter learns)
 
 
-def scan_data_file(kind: str, path: Path, vocab_size: int | None, field: str = "data.path") -> DataScan:
+def template_problem(record: dict[str, Any], template_kwargs: dict[str, Any] | None) -> str | None:
+    """A conversation `data regenerate` wrote (its `generation` says how) with other chat template arguments
+    than the run renders with: the target wrote those answers after another rendering of the prompt (Qwen3's
+    `enable_thinking`: an empty think block the target never wrote, which training would supervise)."""
+    made = record.get("generation")
+    if template_kwargs is None or not isinstance(made, dict) or "chat_template_kwargs" not in made:
+        return None
+    if made["chat_template_kwargs"] == template_kwargs:
+        return None
+    return (
+        f"regenerated with chat_template_kwargs {_shown(made['chat_template_kwargs'])}, but the run renders with "
+        f"{_shown(template_kwargs)} (data.chat_template_kwargs): it would train on answers in a context the "
+        "target did not write them in"
+    )
+
+
+def scan_data_file(
+    kind: str,
+    path: Path,
+    vocab_size: int | None,
+    field: str = "data.path",
+    template_kwargs: dict[str, Any] | None = None,
+) -> DataScan:
     scan = DataScan()
     for number, record, problem in _lines(path, field):
         if record is not None:
             problem = record_problem(kind, record, vocab_size)
+            if problem is None and kind == "chat":
+                problem = template_problem(record, template_kwargs)
         if problem is None and record is not None:
             scan.records += 1
             if kind == "chat" and any(m.get("role") == "assistant" for m in record["messages"]):
@@ -118,14 +142,21 @@ def scan_data_file(kind: str, path: Path, vocab_size: int | None, field: str = "
     return scan
 
 
-def check_data_file(kind: str, path: str, vocab_size: int | None = None, field: str = "data.path") -> None:
+def check_data_file(
+    kind: str,
+    path: str,
+    vocab_size: int | None = None,
+    field: str = "data.path",
+    template_kwargs: dict[str, Any] | None = None,
+) -> None:
     """Before any process starts, every line of the file: a ConfigError (exit 2) naming the first bad
-    line and counting the others, a file with no records, or chat data with nothing to supervise."""
+    line and counting the others, a file with no records, or chat data with nothing to supervise, or
+    regenerated with other chat template arguments than `template_kwargs` (the run's)."""
     if kind not in RECORD_FIELDS:
         return
     if Path(path).exists() and not Path(path).is_file():  # a folder, or a FIFO that would block the read
         raise ConfigError(f"{field}: {path} is not a regular file", hint="give a .jsonl file")
-    scan = scan_data_file(kind, Path(path), vocab_size, field)
+    scan = scan_data_file(kind, Path(path), vocab_size, field, template_kwargs)
     if scan.first_bad is not None:
         more = scan.bad_lines - 1
         tail = f" ({more} more bad line{'s' if more != 1 else ''} after it)" if more else ""
