@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# Issue 27, the call after bench/suites/smollm2_h200.sh (same machine, the run still under runs/smollm2-135m):
-#   `dflash-doctor eval` of the trained drafter beside prompt lookup (the default baseline), bf16 (ties classified):
-#   - on HumanEval's 164 prompts, in 6 shards at once on the one GPU (acceptance is per prompt, so sharding
-#     changes no tau; wall-clock speed-ups are measured under the shards' contention: the ratio is what counts)
-#   - on 32 held-out conversations (at the same time) of the run (the same data the training's held-out estimate scored)
-# Back: one tar of the results, and the export in parts under 16 MiB (for an fp32 --strict check on a CPU).
-#   run(kind="nvidia-h200", timeout_s=600, command="bash bench/suites/smollm2_eval_h200.sh")
+# Issue 27, the call after `bench/suites/smollm2_h200.sh train` (same machine, the run still under
+# runs/smollm2-135m): `dflash-doctor eval` of the trained drafter beside prompt lookup (the default baseline),
+# bf16 (ties classified), all at once on the one GPU (batch-1 decoding leaves it mostly idle):
+#   - HumanEval's 164 prompts in SMOLLM2_SHARDS (10) shards, SMOLLM2_EVAL_NEW_TOKENS (128) new tokens
+#   - the run's first SMOLLM2_HELDOUT (60) held-out conversations up to their last answer (the data the
+#     training's held-out estimate scored), in 6 shards, SMOLLM2_HELDOUT_NEW_TOKENS (192) new tokens
+# Acceptance is per prompt, so sharding changes no tau; wall-clock speed-ups are measured under the shards'
+# contention (the ratio is what counts). Back: the results, and the export in parts under 16 MiB (for an
+# fp32 --strict check on a CPU).
+#   run(carry=[".whl"], timeout_s=600, command="bash bench/suites/smollm2_eval_h200.sh")
 set -u
 cd "$(dirname "$0")/../.."
-SUITE_BUDGET_S=${SUITE_BUDGET_S:-540}
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-560}
 source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/smollm2-home
 ROOT=runs/smollm2-135m
-NEW_TOKENS=${SMOLLM2_EVAL_NEW_TOKENS:-256}
-ARGS=(--export "$ROOT/run/export" --config smollm2-135m --max-new-tokens "$NEW_TOKENS")
-both() {  # HumanEval in 6 shards and the held-out conversations, all at once
-    python3 -m dflash_doctor eval "$@" --num-prompts 32 --json > "$RES/eval_heldout.json" 2> "$LOGS/eval_heldout.err" &
-    python3 bench/decode/eval_shards.py --shards 6 --prompts "$ROOT/prompts/humaneval.jsonl" \
-        --out "$RES/eval_humaneval.json" -- "$@"
+ARGS=(--export "$ROOT/run/export" --config smollm2-135m)
+stage setup 25 bash -c "install_carried_wheels"
+stage heldout_file 60 python3 bench/decode/heldout_prompts.py --config smollm2-135m \
+    --count "${SMOLLM2_HELDOUT:-60}" --out "$RES/heldout_prompts.jsonl.txt"
+both() {  # HumanEval and the held-out conversations, all at once
+    python3 bench/decode/eval_shards.py --shards 6 --prompts "$RES/heldout_prompts.jsonl.txt" \
+        --out "$RES/eval_heldout.json" -- "$@" --max-new-tokens "${SMOLLM2_HELDOUT_NEW_TOKENS:-192}" &
+    python3 bench/decode/eval_shards.py --shards "${SMOLLM2_SHARDS:-10}" --prompts "$ROOT/prompts/humaneval.jsonl" \
+        --out "$RES/eval_humaneval.json" -- "$@" --max-new-tokens "${SMOLLM2_EVAL_NEW_TOKENS:-128}"
     wait
 }
-stage eval $((SUITE_BUDGET_S - 45)) bash -c "$(declare -f both); ROOT=$ROOT RES=$RES LOGS=$LOGS both \"\$@\"" _ "${ARGS[@]}"
-cp "$ROOT/run/metrics.jsonl" "$ROOT/run/summary.json" "$RES/" 2>/dev/null
+stage eval $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 30)) bash -c \
+    "$(declare -f both); ROOT=$ROOT RES=$RES SMOLLM2_SHARDS=${SMOLLM2_SHARDS:-} both \"\$@\"" _ "${ARGS[@]}"
+rm -f "$RES"/*.shard*.jsonl
+cp "$ROOT/run/summary.json" "$RES/" 2>/dev/null
 tar -cf /tmp/export.tar -C "$ROOT/run" export && split -b 15M /tmp/export.tar "$OUT/export.tar.part-"
 finish smollm2_eval

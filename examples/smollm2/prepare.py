@@ -81,6 +81,8 @@ def write_prompts(
             "file": "train.jsonl",
             "prompts": len(training.prompts),
             "code_requests": training.code,
+            "test_requests": training.tests,
+            "source_requests": training.source,
             "explain_requests": training.explain,
             "left_out_sharing_name_or_text_with_humaneval": training.dropped_leaks,
             "left_out_duplicates": training.dropped_duplicates,
@@ -91,7 +93,8 @@ def write_prompts(
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     say(
-        f"prompts: {len(training.prompts)} training ({training.code} code, {training.explain} explain; "
+        f"prompts: {len(training.prompts)} training ({training.code} code, {training.tests} tests, "
+        f"{training.source} explain-code, {training.explain} explain; "
         f"{training.dropped_leaks} left out as sharing a name or text with HumanEval, "
         f"{training.dropped_duplicates} duplicates), {len(evaluation)} HumanEval"
     )

@@ -1,9 +1,11 @@
 """Prompt sets for the SmolLM2 example, from material every Python install has, kept apart from HumanEval.
 
 - Training prompts: the standard library's documented functions and methods turned into "complete this
-  function" requests (signature + docstring, read with `ast` from the source files: nothing is imported, so
-  no module's import-time side effects run), and the sections of `pydoc_data.topics` (the language
-  reference pages `help()` shows) turned into "explain" requests. Sorted, then shuffled with a fixed seed so
+  function" and "write tests for this function" requests (signature + docstring, read with `ast` from the
+  source files: nothing is imported, so no module's import-time side effects run), short functions' whole
+  source turned into "explain this code" requests, and the sections of `pydoc_data.topics` (the language
+  reference pages `help()` shows) turned into "explain" requests. Three kinds of request per function give a
+  drafter ~3x the answers of one kind from the same material, all of them code or about code. Sorted, then shuffled with a fixed seed so
   that any prefix (`data regenerate --limit N`) mixes both kinds.
 - Evaluation prompts: the 164 HumanEval problems, worded exactly like the training requests.
 
@@ -26,6 +28,7 @@ import json
 import random
 import re
 import sysconfig
+import textwrap
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +36,14 @@ from pathlib import Path
 SHUFFLE_SEED = 0
 CODE_REQUEST = "Complete the following Python function:\n\n```python\n{code}```"
 METHOD_REQUEST = "Complete the following method of the Python class `{owner}`:\n\n```python\n{code}```"
+TESTS_REQUEST = "Write pytest unit tests for the following Python function:\n\n```python\n{code}```"
+SOURCE_REQUEST = "Explain what the following Python code does, step by step:\n\n```python\n{code}```"
 EXPLAIN_REQUEST = (
     "Explain the following part of the Python language reference in plain words, "
     "with a short example:\n\n{title}\n\n{text}"
 )
 DOCSTRING_CHARS = (40, 1200)  # shorter says too little to write the function from; longer is a manual page
+SOURCE_CHARS = (160, 1500)  # a function's whole source: shorter is trivial, longer is more than one idea
 SECTION_CHARS = 1200  # an explain request quotes at most this much of a reference section
 SKIPPED_DIRS = frozenset(
     {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings", "turtledemo"}
@@ -174,37 +180,64 @@ def _public(name: str) -> bool:
     return not name.startswith("_")
 
 
-def functions_of(module: str, source: str) -> Iterator[tuple[str, str, str]]:
-    """(id, function name, request text) for each documented public function and method of one module."""
+def _source_of(node: ast.AST, source: str) -> str | None:
+    """The function's own text (decorators left out) when its length is in SOURCE_CHARS."""
+    segment = ast.get_source_segment(
+        source, node, padded=True
+    )  # padded: a method's first line keeps its indent
+    if segment is None:
+        return None
+    low, high = SOURCE_CHARS
+    segment = textwrap.dedent(segment)
+    if not low <= len(segment) <= high:
+        return None
+    try:  # a string literal indented less than its method cannot be dedented: leave such functions out
+        ast.parse(segment)
+    except SyntaxError:
+        return None
+    return segment + "\n"
+
+
+def functions_of(module: str, source: str) -> Iterator[tuple[str, str, str, str]]:
+    """(id, function name, kind, request text) for each public function and method of one module: a "code"
+    and a "tests" request when it is documented, a "source" request when its whole text is short enough."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):  # a file in another Python's syntax, or with NUL bytes
         return
+    found: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, str | None]] = []
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _public(node.name):
-            docstring = _usable_docstring(node)
-            if docstring is not None:
-                code = _stub(node, docstring)
-                yield f"stdlib/{module}.{node.name}", node.name, CODE_REQUEST.format(code=code)
+            found.append((f"{module}.{node.name}", node, None))
         elif isinstance(node, ast.ClassDef) and _public(node.name):
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _public(item.name):
-                    docstring = _usable_docstring(item)
-                    if docstring is not None:
-                        code = _stub(item, docstring)
-                        text = METHOD_REQUEST.format(owner=node.name, code=code)
-                        yield f"stdlib/{module}.{node.name}.{item.name}", item.name, text
+                    found.append((f"{module}.{node.name}.{item.name}", item, node.name))
+    for dotted, node, owner in found:
+        docstring = _usable_docstring(node)
+        if docstring is not None:
+            code = _stub(node, docstring)
+            request = (
+                CODE_REQUEST.format(code=code)
+                if owner is None
+                else METHOD_REQUEST.format(owner=owner, code=code)
+            )
+            yield f"stdlib/{dotted}", node.name, "code", request
+            yield f"tests/{dotted}", node.name, "tests", TESTS_REQUEST.format(code=code)
+        whole = _source_of(node, source)
+        if whole is not None:
+            yield f"source/{dotted}", node.name, "source", SOURCE_REQUEST.format(code=whole)
 
 
-def stdlib_function_prompts(root: Path | None = None) -> Iterator[tuple[str, Prompt]]:
-    """(function name, prompt) for the standard library under `root` (default: this Python's)."""
+def stdlib_function_prompts(root: Path | None = None) -> Iterator[tuple[str, str, Prompt]]:
+    """(function name, kind, prompt) for the standard library under `root` (default: this Python's)."""
     for module, path in stdlib_sources(root or stdlib_root()):
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        for prompt_id, name, text in functions_of(module, source):
-            yield name, Prompt(prompt_id, text)
+        for prompt_id, name, kind, text in functions_of(module, source):
+            yield name, kind, Prompt(prompt_id, text)
 
 
 # ---------------------------------------------------------------- the language reference's topics
@@ -264,8 +297,10 @@ def topic_prompts(topics: dict[str, str] | None = None) -> Iterator[Prompt]:
 @dataclass
 class TrainingSet:
     prompts: list[Prompt]
-    code: int  # function and method requests kept
-    explain: int  # explain requests kept
+    code: int  # "complete this function / method" requests kept
+    tests: int  # "write tests for this function" requests kept
+    source: int  # "explain this code" requests kept
+    explain: int  # "explain this part of the language reference" requests kept
     dropped_leaks: int  # left out: they share a name or text with HumanEval
     dropped_duplicates: int  # left out: the same text as an earlier prompt
 
@@ -283,12 +318,13 @@ def training_prompts(
     kept: list[tuple[str, Prompt]] = []
     leaks = duplicates = 0
     candidates: list[tuple[str | None, Prompt, str]] = [
-        (name, prompt, "code") for name, prompt in stdlib_function_prompts(root)
+        (name, prompt, kind) for name, kind, prompt in stdlib_function_prompts(root)
     ]
     candidates += [(None, prompt, "explain") for prompt in topic_prompts(topics)]
     ids: set[str] = set()
     for name, prompt, kind in candidates:
-        key = normalised(prompt.text.split("\n", 1)[-1])  # the same code, whether function or method
+        # the same code asked for the same thing, whether function or method (their first lines differ)
+        key = kind + ":" + normalised(prompt.text.split("\n", 1)[-1])
         if leakage.leaks(name, prompt.text):
             leaks += 1
             continue
@@ -302,8 +338,16 @@ def training_prompts(
     random.Random(SHUFFLE_SEED).shuffle(kept)
     if limit is not None:
         kept = kept[:limit]
-    code = sum(kind == "code" for kind, _ in kept)
-    return TrainingSet([p for _, p in kept], code, len(kept) - code, leaks, duplicates)
+    count = {kind: sum(k == kind for k, _ in kept) for kind in ("code", "tests", "source", "explain")}
+    return TrainingSet(
+        [p for _, p in kept],
+        count["code"],
+        count["tests"],
+        count["source"],
+        count["explain"],
+        leaks,
+        duplicates,
+    )
 
 
 def jsonl(prompts: Iterable[Prompt]) -> str:

@@ -14,6 +14,7 @@ import pytest
 from examples.smollm2 import prompt_sets
 from examples.smollm2.prompt_sets import (
     CODE_REQUEST,
+    TESTS_REQUEST,
     HumanEvalProblem,
     humaneval_prompts,
     read_humaneval,
@@ -68,6 +69,13 @@ def short(x):
 class Box:
     def open_lid(self, force: bool = False) -> str:
         """Open the lid of the box, forcing it when asked, and return what was inside."""
+
+    def shake(self, times):
+        total = 0
+        for _ in range(times):
+            total += len(self.contents) if self.contents else 1
+        self.shaken = total
+        return "rattled" if total > 3 else "quiet"
 ''')
     )
     (root / "pkg" / "__init__.py").write_text(
@@ -105,18 +113,37 @@ def _ids(prompts: list[prompt_sets.Prompt]) -> list[str]:
 def test_training_prompts_leave_out_humaneval_duplicates_and_non_api(fake_stdlib: Path) -> None:
     built = training_prompts([HUMANEVAL_LIKE], root=fake_stdlib, topics=TOPICS)
     assert sorted(_ids(built.prompts)) == [
+        "source/alpha.Box.shake",
         "stdlib/alpha.Box.open_lid",
         "stdlib/alpha.count_larger",
+        "tests/alpha.Box.open_lid",
+        "tests/alpha.count_larger",
         "topic/assert/0.0",
         "topic/pass/0.0",
     ]
-    assert (built.code, built.explain, built.dropped_leaks, built.dropped_duplicates) == (2, 2, 2, 1)
+    # left out: has_close_elements' and other's code and tests requests and other's source (HumanEval's name
+    # or docstring); pkg.count_larger's code and tests requests (the same text as alpha's)
+    counts = (
+        built.code,
+        built.tests,
+        built.source,
+        built.explain,
+        built.dropped_leaks,
+        built.dropped_duplicates,
+    )
+    assert counts == (2, 2, 1, 2, 5, 2)
     texts = {p.id: p.text for p in built.prompts}
     assert texts["stdlib/alpha.count_larger"] == CODE_REQUEST.format(
         code=f'def count_larger(items, limit=0):\n    """{DOC}"""\n'
     )
     assert "def open_lid(self, force: bool=False) -> str:" in texts["stdlib/alpha.Box.open_lid"]
     assert texts["topic/pass/0.0"].splitlines()[2] == 'The "pass" statement'
+    assert texts["tests/alpha.count_larger"] == TESTS_REQUEST.format(
+        code=f'def count_larger(items, limit=0):\n    """{DOC}"""\n'
+    )
+    shake = re.search(r"```python\n(.*)```", texts["source/alpha.Box.shake"], re.DOTALL)
+    assert shake is not None and shake.group(1).startswith("def shake(self, times):\n    total = 0\n")
+    ast.parse(shake.group(1))  # a method's source, dedented as a whole
 
 
 def test_the_set_is_deterministic_and_a_limit_is_a_prefix(fake_stdlib: Path) -> None:
@@ -163,11 +190,12 @@ def test_this_pythons_library_gives_thousands_of_parseable_non_leaking_prompts()
         ),
     ]
     built = training_prompts(problems)
-    assert len(built.prompts) >= 2000 and built.explain >= 100 and built.dropped_leaks >= 1
+    assert len(built.prompts) >= 8000 and built.explain >= 100 and built.dropped_leaks >= 1
+    assert min(built.code, built.tests, built.source) >= 2000
     assert len(set(_ids(built.prompts))) == len(built.prompts)
     names = set()
     for prompt in built.prompts:
-        if prompt.id.startswith("stdlib/"):
+        if prompt.id.startswith(("stdlib/", "tests/", "source/")):
             code = re.search(r"```python\n(.*)```", prompt.text, re.DOTALL)
             assert code is not None, prompt.id
             tree = ast.parse(code.group(1))  # every stub is valid Python

@@ -1,0 +1,53 @@
+"""Write a chat run's held-out conversations as an `eval --prompts` file: each up to its last answer.
+
+`dflash-doctor eval --config C` (no --prompts) decodes the same prompts, one process; this file lets
+bench/decode/eval_shards.py split them over several processes on one device. The records are the
+conversations' own messages, cut before the last assistant turn; eval renders them with the chat template's
+generation prompt, exactly as `trainer.decode.eval.chat_prompts` does.
+
+    python3 bench/decode/heldout_prompts.py --config smollm2-135m --count 64 --out /tmp/heldout.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from trainer.data.sources import split_data
+from trainer.spec.config import load_config
+from trainer.spec.data_files import jsonl_records
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--count", type=int, default=64)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    if cfg.data.kind != "chat":
+        print(f"--config: {args.config} trains on {cfg.data.kind} data, not chat", file=sys.stderr)
+        return 2
+    path = Path(cfg.data.eval_path or cfg.data.path)
+    records = jsonl_records(path, "data.path")
+    lines = []
+    for j in split_data(cfg).eval_ids[: args.count]:
+        _, record = records[j]
+        messages = record["messages"]
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
+        if last > 0:
+            lines.append(json.dumps({"id": record.get("id", j), "messages": messages[:last]}) + "\n")
+    partial = args.out.with_name(args.out.name + ".partial")
+    partial.write_text("".join(lines))
+    partial.replace(args.out)
+    print(f"wrote {len(lines)} held-out prompts to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
