@@ -28,6 +28,7 @@ class EchoEngine:
     """Answers `a<k>:<turns>` (k counts calls' answers): the prompt length shows what the answer saw."""
 
     name = "fake"
+    rows_at_once = 1
 
     def __init__(self, fail_after_calls: int | None = None) -> None:
         self.calls: list[list[Chat]] = []
@@ -546,6 +547,53 @@ def test_commits_follow_the_pace_not_a_fixed_64() -> None:
     fixed = CommitPace(60.0, first=3, fixed=True)
     fixed.record(3, 1000.0)
     assert fixed.size == 3
+
+
+def test_on_a_gpu_the_pace_counts_whole_batches() -> None:
+    """A GPU batch costs about the same however full it is (H200, SmolLM2-135M: 64 rows ~40 s, 1,024 ~50 s).
+    Counted in rows, 64 rows in 40 s said 96 fit a minute, and the run grew ~1.6x a commit through partial
+    batches; counted in batches the first commit is a full one and the pace keeps whole ones."""
+    from trainer.decode.regenerate import MAX_CHUNK, CommitPace
+
+    rows = CommitPace(60.0)  # the old arithmetic, still a CPU's
+    rows.record(64, 40.0)
+    assert rows.size == 96
+    gpu = CommitPace(60.0, batch=1024)
+    assert gpu.size == 1024  # one full batch first
+    gpu.record(1024, 50.0)
+    assert gpu.size == 1024
+    gpu.record(1024, 15.0)
+    assert gpu.size == 4096  # four batches fit a minute
+    gpu.record(100, 15.0)  # a partial batch took a whole batch's time
+    assert gpu.size == 4096
+    gpu.record(2048, 200.0)  # slower than the pace: still one whole batch, never a part of one
+    assert gpu.size == 1024
+    huge = CommitPace(60.0, batch=3000)
+    huge.record(3000, 1.0)
+    assert huge.size == 3000 <= MAX_CHUNK
+
+
+def test_a_batching_engine_commits_whole_batches(tmp_path: Path) -> None:
+    from trainer.decode import regenerate as module
+
+    class BatchingEngine(EchoEngine):
+        rows_at_once = 8
+
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(20)])
+    sizes: list[int] = []
+    real = module.regenerate_chunk
+
+    def spy(engine: object, records: list) -> list:
+        sizes.append(len(records))
+        return real(engine, records)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "regenerate_chunk", spy)
+        patch.setattr(module, "MAX_CHUNK", 16)
+        regenerate(
+            scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, BatchingEngine, commit_every_s=60.0
+        )
+    assert sizes == [8, 12]  # one batch, then two (the cap), of which 12 were left
 
 
 def test_a_run_commits_in_paced_chunks(tmp_path: Path) -> None:

@@ -50,6 +50,9 @@ class Completion:
 
 class Engine(Protocol):
     name: str
+    # Rows decoded at once on a GPU, where a batch costs about the same however full it is (the commit pace
+    # counts whole batches there); 1 where time follows the rows (a CPU) or is unknown (vLLM schedules its own)
+    rows_at_once: int
 
     def generate(self, chats: Sequence[Chat]) -> list[Completion]: ...
 
@@ -95,6 +98,7 @@ class TorchEngine:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if isinstance(pad, int) else (self.stop_ids[0] if self.stop_ids else 0)
         self.calls = 0
+        self.rows_at_once = batch_size if self.device.type == "cuda" else 1
         # Small batches on a GPU are bound by Python and kernel launches: a static cache lets `generate` replay
         # one compiled step per token instead (H200, Qwen3-8B shapes: 34 -> 126 tok/s at batch 1, 409 -> 1235 at
         # 16, 1642 -> 2145 at 64). From 128 rows eager decoding is faster (3048 vs 2475 tok/s): the compiled
@@ -245,6 +249,8 @@ class DevicePool:
             self.procs.append(proc)
         for _ in devices:
             self._receive("ready")
+        on_gpus = all(d.startswith("cuda") for d in devices)
+        self.rows_at_once = batch_size * len(devices) if on_gpus else 1  # a call's chats go to every device
 
     def _receive(self, kind: str) -> tuple[Any, ...]:
         while True:
@@ -302,6 +308,7 @@ class VllmEngine:
             seed=settings.seed,
         )
         self.llm = vllm.LLM(model=settings.target, tensor_parallel_size=tensor_parallel_size)
+        self.rows_at_once = 1  # vLLM batches continuously, up to limits of its own: the pace counts rows
 
     def generate(self, chats: Sequence[Chat]) -> list[Completion]:
         outputs = self.llm.chat(

@@ -253,16 +253,29 @@ MAX_CHUNK = 4096  # an engine batches within a commit: a fast GPU gets large bat
 class CommitPace:
     """How many conversations the next commit takes, so that each commit is about `seconds` of work: a kill
     loses at most that (on a slow CPU a few conversations, not 64 of them; 64 took 38 min there), and a fast
-    GPU commits large chunks its engine can batch (64 at a time held a batch of 512 to 64 rows)."""
+    GPU commits large chunks its engine can batch (64 at a time held a batch of 512 to 64 rows).
 
-    def __init__(self, seconds: float, first: int = FIRST_CHUNK, fixed: bool = False) -> None:
-        self.seconds, self.size, self.fixed = seconds, first, fixed
+    `batch`: the rows the engine decodes at once on a GPU (1 on a CPU). A GPU's batch costs about the same
+    whether it holds 64 rows or 1,024 (a 135M target on an H200: 64 rows in ~40 s, 1,024 in ~50 s), so there
+    the pace counts whole batches, and the first commit is one full batch: counted in rows, a run started at
+    64 and grew by ~1.6x a commit, and spent 4.4 of its 5 minutes on partial batches (1,551 conversations;
+    bench/results/h200/smollm2-135m-s9.json). On a CPU a chunk's time follows its rows."""
+
+    def __init__(self, seconds: float, first: int = FIRST_CHUNK, fixed: bool = False, batch: int = 1) -> None:
+        self.seconds, self.fixed, self.batch = seconds, fixed, max(1, batch)
+        self.size = first if fixed or self.batch == 1 else self.batch
         self.per_conversation: float | None = None
 
     def record(self, conversations: int, seconds: float) -> None:
-        if conversations > 0 and seconds > 0 and not self.fixed:
-            self.per_conversation = seconds / conversations
+        if conversations <= 0 or seconds <= 0 or self.fixed:
+            return
+        self.per_conversation = seconds / conversations
+        if self.batch == 1:
             self.size = max(1, min(MAX_CHUNK, int(self.seconds / self.per_conversation)))
+            return
+        per_batch = seconds / -(-conversations // self.batch)  # a partial batch took a whole batch's time
+        batches = max(1, min(MAX_CHUNK // self.batch, int(self.seconds / per_batch)))
+        self.size = batches * self.batch
 
 
 def chunks(records: list[PromptRecord], pace: CommitPace) -> Iterator[list[PromptRecord]]:
@@ -313,7 +326,11 @@ def regenerate(
     pace = (
         CommitPace(commit_every_s, first=chunk_size, fixed=True)  # a fixed commit size (tests)
         if chunk_size is not None
-        else CommitPace(commit_every_s, first=min(FIRST_CHUNK, max(1, int(commit_every_s))))
+        else CommitPace(
+            commit_every_s,
+            first=min(FIRST_CHUNK, max(1, int(commit_every_s))),
+            batch=getattr(engine, "rows_at_once", 1),
+        )
     )
     try:
         for chunk in chunks(todo, pace):
