@@ -8,6 +8,7 @@ lookup reads one row), so steps/s <= bandwidth / weight bytes and tok/s <= batch
 
     python3 bench/decode/regenerate_throughput.py                      # GPU: random:qwen3-8b, batch 1..128
     .venv/bin/python bench/decode/regenerate_throughput.py --tiny      # CPU dry run: the tiny target
+    python3 bench/decode/regenerate_throughput.py --target runs/smollm2-135m/target --batches 64,256,1024
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from bench.lib.roles import (
     write_result,
 )
 from trainer.decode.generation import GenerationSettings, generate_token_batch
+from trainer.spec.target_shapes import is_embedded
+from trainer.target.load import load_target_model
 from trainer.target.tiny import build_embedded_target
 
 H200_HBM_TBPS = 4.8  # HBM3e bandwidth of an H200 (spec sheet); a measured copy reaches ~90% of it
@@ -62,15 +65,23 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tiny", action="store_true", help="the tiny target on CPU (a dry run of the bench)")
+    parser.add_argument(
+        "--target",
+        default="random:qwen3-8b",
+        help="an embedded preset or a model folder (e.g. runs/smollm2-135m/target)",
+    )
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--batches", default="1,4,16,32,64,128")
     parser.add_argument("--out", default=str(RESULTS / "regenerate_throughput.json"))
     args = parser.parse_args()
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
-    target = "tiny" if args.tiny else "random:qwen3-8b"
+    target = "tiny" if args.tiny else args.target
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    model = build_embedded_target(target, seed=0, device=device, dtype=dtype).eval()
+    if is_embedded(target):
+        model = build_embedded_target(target, seed=0, device=device, dtype=dtype).eval()
+    else:  # a folder: a real model, e.g. a small one whose decode step is bound by kernel launches
+        model = load_target_model(target, 0, device, dtype).eval()
     vocab = model.config.vocab_size
     settings = GenerationSettings(target=target, max_new_tokens=args.new_tokens)
     rows: list[dict[str, Any]] = []
