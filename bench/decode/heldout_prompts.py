@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer.data.sources import split_data
+from trainer.decode.eval import before_last_answer
 from trainer.spec.config import load_config
 from trainer.spec.data_files import jsonl_records
 
@@ -38,10 +39,9 @@ def main() -> int:
     lines = []
     for j in split_data(cfg).eval_ids[: args.count]:
         _, record = records[j]
-        messages = record["messages"]
-        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=0)
-        if last > 0:
-            lines.append(json.dumps({"id": record.get("id", j), "messages": messages[:last]}) + "\n")
+        before = before_last_answer(record["messages"])
+        if before:
+            lines.append(json.dumps({"id": record.get("id", j), "messages": before}) + "\n")
     partial = args.out.with_name(args.out.name + ".partial")
     partial.write_text("".join(lines))
     partial.replace(args.out)

@@ -267,12 +267,17 @@ def chat_prompts(
     prompts = []
     for j in ids:
         number, record = records[j]
-        messages = record["messages"]
-        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
-        if last == 0:
+        before = before_last_answer(record["messages"])
+        if not before:
             raise ConfigError(f"{field_name}: {path} line {number}: no turn before the answer to prompt with")
-        prompts.append(prompt_ids(tokenizer, messages[:last], template_kwargs))
+        prompts.append(prompt_ids(tokenizer, before, template_kwargs))
     return prompts
+
+
+def before_last_answer(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turns before a conversation's last assistant turn (all of them when it has none)."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=len(messages))
+    return messages[:last]
 
 
 def run_eval(
