@@ -67,6 +67,19 @@ gpu_facts() {
 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
 }
 
+print_profiles() {
+    # The profiler summaries a run wrote (<output>/profile/rank*.summary.json, copied into $1): the GPU's busy
+    # share and the top $2 operations of each rank.
+    python3 - "$1" "${2:-12}" <<'PY'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("rank*.summary.json")):
+    s = json.loads(path.read_text())
+    print(path.name, "gpu_busy_share", s.get("gpu_busy_share"), "wall_s", s.get("wall_s"))
+    for op in (s.get("top_gpu") or s.get("top_cpu") or [])[: int(sys.argv[2])]:
+        print("   ", op)
+PY
+}
+
 # `timeout` runs programs, not shell functions: stages call these through `bash -c`.
 export SUITE_TINY SITE
 export -f install_carried_wheels unzip_wheels gpu_facts

@@ -54,14 +54,7 @@ for name, row in rows.items():
     final = (flat.get("summary") or {}).get("final_loss")
     print(name, {k: flat.get(k) for k in ("steady_tok_s", "data_wait_fraction", "median_step_s", "peak_memory_gib_nvml") if k in flat}, "final_loss", final)
 PY
-python3 - "$RES" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("rank*.summary.json")):
-    s = json.loads(path.read_text())
-    print(path.name, "gpu_busy_share", s.get("gpu_busy_share"), "wall_s", s.get("wall_s"))
-    for op in (s.get("top_gpu") or s.get("top_cpu") or [])[:12]:
-        print("   ", op)
-PY
+print_profiles "$RES" 12
 if [ -z "$SUITE_TINY" ]; then
     stage spec_decode_b16 120 python3 bench/decode/spec_decode.py --config qwen3-8b-b16 --prompts 4 \
         --prompt-len 512 --max-new-tokens 128 --tag h200-ties

@@ -22,13 +22,6 @@ stage b16_profile "$left" python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps
 cp /tmp/st-2/*/profile/*.summary.json "$RES/" 2>/dev/null
 rm -rf /tmp/st-2
 for f in /tmp/st-*/*.log; do cp "$f" "$LOGS/$(basename "$(dirname "$f")")-$(basename "$f")"; done
-python3 - "$RES" <<'PY'
-import json, pathlib, sys
-for path in sorted(pathlib.Path(sys.argv[1]).glob("rank*.summary.json")):
-    s = json.loads(path.read_text())
-    print(path.name, "gpu_busy_share", s.get("gpu_busy_share"), "wall_s", s.get("wall_s"))
-    for op in (s.get("top_gpu") or s.get("top_cpu") or [])[:15]:
-        print("   ", op)
-PY
+print_profiles "$RES" 15
 df -h /tmp | tail -1
 finish step

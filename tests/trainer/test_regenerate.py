@@ -573,13 +573,11 @@ def test_on_a_gpu_the_pace_counts_whole_batches() -> None:
     assert huge.size == 3000 <= MAX_CHUNK
 
 
-def test_a_batching_engine_commits_whole_batches(tmp_path: Path) -> None:
+def _commit_sizes(tmp_path: Path, engine: type, rows: int = 20, **constants: int) -> list[int]:
+    """The conversations of each commit of a run over `rows` prompts (module constants patched as given)."""
     from trainer.decode import regenerate as module
 
-    class BatchingEngine(EchoEngine):
-        rows_at_once = 8
-
-    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(20)])
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(rows)])
     sizes: list[int] = []
     real = module.regenerate_chunk
 
@@ -589,32 +587,22 @@ def test_a_batching_engine_commits_whole_batches(tmp_path: Path) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module, "regenerate_chunk", spy)
-        patch.setattr(module, "MAX_CHUNK", 16)
-        regenerate(
-            scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, BatchingEngine, commit_every_s=60.0
-        )
+        for name, value in constants.items():
+            patch.setattr(module, name, value)
+        regenerate(scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, engine, commit_every_s=60.0)
+    return sizes
+
+
+def test_a_batching_engine_commits_whole_batches(tmp_path: Path) -> None:
+    class BatchingEngine(EchoEngine):
+        rows_at_once = 8
+
+    sizes = _commit_sizes(tmp_path, BatchingEngine, MAX_CHUNK=16)
     assert sizes == [8, 12]  # one batch, then two (the cap), of which 12 were left
 
 
 def test_a_run_commits_in_paced_chunks(tmp_path: Path) -> None:
-    from trainer.decode import regenerate as module
-
-    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(20)])
-    sizes: list[int] = []
-    real = module.regenerate_chunk
-
-    def spy(engine: object, records: list) -> list:
-        sizes.append(len(records))
-        return real(engine, records)  # type: ignore[arg-type]
-
-    import pytest as _pytest
-
-    with _pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "regenerate_chunk", spy)
-        patch.setattr(module, "FIRST_CHUNK", 2)
-        regenerate(
-            scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, EchoEngine, commit_every_s=60.0
-        )
+    sizes = _commit_sizes(tmp_path, EchoEngine, FIRST_CHUNK=2)
     assert sizes[0] == 2 and len(sizes) == 2 and sum(sizes) == 20  # a fast engine: the rest in one commit
 
 
