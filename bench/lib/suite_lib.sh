@@ -5,6 +5,7 @@
 #                                 A failing stage never stops the suite.
 # finish TAG                      prints the stage table, merges $RES/*.json into $OUT/results-TAG.json and packs
 #                                 the logs into $OUT/logs-TAG.tar.gz (few files come back from the machine).
+# print_profiles DIR [N]          each rank*.summary.json in DIR: the GPU's busy share and its top N operations.
 
 OUT=${OUT:-/tmp/dflash-suite-out}
 RES=${RES:-/tmp/dflash-suite/results}
