@@ -5,8 +5,8 @@
   source files: nothing is imported, so no module's import-time side effects run), short functions' whole
   source turned into "explain this code" requests, and the sections of `pydoc_data.topics` (the language
   reference pages `help()` shows) turned into "explain" requests. Three kinds of request per function give a
-  drafter ~3x the answers of one kind from the same material, all of them code or about code. Sorted, then shuffled with a fixed seed so
-  that any prefix (`data regenerate --limit N`) mixes both kinds.
+  drafter ~3x the answers of one kind from the same material, all of them code or about code. Sorted, then
+  shuffled with a fixed seed so that any prefix (`data regenerate --limit N`) mixes the kinds.
 - Evaluation prompts: the 164 HumanEval problems, worded exactly like the training requests.
 
 A training prompt is dropped when it could leak HumanEval into training: its function has the name of a
@@ -182,9 +182,8 @@ def _public(name: str) -> bool:
 
 def _source_of(node: ast.AST, source: str) -> str | None:
     """The function's own text (decorators left out) when its length is in SOURCE_CHARS."""
-    segment = ast.get_source_segment(
-        source, node, padded=True
-    )  # padded: a method's first line keeps its indent
+    # padded: a method's first line keeps its indent, so the whole text dedents as one
+    segment = ast.get_source_segment(source, node, padded=True)
     if segment is None:
         return None
     low, high = SOURCE_CHARS
