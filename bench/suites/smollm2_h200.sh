@@ -5,7 +5,9 @@
 #             the call before, part 2 in .carry2), converted by examples/smollm2/convert.py; the prompt sets
 #             carried in .carry2/prompts (made here by examples/smollm2/prepare.py's prompt_sets)
 #          2. `data regenerate` of the training prompts by the target itself (greedy), for at most
-#             SMOLLM2_REGEN_S seconds (300): commits follow the pace, so a stop keeps what was written
+#             SMOLLM2_REGEN_S seconds (300), SMOLLM2_REGEN_BATCH rows a batch (2048): commits follow the
+#             pace, so a stop keeps what was written; a carried .carry2/data/train.jsonl.gz (an earlier lease's
+#             lines, same settings) is resumed, not redone
 #   train  3. `train --config smollm2-135m` (the shipped recipe, --no-deep), its epochs cut so that the run
 #             takes at most SMOLLM2_STEPS steps (1,900: ~8 minutes) over the conversations regenerated
 # The run folder stays under runs/smollm2-135m for bench/suites/smollm2_eval_h200.sh (the next call); the
@@ -27,12 +29,16 @@ if [ "$PHASE" = data ]; then
     stage convert 120 bash -c 'set -e; mkdir -p "$0" /tmp/gguf
         cat /tmp/gguf/part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
         sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        rm -rf "$0/target" "$0/prompts" "$0/data" && cp -r .carry2/prompts "$0/prompts"
+        rm -rf "$0/target" "$0/prompts" "$0/data" && mkdir -p "$0/prompts"
+        for f in .carry2/prompts/*; do  # carried gzipped where the 64 MiB a call is tight
+            case "$f" in *.gz) zcat "$f" > "$0/prompts/$(basename "$f" .gz)";; *) cp "$f" "$0/prompts/";; esac
+        done
+        if [ -f .carry2/data/train.jsonl.gz ]; then mkdir -p "$0/data" && zcat .carry2/data/train.jsonl.gz > "$0/data/train.jsonl"; fi
         python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
 print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
     stage regenerate "${SMOLLM2_REGEN_S:-300}" python3 -m dflash_doctor data regenerate --config smollm2-135m \
         --engine torch --prompts "$ROOT/prompts/train.jsonl" --out "$ROOT/data/train.jsonl" \
-        --max-new-tokens "$NEW_TOKENS" --batch-size 1024 --json
+        --max-new-tokens "$NEW_TOKENS" --batch-size "${SMOLLM2_REGEN_BATCH:-2048}" --json
     wc -l "$ROOT/data/train.jsonl"
     gzip -c "$ROOT/data/train.jsonl" > "$OUT/smollm2-train.jsonl.gz" 2>/dev/null
     finish smollm2-data
