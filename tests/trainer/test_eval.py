@@ -43,6 +43,9 @@ class OracleDrafter:
         self.max_draft = block - 1
         self.sequence, self.prompt_len = continuation, prompt_len
 
+    def start(self) -> None:
+        pass
+
     def propose(self, ids: list[int], features: Tensor | None) -> list[int]:
         start = len(ids) - self.prompt_len  # the generated index the next token has
         return [self.sequence[min(start + k, len(self.sequence) - 1)] for k in range(self.max_draft)]

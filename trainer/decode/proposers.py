@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import torch
 from torch import Tensor
 
-from trainer.model.drafter import DFlashDrafter
+from trainer.model.drafter import ContextCache, DFlashDrafter
 
 
 class Proposer(Protocol):
     name: str
     max_draft: int  # the most tokens one block proposes (a block of B verifies B - 1 of them)
     needs_features: bool  # whether it reads the target's captured layers
+
+    def start(self) -> None:
+        """A new sequence begins: forget whatever the last one left (a proposer may keep state across
+        the blocks of one sequence)."""
+        ...
 
     def propose(self, ids: list[int], features: Tensor | None) -> list[int]:
         """Up to `max_draft` tokens to follow `ids` (the last one is the last accepted token)."""
@@ -24,7 +28,8 @@ class Proposer(Protocol):
 
 class DFlashProposer:
     """The exported drafter: one forward proposes slots 1..B-1 from the last accepted token (slot 0) and the
-    captured features of every position before it."""
+    captured features of every position before it. Each position's context keys and values are projected
+    once per sequence and cached (`ContextCache`), as serving engines do, not once per block."""
 
     name = "dflash"
     needs_features = True
@@ -32,17 +37,22 @@ class DFlashProposer:
     def __init__(self, drafter: DFlashDrafter) -> None:
         self.drafter = drafter
         self.max_draft = drafter.cfg.block_size - 1
+        self.cache = ContextCache()
+
+    def start(self) -> None:
+        self.cache = ContextCache()
 
     def propose(self, ids: list[int], features: Tensor | None) -> list[int]:
         assert features is not None, "the drafter reads the target's captured layers"
-        device = features.device
-        n = len(ids)  # the last token (n - 1) is the anchor; features exist for 0..n-2
-        context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
-        anchor = torch.tensor([[n - 1]], device=device)
-        one = torch.ones(1, 1, dtype=torch.bool, device=device)
-        return self.drafter.draft_tokens(torch.tensor([ids], device=device), context, anchor, one)[
-            0, 0
-        ].tolist()
+        # features: positions 0..len(ids)-2 (the last token, the anchor, has not been through the target)
+        if features.shape[1] != len(ids) - 1 or features.shape[1] < self.cache.length:
+            raise ValueError(
+                f"{features.shape[1]} captured positions for {len(ids)} tokens with {self.cache.length} "
+                "cached: call start() before each sequence"
+            )
+        if features.shape[1] > self.cache.length:
+            self.drafter.extend_context(self.cache, features[:, self.cache.length :])
+        return self.drafter.draft_after(self.cache, ids[-1]).tolist()
 
 
 class PromptLookup:
@@ -57,6 +67,9 @@ class PromptLookup:
         if not (k >= 1 and 1 <= n_min <= n_max):
             raise ValueError(f"prompt lookup needs k >= 1 and 1 <= n_min <= n_max, got {k}, {n_min}, {n_max}")
         self.max_draft, self.n_min, self.n_max = k, n_min, n_max
+
+    def start(self) -> None:
+        pass  # stateless: every proposal reads the whole context
 
     def propose(self, ids: list[int], features: Tensor | None = None) -> list[int]:
         return lookup(ids, self.max_draft, self.n_min, self.n_max)

@@ -158,6 +158,7 @@ def speculative_decode(
     device = target.device
     _sync(device)
     began = time.perf_counter()
+    proposer.start()
     step = target.forward(torch.tensor([prompt], device=device), None)
     features, cache = step.features, step.cache
     ids, top = [*prompt, int(step.greedy[-1])], step.top(slice(-1, None))

@@ -1,0 +1,85 @@
+"""Decoding's context cache: each position projected once, the drafts those of the whole-context path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.drafter_fixtures import tiny_config, tiny_drafter
+from trainer.decode.proposers import DFlashProposer
+from trainer.model.drafter import ContextCache, DFlashDrafter
+
+
+def whole_context_draft(drafter: DFlashDrafter, ids: list[int], features: torch.Tensor) -> list[int]:
+    """What decoding proposed before the cache: the whole context through `draft_tokens` at the last token
+    (the anchor), its own feature row a zero the mask never lets through."""
+    context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
+    anchor = torch.tensor([[len(ids) - 1]])
+    valid = torch.ones(1, 1, dtype=torch.bool)
+    return drafter.draft_tokens(torch.tensor([ids]), context, anchor, valid)[0, 0].tolist()
+
+
+def hidden_both_ways(
+    drafter: DFlashDrafter, ids: list[int], features: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block at the last token, its final-norm hidden states: whole context, and cached in pieces."""
+    context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
+    whole = drafter.draft_hidden(
+        torch.tensor([ids]), context, torch.tensor([[len(ids) - 1]]), torch.ones(1, 1, dtype=torch.bool)
+    )[0, 0]
+    cache = ContextCache()
+    cut = features.shape[1] // 3  # three uneven extensions, as accepted tokens arrive
+    for piece in (features[:, :cut], features[:, cut : 2 * cut + 1], features[:, 2 * cut + 1 :]):
+        drafter.extend_context(cache, piece)
+    assert cache.length == features.shape[1]
+    return whole, drafter.hidden_after(cache, ids[-1])
+
+
+@torch.no_grad()
+def test_cached_block_equals_the_whole_context_path() -> None:
+    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=2)).eval()
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 90, (19,), generator=gen).tolist()
+    features = torch.randn(
+        1, len(ids) - 1, drafter.cfg.num_context_features * drafter.cfg.hidden_size, generator=gen
+    )
+    whole, cached = hidden_both_ways(drafter, ids, features)
+    torch.testing.assert_close(cached, whole, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_proposer_drafts_what_the_whole_context_drafts_block_after_block() -> None:
+    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=2)).eval()
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 90, (30,), generator=gen).tolist()
+    features = torch.randn(
+        1, len(ids), drafter.cfg.num_context_features * drafter.cfg.hidden_size, generator=gen
+    )
+    proposer = DFlashProposer(drafter)
+    for prompt_len, ends in ((6, (6, 9, 10, 14, 22)), (4, (4, 12))):  # two sequences: start() between them
+        proposer.start()
+        for end in ends:  # the sequence so far is ids[:end]; features exist for all but its last token
+            assert proposer.propose(ids[:end], features[:, : end - 1]) == whole_context_draft(
+                drafter, ids[:end], features[:, : end - 1]
+            )
+        assert proposer.cache.length == ends[-1] - 1  # each position projected once
+        assert prompt_len <= ends[0]
+
+
+def test_an_empty_cache_is_refused() -> None:
+    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=1)).eval()
+    with pytest.raises(ValueError, match="empty"):
+        drafter.hidden_after(ContextCache(), 3)
+
+
+def test_proposer_refuses_features_that_do_not_follow_its_cache() -> None:
+    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=1)).eval()
+    features = torch.randn(1, 12, drafter.cfg.num_context_features * drafter.cfg.hidden_size)
+    proposer = DFlashProposer(drafter)
+    proposer.propose(list(range(11)), features[:, :10])
+    with pytest.raises(ValueError, match="call start"):  # a new, shorter sequence without start()
+        proposer.propose(list(range(5)), features[:, :4])
+    with pytest.raises(ValueError, match="captured positions"):  # features not ending before the anchor
+        proposer.propose(list(range(12)), features[:, :12])
+    proposer.start()
+    assert len(proposer.propose(list(range(5)), features[:, :4])) == 3
