@@ -4,7 +4,7 @@ Before the cache, every block re-ran `fc`, `hidden_norm` and each layer's contex
 whole context (O(context) work per block, the same result each time); now each position is projected once
 per sequence (`trainer.model.drafter.ContextCache`). Both proposers go through `eval`'s own loop
 (`trainer.decode.eval.evaluate`, one target-only greedy decode per prompt as the baseline); the whole-context
-proposer here is the code `DFlashProposer` ran before. Printed: tau (equal up to rounding: the drafts are the
+proposer (`WholeContextProposer`) is the code `DFlashProposer` ran before. Printed: tau (equal up to rounding: the drafts are the
 same computation), target forwards, time spent proposing per block, and the wall-clock speed-up over greedy.
 
     .venv/bin/python bench/decode/context_cache.py --config smollm2-135m --export runs/smollm2-135m/run/export \
@@ -28,32 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.lib.roles import RESULTS, print_rows, write_result
 from trainer.decode.eval import EvalReport, EvalSetup, evaluate, load_pieces, prompts_from_file
 from trainer.decode.generation import stop_token_ids
-from trainer.decode.proposers import DFlashProposer
+from trainer.decode.proposers import DFlashProposer, WholeContextProposer
 from trainer.decode.speculative import SpecTarget
 from trainer.model.drafter import DFlashDrafter
-
-
-class WholeContextProposer:
-    """The drafter as decoding ran it before the cache: the whole context through `draft_tokens` per block."""
-
-    name = "dflash, whole context"
-    needs_features = True
-
-    def __init__(self, drafter: DFlashDrafter) -> None:
-        self.drafter, self.max_draft = drafter, drafter.cfg.block_size - 1
-
-    def start(self) -> None:
-        pass
-
-    def propose(self, ids: list[int], features: Tensor | None) -> list[int]:
-        assert features is not None
-        device = features.device
-        context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
-        anchor = torch.tensor([[len(ids) - 1]], device=device)
-        one = torch.ones(1, 1, dtype=torch.bool, device=device)
-        return self.drafter.draft_tokens(torch.tensor([ids], device=device), context, anchor, one)[
-            0, 0
-        ].tolist()
 
 
 class Timed:

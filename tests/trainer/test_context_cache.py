@@ -6,17 +6,8 @@ import pytest
 import torch
 
 from tests.trainer.drafter_fixtures import tiny_config, tiny_drafter
-from trainer.decode.proposers import DFlashProposer
+from trainer.decode.proposers import DFlashProposer, WholeContextProposer
 from trainer.model.drafter import ContextCache, DFlashDrafter
-
-
-def whole_context_draft(drafter: DFlashDrafter, ids: list[int], features: torch.Tensor) -> list[int]:
-    """What decoding proposed before the cache: the whole context through `draft_tokens` at the last token
-    (the anchor), its own feature row a zero the mask never lets through."""
-    context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
-    anchor = torch.tensor([[len(ids) - 1]])
-    valid = torch.ones(1, 1, dtype=torch.bool)
-    return drafter.draft_tokens(torch.tensor([ids]), context, anchor, valid)[0, 0].tolist()
 
 
 def hidden_both_ways(
@@ -55,14 +46,13 @@ def test_proposer_drafts_what_the_whole_context_drafts_block_after_block() -> No
     features = torch.randn(
         1, len(ids), drafter.cfg.num_context_features * drafter.cfg.hidden_size, generator=gen
     )
-    proposer = DFlashProposer(drafter)
+    proposer, reference = DFlashProposer(drafter), WholeContextProposer(drafter)
     # two sequences, start() between them; each one's first end is its prompt
     for ends in ((6, 9, 10, 14, 22), (4, 12)):
         proposer.start()
         for end in ends:  # the sequence so far is ids[:end]; features exist for all but its last token
-            assert proposer.propose(ids[:end], features[:, : end - 1]) == whole_context_draft(
-                drafter, ids[:end], features[:, : end - 1]
-            )
+            seen = features[:, : end - 1]
+            assert proposer.propose(ids[:end], seen) == reference.propose(ids[:end], seen)
         assert proposer.cache.length == ends[-1] - 1  # each position projected once
 
 

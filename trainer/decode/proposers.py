@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from trainer.model.drafter import ContextCache, DFlashDrafter
@@ -53,6 +54,30 @@ class DFlashProposer:
         if features.shape[1] > self.cache.length:
             self.drafter.extend_context(self.cache, features[:, self.cache.length :])
         return self.drafter.draft_after(self.cache, ids[-1]).tolist()
+
+
+class WholeContextProposer:
+    """The reference for `DFlashProposer`: `draft_tokens` over the whole context at every block (the context
+    re-projected each time), the batched path the held-out walk scores with. Same drafts; kept for the
+    equivalence tests and `bench/decode/context_cache.py`, not for decoding."""
+
+    name = "dflash, whole context"
+    needs_features = True
+
+    def __init__(self, drafter: DFlashDrafter) -> None:
+        self.drafter, self.max_draft = drafter, drafter.cfg.block_size - 1
+
+    def start(self) -> None:
+        pass
+
+    def propose(self, ids: list[int], features: Tensor | None) -> list[int]:
+        assert features is not None, "the drafter reads the target's captured layers"
+        device = features.device  # the anchor's own feature row: a zero the mask never lets through
+        context = torch.cat([features, features.new_zeros(1, 1, features.shape[-1])], dim=1)
+        anchor = torch.tensor([[len(ids) - 1]], device=device)
+        one = torch.ones(1, 1, dtype=torch.bool, device=device)
+        drafted = self.drafter.draft_tokens(torch.tensor([ids], device=device), context, anchor, one)
+        return drafted[0, 0].tolist()
 
 
 class PromptLookup:

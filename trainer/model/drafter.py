@@ -470,7 +470,7 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def hidden_after(self, cache: ContextCache, anchor_token: int) -> Tensor:
-        """The final-norm hidden states (B, H) of the block anchored at position `cache.length` (slot 0:
+        """The final-norm hidden states (block, H) of the block anchored at position `cache.length` (slot 0:
         `anchor_token`), seeing every cached position: `draft_hidden` for that one anchor and the whole
         context, without projecting the context again."""
         if not cache.length:
@@ -487,7 +487,7 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def draft_after(self, cache: ContextCache, anchor_token: int) -> Tensor:
-        """Greedy tokens (B-1,) for slots 1..B-1 of the block anchored at position `cache.length`."""
+        """Greedy tokens (block - 1,) for slots 1.. of the block anchored at position `cache.length`."""
         out = self.hidden_after(cache, anchor_token)[1:]
         return F.linear(out, self.lm_head_weight.to(out.dtype)).argmax(-1)
 
