@@ -3,9 +3,10 @@
 Before the cache, every block re-ran `fc`, `hidden_norm` and each layer's context keys and values over the
 whole context (O(context) work per block, the same result each time); now each position is projected once
 per sequence (`trainer.model.drafter.ContextCache`). Both proposers go through `eval`'s own loop
-(`trainer.decode.eval.evaluate`, one target-only greedy decode per prompt as the baseline); the whole-context
-proposer (`WholeContextProposer`) is the code `DFlashProposer` ran before. Printed: tau (equal up to rounding: the drafts are the
-same computation), target forwards, time spent proposing per block, and the wall-clock speed-up over greedy.
+(`trainer.decode.eval.evaluate`, one target-only greedy decode per prompt as the baseline);
+`WholeContextProposer` is the code `DFlashProposer` ran before. Printed: tau (equal up to rounding: the drafts
+are the same computation), target forwards, time spent proposing per block, and the wall-clock speed-up over
+greedy.
 
     .venv/bin/python bench/decode/context_cache.py --config smollm2-135m --export runs/smollm2-135m/run/export \
         --prompts heldout.jsonl --num-prompts 12 --max-new-tokens 384 --dtype fp32 --device cpu
