@@ -26,26 +26,25 @@ def hidden_both_ways(
     return whole, drafter.hidden_after(cache, ids[-1])
 
 
+def drafter_and_sequence(length: int, seed: int) -> tuple[DFlashDrafter, list[int], torch.Tensor]:
+    """A 2-layer tiny drafter, `length` random tokens and a captured feature row for each."""
+    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=2)).eval()
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 90, (length,), generator=gen).tolist()
+    width = drafter.cfg.num_context_features * drafter.cfg.hidden_size
+    return drafter, ids, torch.randn(1, length, width, generator=gen)
+
+
 @torch.no_grad()
 def test_cached_block_equals_the_whole_context_path() -> None:
-    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=2)).eval()
-    gen = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 90, (19,), generator=gen).tolist()
-    features = torch.randn(
-        1, len(ids) - 1, drafter.cfg.num_context_features * drafter.cfg.hidden_size, generator=gen
-    )
-    whole, cached = hidden_both_ways(drafter, ids, features)
+    drafter, ids, features = drafter_and_sequence(19, seed=3)
+    whole, cached = hidden_both_ways(drafter, ids, features[:, :-1])  # no feature for the anchor yet
     torch.testing.assert_close(cached, whole, rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
 def test_proposer_drafts_what_the_whole_context_drafts_block_after_block() -> None:
-    drafter = tiny_drafter(tiny_config(block_size=4, num_layers=2)).eval()
-    gen = torch.Generator().manual_seed(5)
-    ids = torch.randint(0, 90, (30,), generator=gen).tolist()
-    features = torch.randn(
-        1, len(ids), drafter.cfg.num_context_features * drafter.cfg.hidden_size, generator=gen
-    )
+    drafter, ids, features = drafter_and_sequence(30, seed=5)
     proposer, reference = DFlashProposer(drafter), WholeContextProposer(drafter)
     # two sequences, start() between them; each one's first end is its prompt
     for ends in ((6, 9, 10, 14, 22), (4, 12)):
