@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-if TYPE_CHECKING:  # a type only: the core imports nothing above it
+if TYPE_CHECKING:  # types only: the core imports nothing above it
     from dflash_doctor.env.environment import Environment
+    from trainer.spec.config import TrainConfig
 
 T = TypeVar("T")
 
@@ -24,7 +25,7 @@ class CheckOptions:
     deep: bool = False
     lock_path: Path | None = None
     config_path: Path | None = None
-    config: Any = None  # a validated trainer config, when checks run for a launch
+    config: TrainConfig | None = None  # a validated trainer config, when checks run for a launch
     strict: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

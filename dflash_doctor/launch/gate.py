@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.locations import managed_inductor_dir, snapshots_dir
@@ -22,11 +22,15 @@ from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.disk_plan import disk_facts
-from dflash_doctor.launch.plan import LaunchPlan, TorchrunOptions, build_launch_plan
+from dflash_doctor.launch.plan import LaunchPlan, NodeFacts, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.registry import CheckRun, run_checks
 from dflash_doctor.report import flatten
+
+if TYPE_CHECKING:  # types only: load_training_config imports the trainer's config code lazily, saying why
+    from trainer.spec.config import TrainConfig
+    from trainer.spec.target_shapes import TargetShapes
 
 
 @dataclass
@@ -34,8 +38,10 @@ class TrainingConfig:
     """A validated, target-completed trainer config and where it came from."""
 
     path: Path
-    config: Any  # trainer.spec.config.TrainConfig
-    target_config: Any  # the target's shapes (trainer.spec.target_shapes.TargetShapes)
+    config: TrainConfig
+    target_config: (
+        TargetShapes  # the target's shapes, read without transformers where config.json says enough
+    )
     text: str
     overrides: list[str] = field(default_factory=list)  # `--set section.key=value`, passed to the workers
 
@@ -102,6 +108,18 @@ def probe_inductor_cache() -> str:
     return os.environ.get(CACHE_ENV) or str(snapshots_dir().parent / "probe-inductor")
 
 
+def node_facts(ctx: CheckContext, output_dir: Path) -> NodeFacts:
+    """What the plan reads of this node, read in one place: the GPUs the launch sees and the least free
+    memory among them, the run's checkpoints already in `output_dir`, the managed compile cache's size."""
+    gpus = gpu_inventory(ctx)
+    devices = gpus.devices if isinstance(gpus, GpuInventory) else []
+    return NodeFacts(
+        gpu_count=len(devices),
+        gpu_free_bytes=min((d.free_bytes for d in devices), default=None),
+        disk=disk_facts(Path(output_dir).resolve(), managed_inductor_dir()),
+    )
+
+
 def run_gate(
     training: TrainingConfig,
     python: str | None,
@@ -117,21 +135,16 @@ def run_gate(
         deep=deep is not False, lock_path=lock_path, config_path=training.path, config=training.config
     )
     ctx = CheckContext(env, options)
-    gpus = gpu_inventory(ctx)
-    devices = gpus.devices if isinstance(gpus, GpuInventory) else []
-    gpu_count = len(devices)
-    least_free = min((d.free_bytes for d in devices), default=None)
+    node = node_facts(ctx, training.config.output_dir)
     plan = build_launch_plan(
         training.config,
         training.path,
         training.target_config,
         env.interpreter.executable,
-        gpu_count,
+        node,  # topology.mode = "auto" keeps only what fits the least free GPU memory
         torchrun,
         environ={k: environ[k] for k in ("TORCHINDUCTOR_CACHE_DIR",)},
         overrides=training.overrides,
-        gpu_free_bytes=least_free,  # topology.mode = "auto" keeps only what fits
-        disk_facts=disk_facts(Path(training.config.output_dir).resolve(), managed_inductor_dir()),
     )
     options.extra["launch_plan"] = plan
     if plan.device_type == "cuda":
@@ -139,7 +152,7 @@ def run_gate(
 
         # From the per-role rates measured on an H200 (dflash_doctor/data/role_rates.json).
         sync = plan.choice.sync if plan.choice is not None else None
-        recommendation = recommendation_for_config(training.config, gpu_count * plan.nnodes, sync=sync)
+        recommendation = recommendation_for_config(training.config, node.gpu_count * plan.nnodes, sync=sync)
         if recommendation is not None:
             options.extra["split_recommendation"] = recommendation
     # The compile-cache checks judge the folder the workers will use, not this shell's default.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_doctor.cache.locations import snapshots_dir
 from dflash_doctor.launch.disk_plan import DiskFacts, DiskWrite, estimate_disk
@@ -23,6 +23,12 @@ from dflash_doctor.launch.memory_plan import (
 from dflash_doctor.launch.split import RoleRates
 from dflash_doctor.launch.topology import TopologyChoice, choose_topology
 from trainer.spec.topology import overlap_mode
+
+if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
+    from transformers import PretrainedConfig
+
+    from trainer.spec.config import TrainConfig
+    from trainer.spec.target_shapes import TargetShapes
 
 # What importing torch + transformers costs a CPU process (RSS, measured here: ~330 MiB), rounded up.
 CPU_PROCESS_OVERHEAD_BYTES = 512 * 1024**2
@@ -57,6 +63,17 @@ class TorchrunOptions:
             if value is not None and not self.standalone:
                 args.append(f"{flag}={value}")
         return [*args, f"--nproc-per-node={nproc_per_node}", "--max-restarts=0"]
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the launcher found on this node, all a plan reads of the machine: read once by the gate
+    (`gate.node_facts`), so a test can plan for any node by building one."""
+
+    gpu_count: int  # GPUs on this node, as CUDA_VISIBLE_DEVICES leaves them (0: none, or none seen)
+    gpu_free_bytes: int | None = None  # the least free memory among them (None: unknown, everything fits)
+    cuda_context_bytes: int | None = None  # one process's CUDA context (None: DEFAULT_CUDA_CONTEXT_BYTES)
+    disk: DiskFacts = field(default_factory=DiskFacts)  # checkpoints already there, the compile cache's size
 
 
 @dataclass(frozen=True)
@@ -119,7 +136,7 @@ class LaunchPlan:
         }
 
 
-def model_shape(target_config: Any) -> ModelShape:
+def model_shape(target_config: TargetShapes | PretrainedConfig) -> ModelShape:
     """From the target's shapes (TargetShapes), or a transformers config read into them."""
     from trainer.spec.target_shapes import TargetShapes  # light: no torch, no transformers
 
@@ -137,15 +154,20 @@ def model_shape(target_config: Any) -> ModelShape:
 
 
 def plan_inputs(
-    cfg: Any, target_config: Any, device_type: str, cuda_context_bytes: int | None = None
+    cfg: TrainConfig,
+    target_config: TargetShapes | PretrainedConfig,
+    device_type: str,
+    cuda_context_bytes: int | None = None,
 ) -> PlanInputs:
     """The shapes the memory plan needs, from a completed trainer config and its target's config."""
     shape = model_shape(target_config)
     on_gpu = device_type == "cuda"
     overhead = (cuda_context_bytes or DEFAULT_CUDA_CONTEXT_BYTES) if on_gpu else CPU_PROCESS_OVERHEAD_BYTES
+    captured = cfg.drafter.target_layer_ids
+    assert captured is not None, "load_config fills drafter.target_layer_ids (a completed config)"
     return PlanInputs(
         target=shape,
-        captured_layers=list(cfg.drafter.target_layer_ids),
+        captured_layers=list(captured),
         drafter_layers=cfg.drafter.layers,
         drafter_intermediate=cfg.drafter.intermediate_size or shape.intermediate,
         block_size=cfg.drafter.block_size,
@@ -213,28 +235,26 @@ def torchrun_command(
 
 
 def build_launch_plan(
-    cfg: Any,
+    cfg: TrainConfig,
     config_path: Path,
-    target_config: Any,
+    target_config: TargetShapes | PretrainedConfig,
     python: str,
-    gpu_count: int,
+    node: NodeFacts,
     options: TorchrunOptions | None = None,
     environ: dict[str, str] | None = None,
-    cuda_context_bytes: int | None = None,
     overrides: list[str] | None = None,
-    gpu_free_bytes: int | None = None,
     rates: dict[str, RoleRates] | None = None,
-    disk_facts: DiskFacts | None = None,
     store_dir: Path | None = None,
 ) -> LaunchPlan:
-    """`gpu_count`: GPUs on this node; `gpu_free_bytes`: the least free memory among them (None: unknown);
-    `rates`: the per-role rates table (default: the shipped one); `disk_facts`: checkpoints already in the
-    output folder and the compile cache's size (default: none, an empty cache); `store_dir`: where the
-    snapshot after a success goes (default: the store under DFLASH_DOCTOR_HOME)."""
+    """`node`: this node's GPUs, their least free memory, the CUDA context's size and what is on disk
+    (`auto` keeps only what fits); `rates`: the per-role rates table (default: the shipped one); `store_dir`:
+    where the snapshot after a success goes (default: the store under DFLASH_DOCTOR_HOME)."""
     options = options or TorchrunOptions()
-    device_type = choose_device_type(cfg.run.device, gpu_count)
-    inputs = plan_inputs(cfg, target_config, device_type, cuda_context_bytes)
-    choice = choose_topology(cfg, inputs, device_type, gpu_count, options.nnodes, gpu_free_bytes, rates)
+    device_type = choose_device_type(cfg.run.device, node.gpu_count)
+    inputs = plan_inputs(cfg, target_config, device_type, node.cuda_context_bytes)
+    choice = choose_topology(
+        cfg, inputs, device_type, node.gpu_count, options.nnodes, node.gpu_free_bytes, rates
+    )
     topology = choice.topology
     world = topology.world_size
     nproc = world // options.nnodes if world % options.nnodes == 0 else world
@@ -264,7 +284,7 @@ def build_launch_plan(
             inputs,
             topology.drafters,
             device_type,
-            disk_facts or DiskFacts(),
+            node.disk,
             Path(cfg.output_dir).resolve(),
             store_dir or snapshots_dir(),
             cfg.optim.steps,

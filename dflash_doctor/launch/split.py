@@ -28,10 +28,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_base.errors import DoctorError
 from trainer.spec.topology import forces_split, split_of
+
+if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
+    from trainer.spec.config import TrainConfig
 
 # Shipped with the package, in dflash_doctor/data/.
 DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"
@@ -268,7 +271,7 @@ def load_role_rates(path: Path | None = None) -> dict[str, RoleRates]:
     return {name: RoleRates.from_json(name, entry) for name, entry in recipes.items()}
 
 
-def rates_for_config(cfg: Any, table: dict[str, RoleRates]) -> RoleRates | None:
+def rates_for_config(cfg: TrainConfig, table: dict[str, RoleRates]) -> RoleRates | None:
     """The entry measured at this config's shapes (sequence length, anchors, block size), if any."""
     shape = (int(cfg.data.seq_len), int(cfg.optim.anchors), int(cfg.drafter.block_size))
     for rates in table.values():
@@ -278,7 +281,7 @@ def rates_for_config(cfg: Any, table: dict[str, RoleRates]) -> RoleRates | None:
 
 
 def recommendation_for_config(
-    cfg: Any, gpus: int, table: dict[str, RoleRates] | None = None, sync: GradientSync | None = None
+    cfg: TrainConfig, gpus: int, table: dict[str, RoleRates] | None = None, sync: GradientSync | None = None
 ) -> SplitRecommendation | None:
     """The best split of `gpus` for a trainer config (TrainConfig), or None when no rates were measured
     at its shapes or there are fewer than 2 GPUs. Per-sample rates: batch size does not change them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_doctor.launch.memory_plan import (
     GIB,
@@ -32,6 +32,9 @@ from dflash_doctor.launch.split import (
     recommend_split,
 )
 from trainer.spec.topology import AUTO, COLOCATED, SPLIT, Topology, configured_topology
+
+if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
+    from trainer.spec.config import TopologySection, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ class TopologyChoice:
 
 
 def choose_topology(
-    cfg: Any,
+    cfg: TrainConfig,
     inputs: PlanInputs,
     device_type: str,
     gpus_per_node: int,
@@ -236,13 +239,13 @@ def choose_topology(
     )
 
 
-def gradient_sync(cfg: Any, inputs: PlanInputs, nodes: int = 1) -> GradientSync:
+def gradient_sync(cfg: TrainConfig, inputs: PlanInputs, nodes: int = 1) -> GradientSync:
     """The all-reduce each drafter step waits for at this config's shapes (fp32 gradients of the drafter)."""
     return GradientSync.over(4 * drafter_params(inputs), cfg.optim.batch_size * cfg.optim.grad_accum, nodes)
 
 
 def decide(
-    section: Any,
+    section: TopologySection,
     device_type: str,
     gpus: int,
     fit: MemoryFit,

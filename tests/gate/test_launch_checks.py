@@ -10,7 +10,7 @@ from checks import launch as launch_checks
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env.gpus import GpuDevice, GpuInventory, GpuUnavailable, launch_view
 from dflash_doctor.findings import Severity
-from dflash_doctor.launch.plan import TorchrunOptions, build_launch_plan
+from dflash_doctor.launch.plan import NodeFacts, TorchrunOptions, build_launch_plan
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
@@ -43,9 +43,8 @@ def findings(
         cfg_path := __file__,
         target,
         "/fake/python",
-        count,
+        NodeFacts(count, gpu_free_bytes=free_bytes),
         TorchrunOptions(nnodes=nnodes),
-        gpu_free_bytes=free_bytes,
     )
     assert cfg_path
     ctx = CheckContext(env_for(site), CheckOptions(config=cfg))
@@ -156,7 +155,7 @@ def test_memory_over_budget_on_cpu_host(site: FakeSite, monkeypatch: pytest.Monk
 
 def test_plan_roles_and_command(site: FakeSite) -> None:
     cfg = load_config("tiny-cpu", ["topology.targets=2"])
-    plan = build_launch_plan(cfg, __file__, target_hf_config("tiny"), "/py", 0)
+    plan = build_launch_plan(cfg, __file__, target_hf_config("tiny"), "/py", NodeFacts(0))
     assert [(r.rank, r.role) for r in plan.roles] == [(0, "target"), (1, "target"), (2, "drafter")]
     assert plan.command[:3] == ["/py", "-m", "torch.distributed.run"]
     assert "--nproc-per-node=3" in plan.command and "--standalone" in plan.command
@@ -165,7 +164,7 @@ def test_plan_roles_and_command(site: FakeSite) -> None:
         __file__,
         target_hf_config("tiny"),
         "/py",
-        0,
+        NodeFacts(0),
         replace(TorchrunOptions(), nnodes=3, rdzv_endpoint="h:29400", rdzv_id="j"),
     )
     assert "--nnodes=3" in multi.command and "--rdzv-endpoint=h:29400" in multi.command

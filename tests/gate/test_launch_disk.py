@@ -15,15 +15,16 @@ from checks import launch as launch_checks
 from dflash_doctor.cli import run
 from dflash_doctor.context import CheckContext, CheckOptions
 from dflash_doctor.env import gpus as gpus_module
-from dflash_doctor.env.gpus import GpuInventory
+from dflash_doctor.env.gpus import GpuInventory, GpuUnavailable
 from dflash_doctor.findings import Severity
+from dflash_doctor.launch import gate
 from dflash_doctor.launch.disk_plan import (
     DiskFacts,
     checkpoint_bytes,
     checkpoint_saves,
     new_checkpoints_at_peak,
 )
-from dflash_doctor.launch.plan import build_launch_plan
+from dflash_doctor.launch.plan import NodeFacts, build_launch_plan
 from dflash_doctor.registry import run_checks
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
@@ -56,8 +57,7 @@ def disk_findings(site: FakeSite, tmp_path: Path, free: dict[str, int], facts: D
         Path(__file__),
         target_hf_config(cfg.target.path),
         "/fake/python",
-        2,
-        disk_facts=facts,
+        NodeFacts(2, disk=facts or DiskFacts()),
         store_dir=tmp_path / "home" / "snapshots",
     )
     ctx = CheckContext(env_for(site), CheckOptions(config=cfg))
@@ -129,6 +129,32 @@ def test_checkpoints_already_there_count_towards_the_kept_ones() -> None:
     assert new_checkpoints_at_peak(keep=3, saves=2, existing=0) == 2  # the run saves only 2
     assert new_checkpoints_at_peak(keep=3, saves=None, existing=0) == 4  # epochs: the most it can be
     assert checkpoint_saves(300, 100) == 3 and checkpoint_saves(250, 100) == 3 and checkpoint_saves(7, 0) == 1
+
+
+def test_the_gate_reads_the_node_facts_in_one_place(
+    site: FakeSite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gate.node_facts: the GPUs the launch sees and the least free among them, the complete checkpoints
+    already in the output folder (not a torn or temp one), the managed compile cache's bytes."""
+    out, cache = tmp_path / "out", tmp_path / "inductor"
+    for name, complete in (
+        ("step_00000010", 1),
+        ("step_00000020", 1),
+        ("step_00000030", 0),
+        (".tmp-step_40", 1),
+    ):
+        (out / "checkpoints" / name).mkdir(parents=True)
+        if complete:
+            (out / "checkpoints" / name / "state.pt").write_bytes(b"x")
+    (cache / "triton").mkdir(parents=True)
+    (cache / "triton" / "kernel.bin").write_bytes(b"k" * 1000)
+    monkeypatch.setattr(gate, "managed_inductor_dir", lambda: cache)
+    ctx = CheckContext(env_for(site))
+    ctx._shared["gpus"] = GpuInventory("580", 13000, [h200(0, 100.0), h200(1, 60.0)])
+    assert gate.node_facts(ctx, out) == NodeFacts(2, 60 * 1024**3, None, DiskFacts(2, 1000))
+    ctx = CheckContext(env_for(site))
+    ctx._shared["gpus"] = GpuUnavailable("no driver")
+    assert gate.node_facts(ctx, tmp_path / "none") == NodeFacts(0, None, None, DiskFacts(0, 1000))
 
 
 def test_the_dry_run_shows_the_sizes_and_refuses(

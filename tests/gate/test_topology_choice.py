@@ -11,7 +11,7 @@ from dflash_doctor.cli import run
 from dflash_doctor.env import gpus as gpus_module
 from dflash_doctor.env.gpus import GpuInventory
 from dflash_doctor.findings import Severity
-from dflash_doctor.launch.plan import TorchrunOptions, build_launch_plan
+from dflash_doctor.launch.plan import NodeFacts, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.split import RoleRates
 from tests.fakeenv import FakeSite
 from tests.fakenvml import FakeNvml, h200s
@@ -31,7 +31,7 @@ def plan_for(config: str, gpus: int, overrides: list[str] | None = None, free_gi
     cfg = load_config(config, overrides or [])
     free = int(free_gib * GIB) if free_gib is not None else None
     return build_launch_plan(
-        cfg, __file__, target_hf_config(cfg.target.path), "/py", gpus, gpu_free_bytes=free, **kw
+        cfg, __file__, target_hf_config(cfg.target.path), "/py", NodeFacts(gpus, gpu_free_bytes=free), **kw
     )
 
 

@@ -62,7 +62,7 @@ def test_the_disk_plan_covers_what_the_run_wrote_and_not_much_more() -> None:
     """launch.disk's estimates against this real run's files: each checkpoint and the export fit their
     estimate, with no more than the fixed allowance for records to spare."""
     from dflash_doctor.launch.disk_plan import CHECKPOINT_OVERHEAD_BYTES, EXPORT_OVERHEAD_BYTES, DiskFacts
-    from dflash_doctor.launch.plan import build_launch_plan
+    from dflash_doctor.launch.plan import NodeFacts, build_launch_plan
     from tests.trainer.trainer_runs import SHORT
     from trainer.spec.config import load_config
     from trainer.spec.target_shapes import target_hf_config
@@ -70,7 +70,9 @@ def test_the_disk_plan_covers_what_the_run_wrote_and_not_much_more() -> None:
     run = reference_run()
     assert run.returncode == 0, run.stderr[-3000:]
     cfg = load_config("tiny-cpu", [f"{k}={v}" for k, v in SHORT.items()])
-    plan = build_launch_plan(cfg, REPO, target_hf_config("tiny"), sys.executable, 0, disk_facts=DiskFacts())
+    plan = build_launch_plan(
+        cfg, REPO, target_hf_config("tiny"), sys.executable, NodeFacts(0, disk=DiskFacts())
+    )
     writes = {w.what: w for w in plan.disk}
     for folder in (run.out_dir / "checkpoints").iterdir():
         real = sum(f.stat().st_size for f in folder.iterdir())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from trainer.model.drafter import DFlashDrafter
 from trainer.spec.data_files import jsonl_records
 from trainer.spec.eval_request import EvalRequest, check_eval_prompts
 from trainer.spec.export_files import check_export_fits
+
+if TYPE_CHECKING:
+    from trainer.spec.config import TrainConfig
 
 
 @dataclass
@@ -174,7 +177,7 @@ class EvalSetup:
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
 
 
-def load_eval_target(setup: EvalSetup) -> Any:
+def load_eval_target(setup: EvalSetup) -> Any:  # a Hugging Face causal LM
     """The full target (causal LM with its head) on the eval's device and dtype."""
     from trainer.model.device import resolve_device, target_dtype
     from trainer.target.load import load_target_model
@@ -234,7 +237,7 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
     return out
 
 
-def heldout_prompts(cfg: Any, prompt_len: int, count: int, tokenizer: Any = None) -> list[list[int]]:
+def heldout_prompts(cfg: TrainConfig, prompt_len: int, count: int, tokenizer: Any = None) -> list[list[int]]:
     """Prompts from the run's first `count` held-out sequences (never trained on). Chat data: each held-out
     conversation up to its last answer, rendered with the generation prompt, the context the target wrote that
     answer in; other data: the first `prompt_len` tokens of each sequence."""
@@ -248,6 +251,7 @@ def heldout_prompts(cfg: Any, prompt_len: int, count: int, tokenizer: Any = None
         (cfg.data.eval_path, "data.eval_path") if cfg.data.eval_path else (cfg.data.path, "data.path")
     )
     if cfg.data.kind == "chat":
+        assert path is not None, "load_config requires data.path for chat data"
         return chat_prompts(
             Path(path), field_name, split.eval_ids[:count], tokenizer, cfg.data.chat_template_kwargs
         )

@@ -20,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_base.errors import ConfigError
+
+if TYPE_CHECKING:  # config.py imports this module: the types only
+    from trainer.spec.config import TopologySection, TrainConfig
 
 SPLIT = "split"
 COLOCATED = "colocated"
@@ -104,12 +107,12 @@ class Topology:
         return {"mode": self.mode, "targets": self.targets, "drafters": self.drafters}
 
 
-def forces_split(section: Any) -> bool:
+def forces_split(section: TopologySection) -> bool:
     """`topology.targets` or `topology.drafters` set: the config asks for that split, whatever the mode."""
     return section.targets is not None or section.drafters is not None
 
 
-def split_of(section: Any) -> Topology:
+def split_of(section: TopologySection) -> Topology:
     """The config's split; an unset side is one rank."""
     return Topology(section.targets or 1, section.drafters or 1)
 
@@ -123,7 +126,7 @@ PIN_ON_EVERY_NODE = (
 )
 
 
-def configured_topology(section: Any, ranks: int) -> tuple[Topology, str] | None:
+def configured_topology(section: TopologySection, ranks: int) -> tuple[Topology, str] | None:
     """The topology `[topology]` names on `ranks` devices, and why; None when it leaves the choice open
     (`auto` without targets/drafters). The one place that reads the mode: the trainer's `resolve_topology`
     and the launcher's `decide` both start here, so they cannot disagree on what a config asks for."""
@@ -136,7 +139,7 @@ def configured_topology(section: Any, ranks: int) -> tuple[Topology, str] | None
     return None
 
 
-def resolve_topology(section: Any, world_size: int | None = None, nodes: int = 1) -> Topology:
+def resolve_topology(section: TopologySection, world_size: int | None = None, nodes: int = 1) -> Topology:
     """The topology a trainer process runs, from `[topology]` and (under torchrun) the process count.
 
     `world_size` None: not started yet (`python -m trainer` decides how many processes to start).
@@ -187,7 +190,7 @@ GRAPH_FIELDS = (
 )
 
 
-def graph_config_hash(cfg: Any) -> int:
+def graph_config_hash(cfg: TrainConfig) -> int:
     """A 63-bit hash of `cfg`'s GRAPH_FIELDS (fits a signed int64 tensor element)."""
     values = {}
     for name in GRAPH_FIELDS:
@@ -214,7 +217,7 @@ class RunDigest:
     WIDTH = 7  # len(to_row())
 
     @classmethod
-    def of(cls, cfg: Any, topology: Topology, node: int, rank: int) -> RunDigest:
+    def of(cls, cfg: TrainConfig, topology: Topology, node: int, rank: int) -> RunDigest:
         return cls(
             node,
             rank,
