@@ -49,6 +49,45 @@ def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
     assert torch.equal(ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path)[1])["w"], torch.zeros(1))
 
 
+def test_the_checkpointer_needs_only_its_section_and_the_values_it_uses(tmp_path: Path) -> None:
+    """Built from `[checkpoint]`, the output folder, optim.grad_accum and the config record (no TrainConfig):
+    due every `every` steps and after the last; saves there, keeps `keep`; restores the weights."""
+    import torch.distributed as dist
+
+    from trainer.spec.config import CheckpointSection
+    from trainer.spec.topology import Topology
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        state = ckpt.TrainState(model, optimizer, scheduler, torch.Generator().manual_seed(0))
+        checkpointer = ckpt.Checkpointer(
+            CheckpointSection(every=2, keep=1),
+            tmp_path / "out",
+            grad_accum=3,
+            config={"run": {"seed": 7}},
+            topology=Topology(1, 1),
+            group=dist.group.WORLD,
+            index=0,
+            total_steps=5,
+        )
+        assert [s for s in range(1, 6) if checkpointer.due(s)] == [2, 4, 5]
+        saved_weight = model.weight.detach().clone()
+        checkpointer.save(state, 2)
+        checkpointer.save(state, 4)
+        assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "out")] == [4]  # keep = 1
+        saved = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path / "out")[1])
+        assert saved["config"] == {"run": {"seed": 7}} and saved["next_batch"] == 4 * 3 * 1
+        with torch.no_grad():
+            model.weight.zero_()
+        checkpointer.restore(state, 4, torch.device("cpu"))
+        assert torch.equal(model.weight, saved_weight)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_warmup_then_cosine_to_the_floor() -> None:
     total = 100
     factors = [lr_factor(s, total, warmup_ratio=0.1, min_lr_ratio=0.2) for s in range(total)]

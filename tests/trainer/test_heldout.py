@@ -7,9 +7,9 @@ import torch
 
 from dflash_base.errors import ConfigError
 from trainer.data.sources import split_data
-from trainer.run.heldout import acceptance_hits, decoding_walk, every_anchor, leading_run
+from trainer.run.heldout import HeldoutEvaluator, acceptance_hits, decoding_walk, every_anchor, leading_run
 from trainer.run.schedule import RunPlan, evaluates_after, target_work
-from trainer.spec.config import parse_config
+from trainer.spec.config import EvalSection, PrecisionSection, parse_config
 from trainer.target.capture import CaptureTarget
 from trainer.target.tiny import build_embedded_target
 
@@ -48,6 +48,27 @@ def test_eval_keys_are_checked() -> None:
 def test_evaluation_steps() -> None:
     assert [s for s in range(1, 11) if evaluates_after(s, 10, 4)] == [4, 8, 10]
     assert [s for s in range(1, 11) if evaluates_after(s, 10, 0)] == [10]
+
+
+def test_the_evaluator_decides_from_its_own_section() -> None:
+    """Built from `[eval]` and the few values it uses (no TrainConfig): every `eval.every` steps and after
+    the last, never without held-out batches."""
+
+    def evaluator(every: int, batches: int) -> HeldoutEvaluator:
+        return HeldoutEvaluator(
+            EvalSection(every=every),
+            PrecisionSection(),
+            anchors=8,
+            batches=batches,
+            total_steps=10,
+            index=0,
+            group=None,  # due() reads no group
+            device=torch.device("cpu"),
+        )
+
+    assert [s for s in range(1, 11) if evaluator(4, batches=2).due(s)] == [4, 8, 10]
+    assert [s for s in range(1, 11) if evaluator(0, batches=2).due(s)] == [10]
+    assert not any(evaluator(4, batches=0).due(s) for s in range(1, 11))
 
 
 def test_target_schedule_puts_each_steps_heldout_batches_after_its_training_batches() -> None:

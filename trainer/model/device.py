@@ -11,7 +11,7 @@ import torch
 from dflash_base.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.spec.config import TrainConfig
+    from trainer.spec.config import PrecisionSection, TrainConfig
 
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -49,9 +49,9 @@ def attention_for(cfg: TrainConfig, device: torch.device) -> str:
     return kind
 
 
-def autocast_for(cfg: TrainConfig, device: torch.device) -> AbstractContextManager[Any]:
+def autocast_for(precision: PrecisionSection, device: torch.device) -> AbstractContextManager[Any]:
     """A fresh context for one step: bf16 autocast on CUDA (auto/bf16); nothing on CPU or when off."""
-    if cfg.precision.autocast == "off" or device.type != "cuda":
+    if precision.autocast == "off" or device.type != "cuda":
         return nullcontext()
     return torch.autocast("cuda", torch.bfloat16)
 

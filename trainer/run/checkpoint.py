@@ -32,7 +32,7 @@ from dflash_base.errors import ConfigError
 from trainer.spec.outputs import CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
-    from trainer.spec.config import TrainConfig
+    from trainer.spec.config import CheckpointSection
     from trainer.spec.topology import Topology
 
 PREFIX = CHECKPOINT_PREFIX
@@ -154,17 +154,29 @@ class Checkpointer:
     the training state; the loop only asks `due(step)` and calls `save`."""
 
     def __init__(
-        self, cfg: TrainConfig, topology: Topology, group: dist.ProcessGroup, index: int, total_steps: int
+        self,
+        section: CheckpointSection,
+        output_dir: Path,
+        *,
+        grad_accum: int,
+        config: dict[str, Any],
+        topology: Topology,
+        group: dist.ProcessGroup,
+        index: int,
+        total_steps: int,
     ) -> None:
-        self.cfg, self.topology, self.group, self.index = cfg, topology, group, index
-        self.every, self.total_steps = cfg.checkpoint.every, total_steps
+        """`grad_accum`: `optim.grad_accum` (a step's batches, for the data position); `config`: the run's
+        config as plain data (`TrainConfig.to_dict()`), saved in every checkpoint."""
+        self.every, self.keep, self.output_dir = section.every, section.keep, output_dir
+        self.grad_accum, self.config = grad_accum, config
+        self.topology, self.group, self.index, self.total_steps = topology, group, index, total_steps
 
     def due(self, step_done: int) -> bool:
         return bool(self.every and step_done % self.every == 0) or step_done == self.total_steps
 
     def save(self, state: TrainState, step: int) -> None:
         """Gather every drafter's RNG state; the first drafter writes the checkpoint atomically."""
-        cfg, topology = self.cfg, self.topology
+        topology = self.topology
         device = next(state.model.parameters()).device
         rng_states: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(rng_states, _rng_state(state.anchor_gen, device), group=self.group)
@@ -176,16 +188,16 @@ class Checkpointer:
             "scheduler": state.scheduler.state_dict(),
             "rng": rng_states,  # one entry per drafter rank, in drafter order
             "step": step,
-            "next_batch": step * cfg.optim.grad_accum * topology.drafters,
-            "config": cfg.to_dict(),
+            "next_batch": step * self.grad_accum * topology.drafters,
+            "config": self.config,
         }
         # A colocated run on K ranks and a split with K drafters read the same batches: either resumes the other.
         meta = {"next_batch": saved["next_batch"], "drafters": topology.drafters, "mode": topology.mode}
-        save_checkpoint(cfg.output_dir, step, saved, meta, cfg.checkpoint.keep)
+        save_checkpoint(self.output_dir, step, saved, meta, self.keep)
 
     def restore(self, state: TrainState, step: int, device: torch.device) -> None:
         """Put weights, optimiser, schedule and this rank's RNG streams back as they were after `step`."""
-        folder = checkpoints_root(self.cfg.output_dir) / checkpoint_name(step)
+        folder = checkpoints_root(self.output_dir) / checkpoint_name(step)
         saved = load_checkpoint(folder, map_location=device)
         drafters = self.topology.drafters
         if len(saved["rng"]) != drafters:

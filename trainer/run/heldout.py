@@ -37,8 +37,7 @@ from trainer.model.loss import block_targets
 from trainer.run.schedule import evaluates_after
 
 if TYPE_CHECKING:
-    from trainer.data.sources import DataSplit
-    from trainer.spec.config import TrainConfig
+    from trainer.spec.config import EvalSection, PrecisionSection
 
 
 @dataclass
@@ -202,12 +201,16 @@ def evaluate_heldout(
 
 
 def score_heldout(
-    model: nn.Module, batches: Iterable[CapturedBatch], cfg: TrainConfig, device: torch.device
+    model: nn.Module,
+    batches: Iterable[CapturedBatch],
+    precision: PrecisionSection,
+    anchors_per_seq: int,
+    device: torch.device,
 ) -> HeldoutSums:
-    """Held-out scoring as a run does it (the run's autocast, anchors and seed); the warm-up calls this too,
-    so the graphs it compiles are the ones the first evaluation runs."""
-    with autocast_for(cfg, device):
-        return evaluate_heldout(model, batches, cfg.optim.anchors)  # type: ignore[arg-type]
+    """Held-out scoring as a run does it (the run's autocast and anchor count: `optim.anchors`); the warm-up
+    calls this too, so the graphs it compiles are the ones the first evaluation runs."""
+    with autocast_for(precision, device):
+        return evaluate_heldout(model, batches, anchors_per_seq)  # type: ignore[arg-type]
 
 
 class HeldoutEvaluator:
@@ -217,22 +220,29 @@ class HeldoutEvaluator:
 
     def __init__(
         self,
-        cfg: TrainConfig,
-        split: DataSplit,
+        section: EvalSection,
+        precision: PrecisionSection,
+        *,
+        anchors: int,
+        batches: int,
         total_steps: int,
         index: int,
         group: dist.ProcessGroup,
         device: torch.device,
     ) -> None:
-        self.cfg, self.batches, self.total_steps = cfg, split.eval_batches, total_steps
+        """`anchors`: `optim.anchors` (training's compiled shapes); `batches`: the held-out batches of the
+        run (`DataSplit.eval_batches`, 0 without held-out data)."""
+        self.every, self.precision, self.anchors = section.every, precision, anchors
+        self.batches, self.total_steps = batches, total_steps
         self.index, self.group, self.device = index, group, device
 
     def due(self, step_done: int) -> bool:
-        return bool(self.batches) and evaluates_after(step_done, self.total_steps, self.cfg.eval.every)
+        return bool(self.batches) and evaluates_after(step_done, self.total_steps, self.every)
 
     def run(self, model: nn.Module, heldout_batch: Callable[[int], CapturedBatch]) -> HeldoutSums:
         mine = range(self.index, self.batches, dist.get_world_size(self.group))
-        sums = score_heldout(model, (heldout_batch(j) for j in mine), self.cfg, self.device)
+        batches = (heldout_batch(j) for j in mine)
+        sums = score_heldout(model, batches, self.precision, self.anchors, self.device)
         packed = sums.as_tensor(self.device)
         dist.all_reduce(packed, group=self.group)
         return HeldoutSums.from_tensor(packed)

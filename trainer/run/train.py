@@ -324,8 +324,7 @@ class DrafterLoop:
             cfg.run.seed * 1_000_003 + 7 + self.index
         )
         self.state = ckpt.TrainState(self.model, self.optimizer, self.scheduler, self.anchor_gen)
-        self.checkpointer = ckpt.Checkpointer(cfg, run.topology, run.group, self.index, run.plan.total_steps)
-        self.heldout = HeldoutEvaluator(cfg, run.split, run.plan.total_steps, self.index, run.group, device)
+        self.checkpointer, self.heldout = drafter_components(run, self.index)
         if run.resume_step:
             self.checkpointer.restore(self.state, run.resume_step, device)
         first = self.is_first
@@ -463,6 +462,33 @@ class DrafterLoop:
         )
 
 
+def drafter_components(run: RunContext, index: int) -> tuple[ckpt.Checkpointer, HeldoutEvaluator]:
+    """A drafter replica's checkpointer and held-out evaluator, each handed its own config section and the
+    few values it uses (as torchtitan hands its components theirs), never the whole config."""
+    cfg, total_steps = run.cfg, run.plan.total_steps
+    checkpointer = ckpt.Checkpointer(
+        cfg.checkpoint,
+        cfg.output_dir,
+        grad_accum=cfg.optim.grad_accum,
+        config=cfg.to_dict(),
+        topology=run.topology,
+        group=run.group,
+        index=index,
+        total_steps=total_steps,
+    )
+    heldout = HeldoutEvaluator(
+        cfg.eval,
+        cfg.precision,
+        anchors=cfg.optim.anchors,
+        batches=run.split.eval_batches,
+        total_steps=total_steps,
+        index=index,
+        group=run.group,
+        device=run.device,
+    )
+    return checkpointer, heldout
+
+
 def data_parallel(model: nn.Module, group: dist.ProcessGroup, device: torch.device) -> nn.Module:
     """DDP over the drafter ranks; the model itself when it is the only one.
 
@@ -540,7 +566,7 @@ def train_step(
         )  # DDP: hold the gradient all-reduce until the last micro-batch
         sync = contextlib.nullcontext() if last or no_sync is None else no_sync()
         with sync:
-            with autocast_for(cfg, device):
+            with autocast_for(cfg.precision, device):
                 out: LossOutput = ddp(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
             (out.loss / accum).backward()
         outs.append(out)

@@ -49,7 +49,7 @@ def warm_up_model(model: DFlashDrafter, cfg: TrainConfig, device: torch.device) 
     gen = torch.Generator(device=device).manual_seed(0)
     began = time.perf_counter()
     anchors, valid = sample_anchors(batch.loss_mask, cfg.optim.anchors, cfg.drafter.block_size, gen)
-    with autocast_for(cfg, device):
+    with autocast_for(cfg.precision, device):
         out = model(batch.input_ids, batch.loss_mask, batch.hidden, anchors, valid)
     out.loss.backward()
     model.zero_grad(set_to_none=True)
@@ -92,7 +92,7 @@ def warm_up_heldout(
     from trainer.run.heldout import score_heldout
 
     scored = CapturedBatch(batch.input_ids, batch.loss_mask, batch.hidden, target_ids=batch.input_ids)
-    score_heldout(model, [scored], cfg, device)
+    score_heldout(model, [scored], cfg.precision, cfg.optim.anchors, device)
 
 
 def compile_lock_path() -> Path:
