@@ -250,7 +250,7 @@ def test_serve_check_with_a_python_that_is_not_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Was: exit 1, "a bug in dflash-doctor or in the engine; please report it"."""
-    from tests.test_serve_check import fake_export
+    from tests.interop.test_serve_check import fake_export
 
     not_python = shutil.which("ls") or "/bin/ls"
     args = ["serve-check", "--export", str(fake_export(tmp_path / "e")), "--engine", "vllm"]
