@@ -11,25 +11,14 @@ import shlex
 from collections.abc import Iterator
 
 from dflash_base.errors import DoctorError
-from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
+from dflash_doctor.audit.cache import cache_status
 from dflash_doctor.cache.inspection import SAMPLE, FolderReport, volatility
 from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, check_apart, managed_inductor_dir, snapshots_dir
-from dflash_doctor.cache.status import CacheStatus, gather_status, warmth_of
+from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
 from dflash_doctor.paths import HOME_ENV
 from dflash_doctor.registry import check
-
-
-def cache_status(ctx: CheckContext) -> CacheStatus:
-    """One walk of the cache folders per run, shared by the three checks (and `cache status`).
-
-    The launch gate sets `options.extra["cache_environ"]`: the environment the workers will get, so the
-    verdict is about the folder they will compile into, not this shell's default.
-    """
-    gpus = ctx.shared("cache.gpu_names", read_gpu_names)
-    environ = ctx.options.extra.get("cache_environ")
-    return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus), environ))
 
 
 def persistent_cache_remedy() -> str:

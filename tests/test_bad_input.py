@@ -153,7 +153,7 @@ def test_with_on_error_skip_a_too_long_prompt_is_left_out(target_folder: Path, t
 
 @pytest.fixture
 def export(tmp_path: Path) -> Path:
-    from tests.trainer.test_eval import _untrained_drafter
+    from tests.trainer.decode.test_eval import _untrained_drafter
     from trainer.model.export import export_drafter
 
     return export_drafter(_untrained_drafter(), tmp_path / "export")
@@ -219,7 +219,7 @@ def test_eval_prompt_ids_are_checked_against_the_vocabulary(
 @pytest.mark.parametrize("name", ["same", "dotdot", "symlink", "hardlink", "same-forced"])
 def test_out_that_is_the_prompts_file_is_refused_forced_or_not(tmp_path: Path, name: str) -> None:
     """Was: "made with other settings" (or "damaged"); with --force the prompts were moved aside."""
-    from tests.trainer.test_regenerate import SETTINGS, EchoEngine
+    from tests.trainer.decode.test_regenerate import SETTINGS, EchoEngine
 
     prompts = tmp_path / "in.jsonl"
     prompts.write_text('{"prompt": "w1"}\n')
@@ -250,7 +250,7 @@ def test_serve_check_with_a_python_that_is_not_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Was: exit 1, "a bug in dflash-doctor or in the engine; please report it"."""
-    from tests.test_serve_check import fake_export
+    from tests.interop.test_serve_check import fake_export
 
     not_python = shutil.which("ls") or "/bin/ls"
     args = ["serve-check", "--export", str(fake_export(tmp_path / "e")), "--engine", "vllm"]
@@ -297,7 +297,7 @@ def test_regenerate_with_a_target_that_has_no_mask_token(
 ) -> None:
     """Was: it asked for drafter.mask_token_id, a drafter setting generation never uses."""
     from dflash_doctor.commands import data as data_command
-    from tests.trainer.test_regenerate import EchoEngine
+    from tests.trainer.decode.test_regenerate import EchoEngine
 
     config = run_config(tmp_path, target_folder, tmp_path / "x.jsonl", mask=False)
     with pytest.raises(ConfigError, match=r"drafter\.mask_token_id: no default"):

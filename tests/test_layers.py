@@ -135,6 +135,22 @@ def test_every_import_in_dflash_doctor_points_down() -> None:
     assert not upward, "imports that point up the layer map:\n" + "\n".join(upward)
 
 
+def test_the_doctor_imports_no_check() -> None:
+    """Checks plug into the doctor, which reaches them only through the registry's discovery: an analysis a
+    command and a check share lives in `audit/` (commands/ and checks/ share a layer, so the map alone
+    would let a command import a check)."""
+    bad = []
+    for path in sorted((ROOT / "dflash_doctor").rglob("*.py")):
+        here = module_name(path)
+        for target, line, _ in imports_of(path):
+            is_check = target == "checks" or target.startswith("checks.")
+            if is_check and (here, target) not in ALLOWED_UPWARD:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, (
+        "the doctor imports a check (shared analysis belongs in dflash_doctor/audit/):\n" + "\n".join(bad)
+    )
+
+
 @pytest.mark.parametrize("module", sorted(RUN_IN_ANOTHER_PYTHON))
 def test_scripts_run_in_another_python_import_nothing_of_ours(module: str) -> None:
     path = ROOT.joinpath(*module.split(".")).with_suffix(".py")

@@ -4,7 +4,7 @@ For every environment `scripts/build_real_envs.py` built: the ground truth is a 
 the verdict is `dflash-doctor check`'s exit code and its failing/warning findings; each finding's remedy is
 applied, as printed and with no terminal, to a hard-linked copy, and the copy's `import torch` and
 re-check are recorded; then all remedies in one round on one copy. Prints a table and writes
-bench/results/real_env_remedies.json. `tests/test_real_wheels_remedies.py` asserts on the same helpers.
+bench/results/real_env_remedies.json. `tests/real_wheels/test_real_wheels_remedies.py` asserts on the same helpers.
 
     .venv/bin/python scripts/build_real_envs.py && .venv/bin/python bench/doctor/remedy_table.py [NAME ...]
 """

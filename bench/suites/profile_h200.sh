@@ -4,7 +4,7 @@
 #   1. `train --config qwen3-8b-b16` colocated, 60 steps, a profiler window over steps 30-34: the GPU's busy
 #      share (~1.0: only faster kernels help; lower: the capture could overlap the drafter on a second
 #      stream) and the top operations, from <output>/profile/rank0.summary.json
-#   0. the GPU test of the second-stream capture (tests/trainer/test_pipeline.py -m gpu)
+#   0. the GPU test of the second-stream capture (tests/trainer/run/test_pipeline.py -m gpu)
 #   1b. the same run with topology.overlap_capture = "step" and = "optimizer" (the next capture on a second
 #      stream, from when it is queued / from the optimizer update's start): tok/s side by side, and the
 #      final losses, which must be equal
@@ -26,7 +26,7 @@ left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 
 stage setup 25 bash -c install_carried_wheels
 [ -z "$SUITE_TINY" ] && stage pytest_stream 60 python3 -m pytest -m gpu -q -p no:cacheprovider \
-    tests/trainer/test_pipeline.py
+    tests/trainer/run/test_pipeline.py
 if [ -n "$SUITE_TINY" ]; then
     CONFIG=tiny-cpu; RECIPE=tiny-cpu; STEPS=12; WINDOW=(--set profile.start=4 --set profile.steps=2)
     EXTRA=(--set data.num_samples=64 --set data.seq_len=64 --set optim.batch_size=4)

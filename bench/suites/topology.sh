@@ -24,7 +24,7 @@ stage setup 25 bash -c install_carried_wheels
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 # TOPOLOGY_GPU_TESTS=1: colocated on CUDA with compiled target and drafter layers, as a test, first.
 [ -n "${TOPOLOGY_GPU_TESTS:-}" ] && [ "$GPUS" -ge 1 ] && stage pytest_gpu 150 python3 -m pytest -m gpu -q \
-    -p no:cacheprovider tests/trainer/test_colocated.py
+    -p no:cacheprovider tests/trainer/runs/test_colocated.py
 echo "GPUs: $GPUS"
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 

@@ -129,7 +129,7 @@ def status_command(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show evidence for passing findings too."),
 ) -> None:
     """Each cache folder: path, size, files, volatile or not, owner and mode, build, warm or cold."""
-    from checks.cache import cache_status
+    from dflash_doctor.audit.cache import cache_status
 
     ctx = CheckContext(Environment.load(python))
     runs = run_checks(ctx, ["cache"])

@@ -3,9 +3,10 @@
 Owns: the gate (`gate`: validate the config, plan, run the checks), the launch plan (`plan`: ranks to
 roles to devices, the torchrun command and environment), the topology choice (`topology`: split,
 colocated, or auto's pick), memory estimates (`memory_plan`), the best N+M split and the colocated
-projection from measured role rates (`split`), the launcher (`launcher`: warm the compile cache, read the
-run's last metrics), torchrun and its process tree (`supervise`: stop signals forwarded, nothing left
-behind), one run per output folder (`output_lock`) and run records (`runs`).
+projection from measured role rates (`split`), the launch's compile cache (`compile_cache`: warm before,
+snapshot after a success), what a run left in its output folder (`run_outputs`), torchrun and its process
+tree (`supervise`: stop signals forwarded, nothing left behind), one run per output folder (`output_lock`)
+and run records (`runs`).
 
 May import: `lock`, `audit`, `libs`, `cache`, `deep`, `env`, the core, and the trainer's config
 readers (`trainer.spec.config`, `trainer.spec.target_shapes`, `trainer.spec.topology`: no torch). Never the trainer's

@@ -17,9 +17,10 @@ from rich.markup import escape
 from dflash_base.stopping import Stopped, handling_stop_signals, signal_name
 from dflash_doctor.launch import supervise
 from dflash_doctor.launch.bytecode_cache import with_bytecode_cache
+from dflash_doctor.launch.compile_cache import prepare_compile_cache, snapshot_after_success
 from dflash_doctor.launch.gate import GateResult, TrainingConfig
-from dflash_doctor.launch.launcher import last_metrics, prepare_compile_cache, snapshot_after_success
 from dflash_doctor.launch.output_lock import OutputLock
+from dflash_doctor.launch.run_outputs import last_metrics
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
 from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
 

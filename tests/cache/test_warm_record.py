@@ -19,7 +19,7 @@ from dflash_doctor.cache.warm_record import (
     trainer_source_digest,
     warm_key,
 )
-from dflash_doctor.launch import launcher
+from dflash_doctor.launch import compile_cache
 
 BUILD = BuildFingerprint("2.11.0+cu130", "70d99e998b49", "13.0", "3.6.0", "3.12", ("NVIDIA H200",) * 2)
 RAW = {
@@ -188,7 +188,7 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     home = tmp_path / "home"
     inductor = home / "cache" / "inductor"
     monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(home))
-    monkeypatch.setattr(launcher, "current_fingerprint", lambda env: BUILD)
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: BUILD)
     children: list[list[str]] = []
 
     def fake_child(command: list[str], environ: dict[str, str]) -> dict:
@@ -196,7 +196,7 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
         cache_with_files(inductor) if not inductor.exists() else None
         return {"first_call_seconds": 1.0, "counters": {}}
 
-    monkeypatch.setattr(launcher, "run_warm_child", fake_child)
+    monkeypatch.setattr(compile_cache, "run_warm_child", fake_child)
 
     class Interpreter:
         executable = "/usr/bin/python3"
@@ -208,7 +208,7 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     config = resolve_config_path("tiny-cpu")
 
     def prepare(*overrides: str) -> str:
-        return launcher.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
+        return compile_cache.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
 
     first = prepare()
     assert "warm-up on cpu" in first and "(ran: no warm-up of this build" in first and len(children) == 1
@@ -294,19 +294,19 @@ def test_a_restored_snapshot_lets_a_fresh_home_skip_the_warm_up_child(
     class Env:
         interpreter = Interpreter()
 
-    monkeypatch.setattr(launcher, "run_warm_child", fake_child)
-    monkeypatch.setattr(launcher, "current_fingerprint", lambda env: BUILD)
+    monkeypatch.setattr(compile_cache, "run_warm_child", fake_child)
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: BUILD)
     config = resolve_config_path("tiny-cpu")
 
     def on_machine(home: Path, *overrides: str) -> tuple[str, dict[str, str]]:
         monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(home))
         environ = {"TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor")}
-        detail = launcher.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
+        detail = compile_cache.prepare_compile_cache(Env(), environ, config, "cpu", (), overrides).detail  # type: ignore[arg-type]
         return detail, environ
 
     detail, environ = on_machine(tmp_path / "a")
     assert "warm-up on cpu" in detail and len(children) == 1
-    assert launcher.snapshot_after_success(Env(), environ).startswith("snapshot train-")  # type: ignore[arg-type]
+    assert compile_cache.snapshot_after_success(Env(), environ).startswith("snapshot train-")  # type: ignore[arg-type]
     (snapshot,) = (tmp_path / "a" / "cache" / "snapshots").glob("*.tar.zst")
     (tmp_path / "b" / "cache" / "snapshots").mkdir(parents=True)
     snapshot.rename(tmp_path / "b" / "cache" / "snapshots" / snapshot.name)

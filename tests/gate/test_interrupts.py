@@ -60,7 +60,7 @@ DRIVER = r"""
 import sys
 from dflash_doctor.launch import lifecycle as train
 from dflash_doctor.launch import supervise
-from dflash_doctor.launch.launcher import CachePreparation
+from dflash_doctor.launch.compile_cache import CachePreparation
 from dflash_doctor.cli import main
 
 supervise.STOP_GRACE_S = 3.0
@@ -170,7 +170,7 @@ def test_a_record_whose_launcher_is_gone_reads_as_lost(
 REAL_DRIVER = r"""
 import sys
 from dflash_doctor.launch import lifecycle as train
-from dflash_doctor.launch.launcher import CachePreparation
+from dflash_doctor.launch.compile_cache import CachePreparation
 from dflash_doctor.cli import main
 
 train.prepare_compile_cache = lambda *a, **k: CachePreparation("warm", "stub", 0.0)

@@ -40,7 +40,7 @@ def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]
 
 
 def train_command_prep():  # a stand-in for the cache preparation (tested in tests/cache)
-    from dflash_doctor.launch.launcher import CachePreparation
+    from dflash_doctor.launch.compile_cache import CachePreparation
 
     return CachePreparation("warm", "test", 0.0)
 

@@ -1,7 +1,7 @@
 """Real SGLang loads our DFlash export with our values (slow: it runs a separate SGLang install, on CPU).
 
 SGLang's loader skips unknown names and never reports a parameter it left unfilled, so the mapping test in
-tests/trainer/test_export.py can only check our export against a hand-written copy of the engines' names.
+tests/trainer/model/test_export.py can only check our export against a hand-written copy of the engines' names.
 Here `dflash-doctor serve-check --engine sglang` has SGLang's own DFlashDraftModel and weight loader read the
 folder (`dflash_doctor/serving/sglang_loader.py`, in SGLang's python): every parameter must come out equal to
 ours, with the config fields it reads at our values. A control export with one renamed weight must be caught.

@@ -174,7 +174,7 @@ def dflash_block_mask(
     A tile is full when every pair is visible, partial when some is (flex applies `dflash_mask_mod`
     there), else skipped. Rows and keys past Q_LEN and KV_LEN (the last tile's padding) see nothing, so a
     padded tile is never full: as in `create_block_mask`, whose result this equals block for block
-    (tests/trainer/test_mask.py). A few small eager ops; nothing to compile.
+    (tests/trainer/model/test_mask.py). A few small eager ops; nothing to compile.
     """
     batch, num_anchors = context_end.shape
     device = context_end.device

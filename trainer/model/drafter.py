@@ -406,40 +406,46 @@ class DFlashDrafter(nn.Module):
         # The flex layout pads the context to the tile (see flex_context_len): 1.09x faster flex at S=40000.
         return dflash_block_mask(context_ends(anchors, anchor_valid), flex_context_len(context_len), block)
 
+    def block_inputs(self, anchor_tokens: Tensor, anchors: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The blocks' input tokens and their RoPE, built one way for training, held-out scoring and
+        decoding: slot 0 the anchor token, slots 1.. the mask token, embedded with the target's frozen
+        embedding in the parameters' dtype, at positions anchor + slot. anchor_tokens, anchors (B, N) ->
+        x (B, N * block, H) and cos, sin (B, N * block, D)."""
+        batch, num_anchors = anchors.shape
+        block = self.cfg.block_size
+        block_ids = torch.full(
+            (batch, num_anchors, block), self.cfg.mask_token_id, dtype=torch.long, device=anchors.device
+        )
+        block_ids[:, :, 0] = anchor_tokens
+        x = F.embedding(block_ids.view(batch, num_anchors * block), self.embed_weight)
+        slots = torch.arange(block, device=anchors.device)
+        rope_q = rope_cos_sin((anchors.unsqueeze(-1) + slots).view(batch, -1), self.inv_freq)
+        return x.to(self.fc.weight.dtype), rope_q
+
     def draft_hidden(
         self, input_ids: Tensor, hidden: Tensor, anchors: Tensor, anchor_valid: Tensor
     ) -> Tensor:
         """The final-norm hidden states of every block slot: (B, N, block, H)."""
-        cfg = self.cfg
         batch, seq_len = input_ids.shape
-        num_anchors, block = anchors.shape[1], cfg.block_size
-        param_dtype = self.fc.weight.dtype
         if not torch.is_autocast_enabled(hidden.device.type):
-            hidden = hidden.to(param_dtype)
+            hidden = hidden.to(self.fc.weight.dtype)
         context = self.hidden_norm(self.fc(hidden))  # (B, S, H)
-
-        block_ids = torch.full(
-            (batch, num_anchors, block), cfg.mask_token_id, dtype=torch.long, device=input_ids.device
-        )
-        block_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)  # slot 0: the real anchor token
-        x = F.embedding(block_ids.view(batch, num_anchors * block), self.embed_weight).to(
-            param_dtype
-        )  # (B, Q, H)
-
-        slots = torch.arange(block, device=anchors.device)
-        rope_q = rope_cos_sin((anchors.unsqueeze(-1) + slots).view(batch, -1), self.inv_freq)  # (B, Q, D)
+        # slot 0 of each block: the real anchor token
+        x, rope_q = self.block_inputs(torch.gather(input_ids, 1, anchors), anchors)  # (B, Q, H)
         rope_ctx = rope_cos_sin(torch.arange(seq_len, device=hidden.device), self.inv_freq)  # (S, D)
-
         mask = self._mask(anchors, anchor_valid, seq_len)
         x = self.run_layers(x, context, rope_q, rope_ctx, mask)
-        return self.norm(x).view(batch, num_anchors, block, cfg.hidden_size)
+        return self.norm(x).view(batch, anchors.shape[1], self.cfg.block_size, self.cfg.hidden_size)
 
     @torch.no_grad()
     def draft_tokens(
         self, input_ids: Tensor, hidden: Tensor, anchors: Tensor, anchor_valid: Tensor
     ) -> Tensor:
-        """The drafter's greedy tokens for slots 1..B-1 of every anchor: (B, N, block-1). One drafter call,
-        shared by held-out scoring and real decoding, so the estimate measures what decoding proposes."""
+        """The drafter's greedy tokens for slots 1..B-1 of every anchor: (B, N, block-1), the whole context
+        projected for the batch. Held-out scoring drafts with this; decoding (`eval`) drafts with
+        `draft_after` over a context cache. Both build the block with `block_inputs` and run the same
+        layers, and tests/trainer/decode/test_context_cache.py checks that they draft the same tokens, so the
+        held-out estimate measures what decoding proposes."""
         out = self.draft_hidden(input_ids, hidden, anchors, anchor_valid)[:, :, 1:]
         rows = out.reshape(-1, out.shape[-1])
         weight = self.lm_head_weight.to(rows.dtype)
@@ -475,12 +481,8 @@ class DFlashDrafter(nn.Module):
         context, without projecting the context again."""
         if not cache.length:
             raise ValueError("the context cache is empty: extend_context first (a block needs a context)")
-        cfg, device = self.cfg, self.embed_weight.device
-        block_ids = torch.full((1, cfg.block_size), cfg.mask_token_id, dtype=torch.long, device=device)
-        block_ids[0, 0] = anchor_token
-        x = F.embedding(block_ids, self.embed_weight).to(self.fc.weight.dtype)  # (1, B, H)
-        positions = cache.length + torch.arange(cfg.block_size, device=device)
-        rope_q = rope_cos_sin(positions.view(1, -1), self.inv_freq)
+        anchor = torch.tensor([[cache.length]], device=self.embed_weight.device)
+        x, rope_q = self.block_inputs(torch.full_like(anchor, anchor_token), anchor)  # (1, B, H)
         for layer, k_ctx, v_ctx in zip(self.decoder_layers, cache.keys, cache.values, strict=True):
             x = layer.forward_cached(x, k_ctx, v_ctx, rope_q)
         return self.norm(x)[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run
-from tests.trainer.test_eval import PROMPTS, OracleDrafter, _tiny_target, _untrained_drafter
+from tests.trainer.decode.test_eval import PROMPTS, OracleDrafter, _tiny_target, _untrained_drafter
 from trainer.decode.eval import acceptance_shape, evaluate
 from trainer.decode.proposers import PromptLookup, lookup
 from trainer.decode.speculative import greedy_decode, speculative_decode

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # parent -> child; the child is a "rank": stop handlers, the watch, then a hang (as drafter_hang_at_step).
 RANK = r"""

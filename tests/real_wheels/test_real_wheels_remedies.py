@@ -4,7 +4,7 @@ The environments come from `scripts/build_real_envs.py` (torch 2.9.1+cu128 and t
 the index, torch 2.14.1+cu130 and its broken copies; hard-linked copies, built once):
 
     .venv/bin/python scripts/build_real_envs.py
-    .venv/bin/python -m pytest -m slow tests/test_real_wheels_remedies.py
+    .venv/bin/python -m pytest -m slow tests/real_wheels/test_real_wheels_remedies.py
 
 For each environment the ground truth is a real `import torch` in it. `bench/doctor/remedy_table.py` applies
 every remedy, as printed and with no terminal, to a hard-linked copy; here: each must exit 0, keep

@@ -61,7 +61,7 @@ def test_no_combined_row_without_a_default_or_without_anything_new() -> None:
 @pytest.mark.slow
 def test_cpu_dry_run_writes_rows_that_agree_with_the_default(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "bench/kernels/flex_sweep.py", "--tiny", "--out", str(out)],
         cwd=repo, capture_output=True, text=True, timeout=600,

@@ -14,8 +14,8 @@ import pytest
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.warm import WarmShapes, child_command
-from dflash_doctor.launch import launcher
-from dflash_doctor.launch.launcher import _config_with_overrides
+from dflash_doctor.launch import compile_cache
+from dflash_doctor.launch.compile_cache import _config_with_overrides
 from trainer.spec.config import load_config
 from trainer.spec.config_file import resolve_config_path
 
@@ -62,7 +62,7 @@ def test_unused_warm_up_configs_are_pruned(tmp_path: Path, monkeypatch: pytest.M
     path = resolve_config_path("tiny-cpu")
     old = _config_with_overrides(path, ("optim.steps=7",))
     recent = _config_with_overrides(path, ("optim.steps=8",))
-    week_ago = time.time() - launcher.WARM_CONFIG_MAX_AGE_S - 60
+    week_ago = time.time() - compile_cache.WARM_CONFIG_MAX_AGE_S - 60
     os.utime(old, (week_ago, week_ago))
     os.utime(recent, (week_ago, week_ago))
     assert _config_with_overrides(path, ("optim.steps=8",)) == recent  # reused: its age starts again
@@ -73,19 +73,19 @@ def test_a_failed_warm_up_leaves_no_temp_folder(tmp_path: Path, monkeypatch: pyt
     """The story's leak: every launch with `--set` left a `/tmp/dflash-warm-*` folder, also when the
     warm-up child failed. The launch fails with the child's error; nothing is left in the temp folder."""
     monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(launcher, "current_fingerprint", lambda env: FINGERPRINT)
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: FINGERPRINT)
     seen: list[Path] = []
 
     def failing_child(command: list[str], environ: dict[str, str]) -> dict:
         seen.append(Path(command[command.index("--config") + 1]))
         raise DoctorError("the warm-up child failed (exit 1)")
 
-    monkeypatch.setattr(launcher, "run_warm_child", failing_child)
+    monkeypatch.setattr(compile_cache, "run_warm_child", failing_child)
     before = _temp_leftovers()
     environ = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     env = SimpleNamespace(interpreter=SimpleNamespace(executable=sys.executable))
     with pytest.raises(DoctorError, match="warm-up child failed"):
-        launcher.prepare_compile_cache(
+        compile_cache.prepare_compile_cache(
             env, environ, resolve_config_path("tiny-cpu"), "cpu", (), ("optim.steps=7",)
         )  # type: ignore[arg-type]
     assert _temp_leftovers() == before

@@ -1,7 +1,7 @@
 """The seed's story with real wheels, in a throw-away copy of a real torch 2.14.1+cu130 venv.
 
 Slow (a 5.4 GB copy, a 300 MB wheel from PyPI), so deselected by default:
-    .venv/bin/pytest -m slow tests/test_real_wheels_packages.py
+    .venv/bin/pytest -m slow tests/real_wheels/test_real_wheels_packages.py
 `DFLASH_DOCTOR_CU13_VENV` names the venv to copy (default /work/venvs/cu13, never modified);
 `DFLASH_DOCTOR_WHEELHOUSE` a folder holding (or receiving) `nvidia_nccl_cu12-2.27.5-*.whl`.
 """

@@ -1,4 +1,4 @@
-"""After the gate: make the compile cache warm, run torchrun, stream its output, record the outcome.
+"""The launch's compile cache: made warm before torchrun starts, snapshotted after a run succeeds.
 
 Workers must never compile concurrently from a cold cache (the story's crash), so before launch the
 managed cache is made warm for this build: restored from a compatible snapshot, or compiled once by
@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import DoctorError
@@ -33,7 +31,6 @@ from dflash_doctor.cache.warm_record import (
     warm_key,
 )
 from dflash_doctor.env.environment import Environment
-from trainer.spec.outputs import metrics_path, read_summary, summary_path
 
 KEEP_SNAPSHOTS = 5
 WARM_CONFIG_MAX_AGE_S = 7 * 24 * 3600  # warm-up configs unused this long are pruned
@@ -153,31 +150,6 @@ def _prune_warm_configs(folder: Path, keep: Path, max_age_s: float = WARM_CONFIG
         with contextlib.suppress(OSError):
             if path != keep and path.stat().st_mtime < cutoff:
                 path.unlink()
-
-
-def last_metrics(output_dir: Path, since: float) -> dict[str, Any]:
-    """What this run reported last: its summary.json, else (a run stopped before writing one) its last
-    metrics line. Files older than `since` are an earlier run's and are ignored."""
-    if _written_since(summary_path(output_dir), since):
-        summary = read_summary(output_dir)
-        if summary:
-            return summary
-    metrics = metrics_path(output_dir)
-    if not _written_since(metrics, since):
-        return {}
-    try:
-        lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines()
-        last = json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return {}
-    return {"last_step": last} if isinstance(last, dict) else {}
-
-
-def _written_since(path: Path, since: float) -> bool:
-    try:
-        return path.stat().st_mtime >= since - 1.0
-    except OSError:
-        return False
 
 
 def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int = KEEP_SNAPSHOTS) -> str:

@@ -14,7 +14,7 @@ from trainer.spec.config import load_config, parse_config
 from trainer.spec.config_file import SHIPPED_CONFIGS, apply_overrides, resolve_config_path
 from trainer.spec.target_shapes import tiny_qwen3_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 GOOD = """
 [target]

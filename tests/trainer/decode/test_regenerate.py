@@ -20,7 +20,7 @@ from trainer.decode.conversations import PromptRecord, RecordError, Regeneration
 from trainer.decode.generation import Chat, Completion, GenerationSettings
 from trainer.decode.regenerate import RegenerateError, regenerate, resume_state, scan_input
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SETTINGS = GenerationSettings(target="/models/t", max_new_tokens=8)
 
 
@@ -449,7 +449,7 @@ def test_sigkill_mid_file_then_resume_has_every_id_once(tmp_path: Path) -> None:
         f"""
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from tests.trainer.test_regenerate import EchoEngine, SETTINGS
+        from tests.trainer.decode.test_regenerate import EchoEngine, SETTINGS
         from trainer.decode.regenerate import regenerate, scan_input
         class Slow(EchoEngine):
             def generate(self, chats):

@@ -1,0 +1,23 @@
+"""The compile-cache analysis the `cache.*` checks and `cache status` share, computed once per run.
+
+One walk of the cache folders (sizes, owners, modes, the build they were made for) and of the snapshot
+store serves all four checks and the status command's table, so the table and the findings beside it are
+about the same walk.
+"""
+
+from __future__ import annotations
+
+from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
+from dflash_doctor.cache.status import CacheStatus, gather_status
+from dflash_doctor.context import CheckContext
+
+
+def cache_status(ctx: CheckContext) -> CacheStatus:
+    """The cache folders and the store as this run sees them, walked once (`ctx.shared`).
+
+    The launch gate sets `options.extra["cache_environ"]`: the environment the workers will get, so the
+    verdict is about the folder they will compile into, not this shell's default.
+    """
+    gpus = ctx.shared("cache.gpu_names", read_gpu_names)
+    environ = ctx.options.extra.get("cache_environ")
+    return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus), environ))
