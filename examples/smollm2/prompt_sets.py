@@ -391,14 +391,18 @@ def training_prompts(
         kept = kept[:limit]
     by_kind = dict(sorted(Counter(k for k, _ in kept).items()))
     return TrainingSet(
-        [p for _, p in kept],
-        *(by_kind.get(kind, 0) for kind in PYTHON_KINDS),
-        leaks,
-        duplicates,
-        overlaps,
-        by_kind,
-        dict(sorted(Counter(source_of(p.id) for _, p in kept).items())),
+        prompts=[p for _, p in kept],
+        code=by_kind.get("code", 0),
+        tests=by_kind.get("tests", 0),
+        source=by_kind.get("source", 0),
+        explain=by_kind.get("explain", 0),
+        dropped_leaks=leaks,
+        dropped_duplicates=duplicates,
+        dropped_eval_overlap=overlaps,
+        by_kind=by_kind,
+        by_source=dict(sorted(Counter(source_of(p.id) for _, p in kept).items())),
     )
+
 
 
 def chat_eval_prompts(general: GeneralSet) -> list[Prompt]:
