@@ -174,7 +174,7 @@ def read_pygments_builtins() -> dict[str, tuple[list[str], bool]]:
             value = getattr(loaded, table)
             for entry in value.values() if isinstance(value, dict) else [value]:
                 names.extend(str(n) for n in entry)
-        found[language] = (names, snippets)
+        found[language] = (sorted(set(names)), snippets)  # some tables are sets: their order varies by run
     return found
 
 
