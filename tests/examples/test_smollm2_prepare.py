@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from examples.smollm2 import convert, prepare, prompt_sets, sources
+from examples.smollm2 import convert, general_prompts, prepare, prompt_sets, sources
 from examples.smollm2.sources import GgufFile, PrepareError, check_gguf
 
 REPO = Path(__file__).resolve().parents[2]
+REAL_GENERAL_SET = prepare.general_set  # before the fixture fakes it
 HUMANEVAL_ROW = {
     "task_id": "HumanEval/0",
     "prompt": 'def add(a: int, b: int) -> int:\n    """Add two numbers a and b and return the sum."""\n',
@@ -59,6 +60,10 @@ def fake_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, ob
     )
     monkeypatch.setattr(prompt_sets, "stdlib_root", lambda: lib)
     monkeypatch.setattr(prompt_sets, "topic_prompts", lambda topics=None: iter(()))
+    chat = general_prompts.Material(
+        questions=["How do I keep basil alive on a windowsill?"], names=["Ada", "Bo"]
+    )
+    monkeypatch.setattr(prepare, "general_set", lambda: general_prompts.split(chat, arithmetic=2))
 
     def fake_convert(gguf_path: Path, dest: Path, say: object = print) -> convert.Conversion:
         dest.mkdir()
@@ -139,15 +144,43 @@ def test_an_existing_folder_is_refused_and_force_replaces_it_whole(
 
     assert prepare.main(["--out", str(out), "--force"]) == 0
     assert _listing(out) == [
-        "data", "data/train.jsonl", "prompts", "prompts/humaneval.jsonl", "prompts/manifest.json",
+        "data", "data/train.jsonl", "prompts", "prompts/chat_eval.jsonl", "prompts/humaneval.jsonl", "prompts/manifest.json",
         "prompts/train.jsonl", "target", "target/config.json", "target/conversion.json",
         "target/model.safetensors",
     ]  # fmt: skip
     assert (out / "data" / "train.jsonl").read_text() == "regenerated\n"
     train = [json.loads(line) for line in (out / "prompts" / "train.jsonl").read_text().splitlines()]
-    assert sorted(r["id"] for r in train) == ["stdlib/mod.scale", "tests/mod.scale"]
+    assert sorted(r["id"] for r in train) == [
+        "arithmetic/train/00000", "arithmetic/train/00001", "mimesis/question/00000", "stdlib/mod.scale",
+        "tests/mod.scale",
+    ]  # fmt: skip
+    chat = [json.loads(line) for line in (out / "prompts" / "chat_eval.jsonl").read_text().splitlines()]
+    assert len(chat) == general_prompts.EVAL_PER_KIND["arithmetic"]  # the fixture holds no item apart
+    assert all(list(r) == ["id", "messages"] and r["messages"][0]["role"] == "user" for r in chat)
+    manifest = json.loads((out / "prompts" / "manifest.json").read_text())
+    assert manifest["train"]["by_kind"] == {"arithmetic": 2, "code": 1, "question": 1, "tests": 1}
+    assert manifest["train"]["not_about_python"] == 3 and manifest["chat_eval"]["prompts"] == len(chat)
     humaneval = [json.loads(line) for line in (out / "prompts" / "humaneval.jsonl").read_text().splitlines()]
     assert [r["id"] for r in humaneval] == ["HumanEval/0"]
+
+
+def test_a_damaged_prompt_source_is_named_and_nothing_is_written(
+    tmp_path: Path, fake_inputs: dict[str, object], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    datasets = tmp_path / "mimesis" / "datasets"
+    (datasets / "en").mkdir(parents=True)
+    (datasets / "en" / "text.json").write_text('{"questions": ["torn')
+    monkeypatch.setattr(sources, "mimesis_datasets", lambda: datasets)
+    monkeypatch.setattr(prepare, "general_set", REAL_GENERAL_SET)
+    out = tmp_path / "out"
+    assert prepare.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"a prompt source is damaged: mimesis ({datasets}) or pygments cannot be read (JSONDecodeError" in err
+    )
+    assert "pip install --force-reinstall --no-deps mimesis==22.2.0" in err
+    assert _listing(out) == []
 
 
 def test_an_interrupted_conversion_leaves_nothing(

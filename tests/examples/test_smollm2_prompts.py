@@ -201,3 +201,18 @@ def test_this_pythons_library_gives_thousands_of_parseable_non_leaking_prompts()
             tree = ast.parse(code.group(1))  # every stub is valid Python
             names.add(tree.body[0].name)  # type: ignore[attr-defined]
     assert not names & {"median", "has_close_elements"}
+
+
+def test_function_segments_are_what_ast_gives_over_lines_split_once() -> None:
+    """The build's own `get_source_segment` (one line split per module): the same text for functions and
+    methods, one-line ones, non-ASCII text before a column, and CRLF or CR line ends."""
+    source = (
+        "class Café:\r\n    def naïve(self, x):  # é\r\n        return 'ü' * x\r\n\r\n"
+        "    async def twice(self): return 2\n\ndef tab():\n\tpass\rx = 1\n"
+    )
+    tree = ast.parse(source)
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    lines = prompt_sets.source_lines(source)
+    assert len(nodes) == 3 and "".join(lines) == source
+    for node in nodes:
+        assert prompt_sets._segment(lines, node) == ast.get_source_segment(source, node, padded=True)
