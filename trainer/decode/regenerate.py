@@ -21,6 +21,7 @@ from typing import Any
 from dflash_base.disk import writing
 from dflash_base.errors import ConfigError, DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
+from trainer.decode.degenerate import ends_in_loop_text
 from trainer.decode.generation import Engine, GenerationSettings, prompt_ids
 
 SCHEMA = "dflash-doctor/regenerate/v1"
@@ -229,7 +230,22 @@ class Summary:
     generated_tokens: int = 0
     answers: int = 0
     stopped_at_length: int = 0
+    ended_in_loop: int = 0  # answers whose text ends repeating itself (trainer.decode.degenerate)
+    loops_at_length: int = 0  # of those, cut at --max-new-tokens: a loop the target would not have left
     seconds: float = 0.0
+
+    def count(self, walks: list[Regeneration]) -> None:
+        """Add one committed chunk's conversations."""
+        self.written += len(walks)
+        for walk in walks:
+            answers = [t["content"] for t in walk.turns if t["role"] == "assistant"]
+            self.answers += len(walk.finish_reasons)
+            self.stopped_at_length += walk.finish_reasons.count("length")
+            self.generated_tokens += walk.generated_tokens
+            for text, reason in zip(answers, walk.finish_reasons, strict=False):
+                if ends_in_loop_text(text):
+                    self.ended_in_loop += 1
+                    self.loops_at_length += reason == "length"
 
     def to_json(self) -> dict[str, Any]:
         tok_s = self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
@@ -240,6 +256,8 @@ class Summary:
             "skipped_bad_lines": self.skipped_bad,
             "answers": self.answers,
             "answers_cut_at_max_new_tokens": self.stopped_at_length,
+            "answers_ending_in_a_loop": self.ended_in_loop,
+            "answers_ending_in_a_loop_at_max_new_tokens": self.loops_at_length,
             "generated_tokens": self.generated_tokens,
             "seconds": round(self.seconds, 3),
             "generated_tokens_per_s": round(tok_s, 1),
@@ -338,10 +356,7 @@ def regenerate(
             walks = regenerate_chunk(engine, chunk)
             pace.record(len(walks), time.perf_counter() - chunk_began)
             append_whole(out, "".join(output_line(w, settings, engine.name) for w in walks).encode())
-            summary.written += len(walks)
-            summary.answers += sum(len(w.finish_reasons) for w in walks)
-            summary.stopped_at_length += sum(w.finish_reasons.count("length") for w in walks)
-            summary.generated_tokens += sum(w.generated_tokens for w in walks)
+            summary.count(walks)
             summary.seconds = time.perf_counter() - start
             if on_progress:
                 on_progress(summary, len(todo))

@@ -630,3 +630,33 @@ def test_a_template_train_cannot_supervise_is_refused_before_generating(
     assert "nothing was generated" in (err.value.hint or "")
     monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(PLAIN))
     check_supervisable(settings)  # ChatML-like: headers and end-of-turn marks, passes
+
+
+class LoopingEngine:
+    """Answers odd prompts with a sentence repeated to the cap, even ones with plain text that stops."""
+
+    name = "loop"
+    rows_at_once = 1
+
+    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+        out = []
+        for chat in chats:
+            if int(chat[-1]["content"][1:]) % 2:
+                out.append(Completion("The answer is four. " * 12, 60, "length"))
+            else:
+                out.append(Completion("Four: two and two make four.", 8, "stop"))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_answers_that_end_in_a_loop_are_counted_with_those_cut_at_the_cap(tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(6)])
+    summary = regenerate(
+        scan_input(prompts, "stop"), tmp_path / "out.jsonl", SETTINGS, LoopingEngine, chunk_size=4
+    )
+    report = summary.to_json()
+    assert report["answers"] == 6
+    assert report["answers_ending_in_a_loop"] == 3
+    assert report["answers_ending_in_a_loop_at_max_new_tokens"] == 3
