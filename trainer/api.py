@@ -8,6 +8,7 @@ from __future__ import annotations
 from trainer.data.preview import preview
 from trainer.decode.eval import EvalReport, run_eval
 from trainer.decode.generation import DevicePool, GenerationSettings, TorchEngine, VllmEngine, vllm_available
+from trainer.decode.kv_engine import KVEngine, torch_engine
 from trainer.decode.regenerate import check_prompt_lengths, check_supervisable, regenerate, scan_input
 from trainer.decode.report import format_report
 from trainer.run.warmup import warm_up
@@ -16,6 +17,7 @@ __all__ = [
     "DevicePool",
     "EvalReport",
     "GenerationSettings",
+    "KVEngine",
     "TorchEngine",
     "VllmEngine",
     "check_prompt_lengths",
@@ -25,6 +27,7 @@ __all__ = [
     "regenerate",
     "run_eval",
     "scan_input",
+    "torch_engine",
     "vllm_available",
     "warm_up",
 ]

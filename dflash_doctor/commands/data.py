@@ -41,8 +41,8 @@ def _local_devices(devices: str | None) -> list[str]:
     return [f"cuda:{i}" for i in range(count)] or ["cpu"]
 
 
-def _engine_factory(engine: str, settings: object, devices: list[str], batch_size: int, tp: int):
-    from trainer.api import DevicePool, TorchEngine, VllmEngine, vllm_available
+def _engine_factory(engine: str, settings: object, devices: list[str], batch_size: int | None, tp: int):
+    from trainer.api import DevicePool, VllmEngine, torch_engine, vllm_available
 
     if engine == "vllm" or (engine == "auto" and vllm_available()):
         if not vllm_available():
@@ -51,7 +51,7 @@ def _engine_factory(engine: str, settings: object, devices: list[str], batch_siz
             )
         return lambda: VllmEngine(settings, tensor_parallel_size=tp)  # type: ignore[arg-type]
     if len(devices) == 1:
-        return lambda: TorchEngine(settings, devices[0], batch_size)  # type: ignore[arg-type]
+        return lambda: torch_engine(settings, devices[0], batch_size)  # type: ignore[arg-type]
     return lambda: DevicePool(settings, devices, batch_size)  # type: ignore[arg-type]
 
 
@@ -74,7 +74,10 @@ def regenerate_command(
         None, "--devices", help="torch engine: e.g. cuda:0,cuda:1 (default: all)."
     ),
     batch_size: int | None = typer.Option(
-        None, "--batch-size", min=1, help="torch engine: chats per forward (default 128 on GPUs, 8 on CPU)."
+        None,
+        "--batch-size",
+        min=1,
+        help="torch engine: rows decoded at once (default: 2,048 on a GPU, or what fits its memory; 8 on a CPU).",
     ),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm engine: GPUs per model."),
     set_: list[str] = typer.Option([], "--set", help="Override a config field: section.key=value."),
@@ -120,8 +123,6 @@ def regenerate_command(
     if len(scan.bad) > 5:
         err.print(f"[yellow]skipped[/] {len(scan.bad) - 5} more bad lines")
     local = _local_devices(devices)
-    if batch_size is None:  # the best measured on an H200 (bench/decode/regenerate_throughput.py)
-        batch_size = 8 if local == ["cpu"] else 128
     factory = _engine_factory(engine, settings, local, batch_size, tensor_parallel)
     progress = Progress(
         TextColumn("regenerating"),

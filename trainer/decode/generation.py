@@ -209,10 +209,14 @@ def generate_token_batch(
     return [row[width:].tolist() for row in out.cpu()]
 
 
-def _worker(settings: GenerationSettings, device: str, batch_size: int, jobs: Any, results: Any) -> None:
+def _worker(
+    settings: GenerationSettings, device: str, batch_size: int | None, jobs: Any, results: Any
+) -> None:
     """One process per device: load the target once, answer jobs until told to stop (None)."""
+    from trainer.decode.kv_engine import torch_engine
+
     try:
-        engine = TorchEngine(settings, device, batch_size)
+        engine = torch_engine(settings, device, batch_size)
     except Exception as exc:  # reported to the parent, which raises it
         results.put(("error", repr(exc)))
         return
@@ -234,7 +238,7 @@ class DevicePool:
 
     name = "torch"
 
-    def __init__(self, settings: GenerationSettings, devices: list[str], batch_size: int = 8) -> None:
+    def __init__(self, settings: GenerationSettings, devices: list[str], batch_size: int | None = 8) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
         self.results: Any = ctx.Queue()
         self.jobs: list[Any] = []
@@ -250,7 +254,8 @@ class DevicePool:
         for _ in devices:
             self._receive("ready")
         on_gpus = all(d.startswith("cuda") for d in devices)
-        self.rows_at_once = batch_size * len(devices) if on_gpus else 1  # a call's chats go to every device
+        # a call's chats go to every device; the KV engine's time follows its rows (batch_size None)
+        self.rows_at_once = batch_size * len(devices) if on_gpus and batch_size else 1
 
     def _receive(self, kind: str) -> tuple[Any, ...]:
         while True:

@@ -265,7 +265,7 @@ class Summary:
 
 
 FIRST_CHUNK = 64  # conversations in the first commit, before the pace is known
-MAX_CHUNK = 4096  # an engine batches within a commit: a fast GPU gets large batches, never unbounded ones
+MAX_CHUNK = 32768  # an engine batches within a commit: a fast GPU gets large batches, never unbounded ones
 
 
 class CommitPace:
@@ -346,7 +346,7 @@ def regenerate(
         if chunk_size is not None
         else CommitPace(
             commit_every_s,
-            first=min(FIRST_CHUNK, max(1, int(commit_every_s))),
+            first=getattr(engine, "first_chunk", None) or min(FIRST_CHUNK, max(1, int(commit_every_s))),
             batch=getattr(engine, "rows_at_once", 1),
         )
     )

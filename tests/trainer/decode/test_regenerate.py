@@ -570,7 +570,7 @@ def test_on_a_gpu_the_pace_counts_whole_batches() -> None:
     assert gpu.size == 1024
     huge = CommitPace(60.0, batch=3000)
     huge.record(3000, 1.0)
-    assert huge.size == 3000 <= MAX_CHUNK
+    assert huge.size == MAX_CHUNK // 3000 * 3000 <= MAX_CHUNK  # whole batches up to the cap
 
 
 def _commit_sizes(tmp_path: Path, engine: type, rows: int = 20, **constants: int) -> list[int]:
@@ -599,6 +599,16 @@ def test_a_batching_engine_commits_whole_batches(tmp_path: Path) -> None:
 
     sizes = _commit_sizes(tmp_path, BatchingEngine, MAX_CHUNK=16)
     assert sizes == [8, 12]  # one batch, then two (the cap), of which 12 were left
+
+
+def test_an_engine_that_batches_continuously_first_commits_its_own_chunk(tmp_path: Path) -> None:
+    class ContinuousEngine(EchoEngine):
+        first_chunk = 12  # the KV engine's: a few times its slots, so a commit is not mostly its tail
+
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "plain").mkdir()
+    assert _commit_sizes(tmp_path / "kv", ContinuousEngine, FIRST_CHUNK=2)[0] == 12
+    assert _commit_sizes(tmp_path / "plain", EchoEngine, FIRST_CHUNK=2)[0] == 2
 
 
 def test_a_run_commits_in_paced_chunks(tmp_path: Path) -> None:

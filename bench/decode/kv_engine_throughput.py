@@ -1,0 +1,208 @@
+"""`data regenerate`'s two torch engines in one run: today's (transformers' `generate`, batches sorted by
+length) against the KV engine (a preallocated cache, CUDA-graph decode steps, continuous batching), on the
+same prompts; generated tok/s, the ratio, the KV engine's roofline share, and whether the tokens agree.
+
+    # a real target and real chats (answers stop where the target stops):
+    python3 bench/decode/kv_engine_throughput.py --target runs/smollm2-135m/target \
+        --prompts runs/smollm2-135m/prompts/train.jsonl --num 4096 --max-new-tokens 384 --baseline-batch 2048
+    # a config's shapes with random weights (no stop token: every row decodes --max-new-tokens):
+    python3 bench/decode/kv_engine_throughput.py --target-config bench/decode/shapes/qwen3-8b.json \
+        --prompt-lens 100-450 --num 512 --max-new-tokens 256 --baseline-batch 128
+    .venv/bin/python bench/decode/kv_engine_throughput.py --tiny      # CPU dry run: the tiny target folder
+
+Rates are generated tokens over the wall time of the whole call (tokenising, prefill and decode); the KV
+engine's decode-only rate is what its roofline share compares (trainer.decode.roofline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.decode.regenerate_throughput import random_model, random_prompts
+from bench.lib.roles import RESULTS, device_name, print_rows, write_result
+from trainer.decode.continuous import auto_slots, decode_all
+from trainer.decode.generation import GenerationSettings, TorchEngine, generate_token_batch
+from trainer.decode.kv_decoder import KVDecoder, kv_bytes_per_token
+from trainer.decode.kv_engine import KVEngine
+from trainer.decode.roofline import decode_roofline, peaks_of
+from trainer.decode.sampling import row_key
+
+
+def synced(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def real_chats(path: Path, num: int) -> list[list[dict[str, str]]]:
+    from trainer.decode.conversations import read_records
+
+    chats = []
+    for item in read_records(path):
+        if hasattr(item, "messages"):
+            first = next(
+                (i for i, m in enumerate(item.messages) if m["role"] == "assistant"), len(item.messages)
+            )
+            chats.append([dict(m) for m in item.messages[:first]])
+        if len(chats) == num:
+            break
+    return chats
+
+
+def compare_real(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    settings = GenerationSettings(target=args.target, max_new_tokens=args.max_new_tokens)
+    chats = real_chats(Path(args.prompts), args.num)
+    rows: dict[str, Any] = {"prompts": len(chats)}
+    began = synced(device)
+    kv = KVEngine(settings, str(device), slots=args.slots)
+    loaded = synced(device)
+    new = kv.generate(chats)
+    done = synced(device)
+    rows["kv"] = {"seconds": done - loaded, "tokens": sum(c.tokens for c in new), "load_s": loaded - began}
+    rows["kv"] |= kv.report() | roofline_of(kv.model, kv.stats, device)
+    if args.temperature > 0:  # the sampled path's cost, the same prompts, one key each
+        sampled_settings = GenerationSettings(
+            target=args.target,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+        )
+        kv.settings = sampled_settings
+        keys = [row_key(0, f"p{i}", 0) for i in range(len(chats))]
+        t0 = synced(device)
+        sampled = kv.generate(chats, keys)
+        rows["kv_sampled"] = {"seconds": synced(device) - t0, "tokens": sum(c.tokens for c in sampled)}
+        kv.settings = settings
+    kv.close()
+    del kv
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if args.baseline_batch:
+        old_engine = TorchEngine(settings, str(device), batch_size=args.baseline_batch)
+        take = chats[: args.baseline_num or len(chats)]
+        t0 = synced(device)
+        old = old_engine.generate(take)
+        t1 = synced(device)
+        rows["generate"] = {"seconds": t1 - t0, "tokens": sum(c.tokens for c in old), "prompts": len(take)}
+        same = sum(a == b for a, b in zip(old, new, strict=False))
+        rows["identical_answers"] = same
+        rows["different_answers"] = len(take) - same
+        rows["speedup"] = rate(rows["kv"]) / rate(rows["generate"]) if rate(rows["generate"]) else None
+    return rows
+
+
+def compare_shapes(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(Path(args.target_config), device, dtype)
+    gen = torch.Generator().manual_seed(0)
+    prompts = random_prompts(model.config.vocab_size, args.num, 128, args.prompt_lens, gen)
+    settings = GenerationSettings(target="random", max_new_tokens=args.max_new_tokens)
+    max_len = max(len(p) for p in prompts) + args.max_new_tokens
+    kv_bytes = kv_bytes_per_token(model.config, dtype)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    rows: dict[str, Any] = {"prompts": len(prompts)}
+    for slots in args.slot_list:
+        fit = auto_slots(model, max_len, kv_bytes, slots, free)
+        decoder = KVDecoder(model, fit, max_len)
+        decode_all(decoder, prompts[: min(len(prompts), fit)], 8, [])  # capture the graphs it will replay
+        t0 = synced(device)
+        out, stats = decode_all(decoder, prompts, args.max_new_tokens, [])
+        seconds = synced(device) - t0
+        rows[f"kv_{fit}"] = {"seconds": seconds, "tokens": sum(len(r) for r in out), "slots": fit}
+        rows[f"kv_{fit}"] |= roofline_of(model, stats, device)
+        del decoder
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if args.baseline_batch:
+        take = prompts[: args.baseline_num or len(prompts)]
+        t0 = synced(device)
+        produced = 0
+        for start in range(0, len(take), args.baseline_batch):
+            batch = take[start : start + args.baseline_batch]
+            produced += sum(len(r) for r in generate_token_batch(model, batch, settings, 0, [], seed=0))
+        rows["generate"] = {"seconds": synced(device) - t0, "tokens": produced, "prompts": len(take)}
+        best = max(rate(v) for k, v in rows.items() if k.startswith("kv_"))
+        rows["speedup"] = best / rate(rows["generate"])
+    return rows
+
+
+def roofline_of(model: Any, stats: Any, device: torch.device) -> dict[str, Any]:
+    peaks = peaks_of(device_name(device)) if device.type == "cuda" else None
+    if peaks is None:
+        return {"roofline": None}
+    kv = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
+    return decode_roofline(model, stats, kv, peaks).to_json()
+
+
+def rate(row: dict[str, Any]) -> float:
+    return row["tokens"] / row["seconds"] if row.get("seconds") else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tiny", action="store_true", help="CPU dry run on the tiny target folder")
+    parser.add_argument("--target", help="a model folder with a tokenizer (real chats)")
+    parser.add_argument("--prompts", help="JSONL prompt records for --target")
+    parser.add_argument("--target-config", help="a config.json: random weights, token prompts")
+    parser.add_argument("--prompt-lens", default="100-450", help="LO-HI prompt lengths for --target-config")
+    parser.add_argument("--num", type=int, default=512)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--slots", type=int, default=None, help="KV engine rows at once (default: its own)")
+    parser.add_argument(
+        "--slot-list", default="2048", help="--target-config: slot counts to try, e.g. 128,512,2048"
+    )
+    parser.add_argument("--baseline-batch", type=int, default=128, help="generate's batch (0: skip it)")
+    parser.add_argument("--baseline-num", type=int, default=0, help="prompts for generate (0: all)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: also time sampled decoding")
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--out", default=str(RESULTS / "kv_engine_throughput.json"))
+    args = parser.parse_args()
+    args.slot_list = [int(s) for s in args.slot_list.split(",")]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.tiny:
+        from tests.trainer.target_folder import make_target_folder
+
+        folder = make_target_folder(Path(tempfile.mkdtemp()) / "target")
+        records = Path(tempfile.mkdtemp()) / "p.jsonl"
+        lines = [{"id": f"p{i}", "prompt": " ".join(f"w{j}" for j in range(1 + i % 30))} for i in range(32)]
+        records.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        args.target, args.prompts, args.num, args.max_new_tokens, args.baseline_batch = (
+            str(folder),
+            str(records),
+            32,
+            16,
+            8,
+        )
+    rows = compare_real(args, device) if args.target else compare_shapes(args, device)
+    table = [
+        {
+            "engine": k,
+            "tok/s": round(rate(v)),
+            "tokens": v["tokens"],
+            "s": round(v["seconds"], 2),
+            **{x: v[x] for x in ("slots", "share_of_roofline", "roofline_tok_s") if x in v},
+        }
+        for k, v in rows.items()
+        if isinstance(v, dict)
+    ]
+    columns = ("engine", "tok/s", "tokens", "s", "slots", "share_of_roofline", "roofline_tok_s")
+    print_rows("data regenerate: generate vs the KV engine", columns, table)
+    print({k: v for k, v in rows.items() if not isinstance(v, dict)})
+    write_result(Path(args.out), {"device": device_name(device), "args": vars(args), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

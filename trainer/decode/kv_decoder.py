@@ -1,0 +1,202 @@
+"""The target's decode path over a KV cache of our own: `slots` rows of `max_len` positions, preallocated once,
+each row at its own length, so that a finished row can take the next prompt while the others go on.
+
+It runs the Hugging Face model's own modules (embedding, norms, projections, MLPs, head) and replaces only
+attention and the cache, for the families whose layer is exactly "norm, attention with RoPE, residual, norm,
+MLP, residual" (`SUPPORTED`); anything else keeps transformers' `generate` (`unsupported_reason` says why).
+A decode step feeds one token per slot and attends over the first `length` positions of the cache, `length`
+a multiple of `LENGTH_BUCKET` covering the longest row; on CUDA each length's step is captured once as a CUDA
+graph and replayed (a 30-layer step is ~450 small kernels: launched one by one they cost more than the step's
+arithmetic at a 135M target's shapes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+LENGTH_BUCKET = 128  # a step attends over a multiple of this many positions: few graphs, little waste
+# transformers' generation settings that change which token greedy decoding picks: with any of them set
+# to a non-default value, `generate` is the only engine that would honour it.
+_LOGITS_SETTINGS = {
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+}
+
+
+def unsupported_reason(config: Any, generation_config: Any = None) -> str | None:
+    """Why this target cannot use the KV decoder (None: it can). Configs only: nothing is loaded."""
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED:
+        return f"model type {kind!r} (the KV decoder knows {', '.join(SUPPORTED)})"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    if kind == "mistral" and getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "layers other than full attention"
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in ("default", "linear", "llama3"):
+        return f"RoPE type {rope_type!r} (its frequencies change with the length)"
+    for name, default in _LOGITS_SETTINGS.items():
+        value = getattr(generation_config, name, default) if generation_config is not None else default
+        if value not in (default, None) and value != default:
+            return f"generation_config.{name} = {value!r}"
+    return None
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of K and V one position holds over all layers."""
+    heads = config.num_key_value_heads or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in transformers' (non-interleaved) layout."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVDecoder:
+    """Prefill prompts into free slots; decode one token for every slot at a time."""
+
+    def __init__(self, model: Any, slots: int, max_len: int, graphs: bool | None = None) -> None:
+        self.model = model
+        config = model.config
+        self.base = model.model
+        self.layers = list(self.base.layers)
+        weight = next(model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.group = self.heads // self.kv_heads
+        self.slots = slots
+        self.max_len = -(-max_len // LENGTH_BUCKET) * LENGTH_BUCKET
+        shape = (slots, self.kv_heads, self.max_len, self.head_dim)
+        self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        with torch.inference_mode():
+            positions = torch.arange(self.max_len, device=self.device)[None]
+            probe = torch.zeros(1, device=self.device, dtype=self.dtype)
+            cos, sin = self.base.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim)
+        # The step's inputs, read in place by every captured graph.
+        self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self.rows = torch.arange(slots, device=self.device)
+        self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._pool: Any = None
+
+    def _attention_projections(
+        self, attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (n, heads, t, d), k and v (n, kv_heads, t, d), RoPE applied; h is (n, t, hidden)."""
+        n, t = h.shape[:2]
+        q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
+        k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.base.norm(x))
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """Write the prompts' K/V into `slots` (from position 0) and return the logits after each prompt's last
+        token (n, vocab). Prompts are right-padded: what a pad writes past a prompt's end is never attended
+        (a row attends up to its own position) and is overwritten as the row decodes."""
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(self.device)
+        where = torch.tensor(slots, device=self.device)
+        cos, sin = self.cos[:width], self.sin[:width]
+        x = self.base.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._attention_projections(attn, layer.input_layernorm(x), cos, sin)
+            self.keys[i][where, :, :width] = k
+            self.values[i][where, :, :width] = v
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(n, width, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        return self._logits(x[torch.arange(n, device=self.device), last])
+
+    def _step(self, length: int) -> torch.Tensor:
+        """One token per slot at its own position; attends over the cache's first `length` positions."""
+        s = self.slots
+        cos = self.cos[self.positions][:, None, None]  # (slots, 1, 1, d)
+        sin = self.sin[self.positions][:, None, None]
+        visible = torch.arange(length, device=self.device)[None] <= self.positions[:, None]
+        mask = visible[:, None, None]  # (slots, 1, 1, length)
+        x = self.base.embed_tokens(self.tokens[:, None])  # (slots, 1, hidden)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._attention_projections(attn, layer.input_layernorm(x), cos, sin)
+            self.keys[i][self.rows, :, self.positions] = k[:, :, 0]
+            self.values[i][self.rows, :, self.positions] = v[:, :, 0]
+            # Grouped-query attention without copying K/V: the query heads of one KV head are its "rows".
+            qg = q.reshape(s, self.kv_heads, self.group, self.head_dim)
+            keys, values = self.keys[i][:, :, :length], self.values[i][:, :, :length]
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=attn.scaling)
+            x = x + attn.o_proj(o.reshape(s, 1, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._logits(x)[:, 0]
+
+    def bucket(self, longest: int) -> int:
+        """The attended length for a step whose longest row is at position `longest - 1`."""
+        return min(self.max_len, max(LENGTH_BUCKET, -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET))
+
+    @torch.inference_mode()
+    def step(self, length: int) -> torch.Tensor:
+        """Logits (slots, vocab) of the next token of every slot; `tokens` and `positions` set beforehand."""
+        if not self.use_graphs:
+            return self._step(length)
+        if length not in self._graphs:
+            self._graphs[length] = self._capture(length)
+        graph, logits = self._graphs[length]
+        graph.replay()
+        return logits
+
+    def _capture(self, length: int) -> tuple[Any, torch.Tensor]:
+        """Capture one length's step. Its warm-up writes K/V at the slots' current positions, which the
+        real step writes again before anything reads them."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._step(length)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self._step(length)
+        return graph, logits
+
+    @property
+    def graphs_captured(self) -> int:
+        return len(self._graphs)
