@@ -110,16 +110,23 @@ def compare_shapes(args: argparse.Namespace, device: torch.device) -> dict[str, 
     max_len = max(len(p) for p in prompts) + args.max_new_tokens
     kv_bytes = kv_bytes_per_token(model.config, dtype)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
-    rows: dict[str, Any] = {"prompts": len(prompts)}
-    for slots in args.slot_list:
+    rows: dict[str, Any] = {"prompts": len(prompts), "kernel_max_error": kernel_error(model, device, dtype)}
+    runs = [(slots, True) for slots in args.slot_list]
+    if args.sdpa_too:  # the same job with SDPA's padded attention, for the kernel's share of the gain
+        runs.append((args.slot_list[0], False))
+    for slots, exact in runs:
         fit = auto_slots(model, max_len, kv_bytes, slots, free)
         decoder = KVDecoder(model, fit, max_len)
+        decoder.exact_lengths = decoder.exact_lengths and exact
         decode_all(decoder, prompts[: min(len(prompts), fit)], 8, [])  # capture the graphs it will replay
         t0 = synced(device)
         out, stats = decode_all(decoder, prompts, args.max_new_tokens, [])
         seconds = synced(device) - t0
-        rows[f"kv_{fit}"] = {"seconds": seconds, "tokens": sum(len(r) for r in out), "slots": fit}
-        rows[f"kv_{fit}"] |= roofline_of(model, stats, device)
+        name = f"kv_{fit}" + ("" if decoder.exact_lengths else "_sdpa")
+        rows[name] = {"seconds": seconds, "tokens": sum(len(r) for r in out), "slots": fit}
+        rows[name] |= {"exact_lengths": decoder.exact_lengths, "steps": stats.steps, "graphs": stats.graphs}
+        rows[name] |= {"decode_s": round(stats.decode_s, 3), "prefill_s": round(stats.prefill_s, 3)}
+        rows[name] |= roofline_of(model, stats, device)
         del decoder
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -134,6 +141,25 @@ def compare_shapes(args: argparse.Namespace, device: torch.device) -> dict[str, 
         best = max(rate(v) for k, v in rows.items() if k.startswith("kv_"))
         rows["speedup"] = best / rate(rows["generate"])
     return rows
+
+
+def kernel_error(model: Any, device: torch.device, dtype: torch.dtype) -> float | None:
+    """The decode-attention kernel against masked SDPA in the model's dtype, at its head shapes."""
+    from trainer.decode.decode_attention import _sdpa_reference, decode_attention, triton_available
+
+    if not triton_available(device.type):
+        return None
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(64, heads, head_dim, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(64, kv_heads, 1024, head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(64, kv_heads, 1024, head_dim, device=device, dtype=dtype, generator=gen)
+    lengths = torch.randint(1, 1025, (64,), device=device, generator=gen).to(torch.int32)
+    got = decode_attention(q, k, v, lengths, head_dim**-0.5).float()
+    want = _sdpa_reference(q.float(), k.float(), v.float(), lengths, head_dim**-0.5)
+    return float((got - want).abs().max())
 
 
 def roofline_of(model: Any, stats: Any, device: torch.device) -> dict[str, Any]:
@@ -163,6 +189,7 @@ def main() -> int:
     parser.add_argument(
         "--slot-list", default="2048", help="--target-config: slot counts to try, e.g. 128,512,2048"
     )
+    parser.add_argument("--sdpa-too", action="store_true", help="also time SDPA's attention (first slots)")
     parser.add_argument("--baseline-batch", type=int, default=128, help="generate's batch (0: skip it)")
     parser.add_argument("--baseline-num", type=int, default=0, help="prompts for generate (0: all)")
     parser.add_argument("--temperature", type=float, default=0.0, help="> 0: also time sampled decoding")

@@ -15,16 +15,16 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-570}
 source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/kv-home
 ROOT=runs/smollm2-135m
-stage setup 25 bash -c "install_carried_wheels && python3 -m pip install -q --no-deps --no-index --target $SITE .whl/gguf-*.whl"
+stage setup 25 bash -c "install_carried_wheels && if ls .whl/gguf-*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-deps --no-index --target $SITE .whl/gguf-*.whl; fi"
 B=bench/decode/kv_engine_throughput.py
 if [ "$PHASE" = shapes ]; then
-    mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1
-    stage qwen3_8b 240 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
-        --num 1024 --max-new-tokens 256 --slot-list 128,1024 --baseline-batch 128 --baseline-num 128 \
-        --out "$RES/kv_qwen3_8b.json"
-    stage smollm2_shapes 240 python3 $B --target-config bench/decode/shapes/smollm2-135m.json --prompt-lens 100-450 \
-        --num 8192 --max-new-tokens 256 --slot-list 2048,4096 --baseline-batch 2048 --baseline-num 2048 \
+    if [ -f .carry1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1; fi
+    stage smollm2_shapes 200 python3 $B --target-config bench/decode/shapes/smollm2-135m.json --prompt-lens 100-450 \
+        --num 8192 --max-new-tokens 256 --slot-list 2048,4096 --sdpa-too --baseline-batch 2048 --baseline-num 2048 \
         --out "$RES/kv_smollm2_shapes.json"
+    stage qwen3_8b 200 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
+        --num 512 --max-new-tokens 128 --slot-list 512 --sdpa-too --baseline-batch 128 --baseline-num 128 \
+        --out "$RES/kv_qwen3_8b.json"
     finish kv-shapes
     exit 0
 fi

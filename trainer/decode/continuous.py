@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from trainer.decode.kv_decoder import KVDecoder
-from trainer.decode.sampling import choose_tokens
 
 PREFILL_TOKENS = 32768  # tokens in one prefill forward: its activations stay a small share of memory
+SYNC_EVERY = 8  # decode steps between the host's looks at the slots (answers run to hundreds of steps)
 
 
 @dataclass
@@ -64,34 +64,44 @@ def decode_all(
     top_p: float = 1.0,
     keys: Sequence[int] | None = None,
     prefill_tokens: int = PREFILL_TOKENS,
+    sync_every: int = SYNC_EVERY,
 ) -> tuple[list[list[int]], DecodeStats]:
-    """The new token ids of every prompt (its stop token included when it stopped), in input order."""
+    """The new token ids of every prompt (its stop token included when it stopped), in input order.
+
+    The device does each step's bookkeeping (KVDecoder._advance); the host looks every `sync_every` steps:
+    it collects the answers that ended and refills their slots. A row that ends between looks idles until
+    the next one (a few steps of a few hundred), which is what the host's absence from the other steps buys."""
     if any(len(p) + max_new_tokens > decoder.max_len for p in prompts):
         raise ValueError("a prompt and its answer do not fit the decoder's max_len")
     slots, device = decoder.slots, decoder.device
+    decoder.configure(max_new_tokens, stop_ids, temperature, top_p)
     stats = DecodeStats()
     queue = deque(sorted(range(len(prompts)), key=lambda i: -len(prompts[i])))
     results: list[list[int]] = [[] for _ in prompts]
-    job = np.full(slots, -1, dtype=np.int64)  # the prompt each slot answers (-1: idle)
-    position = np.zeros(slots, dtype=np.int64)  # where each slot's next fed token goes
-    produced = np.zeros(slots, dtype=np.int64)
-    stops = np.array(sorted(set(stop_ids)), dtype=np.int64)
-    key_of = np.array(list(keys) if keys is not None else [0] * len(prompts), dtype=np.int64)
-    slot_keys = torch.zeros(slots, dtype=torch.long, device=device)
+    job = np.full(slots, -1, dtype=np.int64)  # the prompt each slot answers (-1: free)
+    position = np.zeros(slots, dtype=np.int64)  # an upper bound on each slot's position (the SDPA bucket)
+    key_of = list(keys) if keys is not None else [0] * len(prompts)
     refill_at = max(1, slots // 16)
 
-    def finish_tokens(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """Record each row's new token; the rows whose answer ended."""
-        for row, token in zip(rows.tolist(), tokens.tolist(), strict=True):
-            results[job[row]].append(token)
-        produced[rows] += 1
-        return rows[np.isin(tokens, stops) | (produced[rows] >= max_new_tokens)]
+    def collect() -> None:
+        """Take the answers of rows that ended since the last look; their slots become free."""
+        live = decoder.live.cpu().numpy()
+        position[:] = decoder.positions.cpu().numpy()
+        ended = np.flatnonzero((job >= 0) & ~live)
+        if ended.size:
+            where = torch.as_tensor(ended, device=device)
+            counts = decoder.produced[where].cpu().tolist()
+            answers = decoder.answers[where, : max(counts)].cpu().tolist()
+            for row, count, answer in zip(ended.tolist(), counts, answers, strict=True):
+                results[job[row]] = answer[:count]
+            job[ended] = -1
 
     def refill() -> None:
         free = np.flatnonzero(job < 0)
         take = min(len(free), len(queue))
         chosen = [queue.popleft() for _ in range(take)]
         start = 0
+        began = time.perf_counter()
         while start < take:  # prefill groups of at most `prefill_tokens` tokens
             width, end = 0, start
             while end < take and (
@@ -100,49 +110,37 @@ def decode_all(
                 width = max(width, len(prompts[chosen[end]]))
                 end += 1
             group, where = chosen[start:end], free[start:end]
-            began = time.perf_counter()
-            logits = decoder.prefill([list(prompts[j]) for j in group], where.tolist())
+            decoder.start_rows([list(prompts[j]) for j in group], where.tolist(), [key_of[j] for j in group])
             job[where] = group
             position[where] = [len(prompts[j]) for j in group]
-            produced[where] = 0
-            where_t = torch.as_tensor(where, device=device)
-            slot_keys[where_t] = torch.as_tensor(key_of[group], device=device)
-            first = choose_tokens(logits, temperature, top_p, slot_keys[where_t], torch.zeros_like(where_t))
-            decoder.tokens[where_t] = first
-            ended = finish_tokens(where, first.cpu().numpy())
-            job[ended] = -1
-            _sync(device)
-            stats.prefill_s += time.perf_counter() - began
             stats.prefill_tokens += sum(len(prompts[j]) for j in group)
             start = end
+        _sync(device)
+        stats.prefill_s += time.perf_counter() - began
 
-    while queue or (job >= 0).any():
-        live = job >= 0
-        if queue and (slots - live.sum() >= min(refill_at, len(queue)) or not live.any()):
+    while True:
+        collect()
+        busy = int((job >= 0).sum())
+        if queue and (slots - busy >= min(refill_at, len(queue)) or busy == 0):
             refill()
-            live = job >= 0
-            if not live.any():
-                continue
+            continue  # a row can end at its first token: look again before decoding
+        if busy == 0:
+            break
         began = time.perf_counter()
-        position[~live] = 0  # idle slots compute at position 0, which a prefill writes before it is read
-        longest = int(position[live].max()) + 1
-        length = decoder.bucket(longest)
-        decoder.positions.copy_(torch.from_numpy(position))
-        logits = decoder.step(length)
-        steps = torch.from_numpy(produced).to(device)
-        tokens = choose_tokens(logits, temperature, top_p, slot_keys, steps)
-        decoder.tokens.copy_(tokens)
-        rows = np.flatnonzero(live)
-        ended = finish_tokens(rows, tokens.cpu().numpy()[rows])
-        job[ended] = -1
-        position[rows] += 1
-        stats.steps += 1
-        stats.row_steps += len(rows)
-        stats.slot_steps += slots
-        stats.attended += int(position[rows].sum())
-        stats.attended_padded += slots * length
-        stats.lengths.add(length)
+        for _ in range(sync_every):
+            length = decoder.bucket(int(position[job >= 0].max()) + 1)
+            decoder.step(length)
+            position[job >= 0] += 1
+            stats.steps += 1
+            stats.slot_steps += slots
+            stats.attended_padded += slots * length
+            stats.lengths.add(length)
+        _sync(device)
         stats.decode_s += time.perf_counter() - began
+    stats.row_steps = int(decoder.live_row_steps)
+    stats.attended = int(decoder.attended_positions)
+    if decoder.exact_lengths:
+        stats.attended_padded = stats.attended  # the kernel reads each row's own positions only
     stats.generated = sum(len(r) for r in results)
     stats.graphs = decoder.graphs_captured
     return results, stats
