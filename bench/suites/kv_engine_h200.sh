@@ -22,7 +22,7 @@ if [ "$PHASE" = shapes ]; then
     stage smollm2_shapes 200 python3 $B --target-config bench/decode/shapes/smollm2-135m.json --prompt-lens 100-450 \
         --num 8192 --max-new-tokens 256 --slot-list 2048,4096 --sdpa-too --baseline-batch 2048 --baseline-num 2048 \
         --out "$RES/kv_smollm2_shapes.json"
-    stage qwen3_8b 200 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
+    stage qwen3_8b 240 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
         --num 512 --max-new-tokens 128 --slot-list 512 --sdpa-too --baseline-batch 128 --baseline-num 128 \
         --out "$RES/kv_qwen3_8b.json"
     finish kv-shapes
