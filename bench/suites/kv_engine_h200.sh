@@ -19,7 +19,7 @@ stage setup 25 bash -c "install_carried_wheels && if ls .whl/gguf-*.whl >/dev/nu
 B=bench/decode/kv_engine_throughput.py
 if [ "$PHASE" = shapes ]; then
     if [ -f .carry1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1; fi
-    stage smollm2_shapes 200 python3 $B --target-config bench/decode/shapes/smollm2-135m.json --prompt-lens 100-450 \
+    [ -n "${ONLY_QWEN3:-}" ] || stage smollm2_shapes 200 python3 $B --target-config bench/decode/shapes/smollm2-135m.json --prompt-lens 100-450 \
         --num 8192 --max-new-tokens 256 --slot-list 2048,4096 --sdpa-too --baseline-batch 2048 --baseline-num 2048 \
         --out "$RES/kv_smollm2_shapes.json"
     stage qwen3_8b 240 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
