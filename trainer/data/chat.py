@@ -130,6 +130,8 @@ def locate_answer(
     start = header_end
     if own.startswith(template_text, header_end):
         start += len(template_text)  # the template's own text, unchanged by this message: not the target's
+        if not template_text.strip():
+            context += template_text  # a space before the content (Llama 2) stays, as unsupervised text
     eot_end = len(own) - after + len(closing) - len(closing.lstrip()) + len(end_of_turn)
     written = own[start:eot_end]
     if answer_text(messages[index]) not in written:  # a check of what was located, never how it is located
