@@ -33,7 +33,7 @@ _PROBE_CONVERSATION = [
     {"role": "user", "content": "dflashprobeuser2"},
     {"role": "assistant", "content": "dflashprobeanswer2"},
 ]
-_JSONL_ROUTE = 'pre-tokenise the data with a loss mask as data.kind = "jsonl" (trainer.data.pretokenize)'
+_JSONL_ROUTE = 'pre-tokenise the data with a loss mask as data.kind = "jsonl" (trainer.data.pretokenize.write_pretokenized writes it)'
 
 
 def render_chat(
