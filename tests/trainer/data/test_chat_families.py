@@ -38,6 +38,12 @@ FAMILIES: dict[str, tuple[list[str], str, str, str]] = {
         "<|eot_id|>",
         "<|eot_id|>",
     ),
+    "llama31": (
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"],
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|eot_id|>",
+    ),
     "gemma": (["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"], "<bos>", "<eos>", "<end_of_turn>"),
     "qwen25": (IM, "<|endoftext|>", "<|im_end|>", "<|im_end|>"),
     "qwen3": (IM, "<|endoftext|>", "<|im_end|>", "<|im_end|>"),
@@ -192,3 +198,32 @@ def test_a_template_that_writes_no_end_of_turn_is_refused_naming_why() -> None:
     tokenizer = char_tokenizer(no_end, [], "<s>", "</s>")
     with pytest.raises(ConfigError, match="writes nothing after an assistant message to end its turn"):
         chat_tokens_and_mask(tokenizer, TWO_TURNS)
+
+
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("llama31", '{"name": "weather", "parameters": {"city": "Oslo"}}<|eot_id|>'),
+        ("qwen3", '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>'),
+    ],
+)
+def test_tool_calls_with_the_records_tools_are_supervised_and_the_tool_result_is_not(
+    name: str, call: str
+) -> None:
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "weather", "arguments": {"city": "Oslo"}}}],
+        },
+        {"role": "tool", "content": "rain"},
+        {"role": "assistant", "content": "It rains."},
+    ]
+    tokenizer = family(name)
+    sequence = chat_sequence(tokenizer, messages, {}, tools)
+    assert '"parameters": {}' in sequence.text.split("Weather?")[0]  # the definitions, before the question
+    ids, mask = chat_tokens_and_mask(tokenizer, messages, {}, tools=tools)
+    end = FAMILIES[name][3]
+    assert supervised_text(tokenizer, ids, mask) == [call, f"It rains.{end}"]
