@@ -1,17 +1,20 @@
-"""Chat records -> (token ids, loss mask) that supervise exactly the assistant turns, as the template renders them.
+"""Chat records -> (token ids, loss mask) that supervise exactly what the target wrote, found from the renders.
 
-Each conversation is rendered once, as text, with the tokenizer's own chat template (and the run's
-`data.chat_template_kwargs`, e.g. `{enable_thinking = false}`), then tokenised once: the ids are exactly
-what `apply_chat_template(tokenize=True)` gives. The supervised span of an assistant turn runs from the end
-of its role header to the end of its end-of-turn token, so it holds the content, any think block the
-template keeps, tool calls, and the end-of-turn token; never system, user or tool text, never a header.
+No family rules: each assistant message is located by asking the template itself. For answer i the
+template renders (run's `data.chat_template_kwargs` and the record's `tools` passed every time):
 
-The template itself is asked what a header and an end-of-turn look like (`TemplateMarks`), by rendering a
-probe conversation, instead of guessing them from token arithmetic: templates such as Qwen3's drop the think
-blocks of earlier turns and add an empty one to the last, which shifts any span computed from the lengths
-of partial renderings (the bug of issue 15). When the template's generation prompt goes further than the
-role header (Qwen3 with `enable_thinking = false` opens `<think>\n\n</think>\n\n` itself), that text is
-the server's, not the model's, and is not supervised either.
+- `context`: the conversation before it with the generation prompt, the text the target continued from
+  (as `data regenerate` and a server render it);
+- `own`: the conversation ending with the answer, and two `probes` ending with sentinel contents instead.
+
+Where the two probes part is where the template puts a message's content; their common end is what the
+template writes after it (its first token is the end-of-turn token). Everything is found by position and
+difference, never by searching for the answer's text (issue 38, Q4). The template's own text before the
+content (Qwen3's empty `<think>\n\n</think>\n\n` on the last turn) is left out unless the message changed
+it (a rendered `reasoning_content`, Q3, is the target's). Each answer is trained in the context it was
+generated in (Q1): the sequence is the last answer's context followed by that answer, and an earlier answer
+is supervised only where that sequence holds it right after its own generation context; one the template
+re-renders differently in the history (Qwen3 drops think blocks) stays context, unsupervised, and counted.
 """
 
 from __future__ import annotations
@@ -22,69 +25,121 @@ from typing import Any
 from dflash_base.errors import ConfigError
 from trainer.spec.messages import messages_problem
 
-_PROBE_USER, _PROBE_ANSWER, _PROBE_NEXT = "dflashprobeuser", "dflashprobeanswer", "dflashprobenext"
+# Two sentinels that differ in their first and last character: where the probes part is the content's place.
+_SENTINELS = ("Xdflashsentinel1X", "Ydflashsentinel2Y")
+_PROBE_CONVERSATION = [
+    {"role": "user", "content": "dflashprobeuser1"},
+    {"role": "assistant", "content": "dflashprobeanswer1"},
+    {"role": "user", "content": "dflashprobeuser2"},
+    {"role": "assistant", "content": "dflashprobeanswer2"},
+]
+_JSONL_ROUTE = 'pre-tokenise the data with a loss mask as data.kind = "jsonl" (trainer.data.pretokenize.write_pretokenized writes it)'
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, kwargs: dict[str, Any]
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    generation_prompt: bool,
+    kwargs: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The template's text for `messages` (what `apply_chat_template(tokenize=True)` tokenises)."""
+    extra = {"tools": tools} if tools else {}
     return str(
         tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra, **kwargs
         )
     )
 
 
-@dataclass(frozen=True)
-class TemplateMarks:
-    """What the template writes around an assistant turn's content."""
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
-    header: str  # the role header, e.g. "<|im_start|>assistant\n"
-    generation_prompt: str  # what the server appends before generating (the header, maybe more)
-    end_of_turn: str  # e.g. "<|im_end|>"
 
-    @classmethod
-    def of(cls, tokenizer: Any, kwargs: dict[str, Any]) -> TemplateMarks:
-        """Ask the template: render a probe conversation and read the header and end-of-turn off it."""
-        user = [{"role": "user", "content": _PROBE_USER}]
-        turn = [*user, {"role": "assistant", "content": _PROBE_ANSWER}]
-        try:
-            before = render_chat(tokenizer, user, False, kwargs)
-            prompted = render_chat(tokenizer, user, True, kwargs)
-            middle = render_chat(tokenizer, [*turn, {"role": "user", "content": _PROBE_NEXT}], False, kwargs)
-            last = render_chat(tokenizer, turn, False, kwargs)
-        except Exception as exc:  # jinja's errors (and a tokenizer without a template) share no base class
-            raise ConfigError(
-                f"data.kind: the tokenizer's chat template cannot render a user/assistant conversation: {exc}"
-            ) from exc
-        if not (middle.startswith(before) and prompted.startswith(before) and _PROBE_ANSWER in middle):
-            raise ConfigError(
-                "data.kind: the chat template renders a conversation's start differently as it grows; "
-                'cannot locate assistant turns (pre-tokenise the data as data.kind = "jsonl" instead)'
-            )
-        generation_prompt = prompted[len(before) :]
-        header = middle[len(before) : middle.index(_PROBE_ANSWER)]
-        tail = last[last.index(_PROBE_ANSWER) + len(_PROBE_ANSWER) :].lstrip()
-        end = _first_token_text(tokenizer, tail)
-        if not header.strip() or not end:
-            raise ConfigError(
-                "data.kind: the chat template writes no assistant header or no end-of-turn marker; "
-                'cannot locate assistant turns (pre-tokenise the data as data.kind = "jsonl" instead)'
-            )
-        return cls(header, generation_prompt, end)
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    i = 0
+    while i < limit and a[-1 - i] == b[-1 - i]:
+        i += 1
+    return i
 
 
 def _first_token_text(tokenizer: Any, text: str) -> str:
     """The text of the first token of `text` (the end-of-turn token, when `text` follows a turn's content)."""
     if not text:
         return ""
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = encoded["offset_mapping"]
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     if not offsets:
         return ""
     start, end = offsets[0]
     return text[start:end]
+
+
+@dataclass(frozen=True)
+class LocatedAnswer:
+    """One assistant message: the context it was generated from and the text the target wrote after it."""
+
+    context: str  # the conversation before it, with the generation prompt
+    written: str  # its content (and rendered reasoning, tool calls) through the end-of-turn token
+    template_text: str  # what the template writes itself between the context and the content (not supervised)
+    end_of_turn: str  # the end-of-turn token's text (with the whitespace the template puts before it)
+
+
+def locate_answer(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    index: int,
+    kwargs: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+    where: str,
+) -> LocatedAnswer:
+    """Answer `messages[index]` located by difference between renders (see the module docstring)."""
+    before = messages[:index]
+    probes = [[*before, {"role": "assistant", "content": s}] for s in _SENTINELS]
+    try:
+        context = render_chat(tokenizer, before, True, kwargs, tools)
+        own = render_chat(tokenizer, messages[: index + 1], False, kwargs, tools)
+        probe_a, probe_b = (render_chat(tokenizer, p, False, kwargs, tools) for p in probes)
+    except Exception as exc:  # jinja's errors (and a tokenizer without a template) share no base class
+        raise ConfigError(f"{where}: the chat template cannot render this conversation: {exc}") from exc
+    number = f"{where}: assistant message {index + 1}"
+    content_at = _common_prefix(probe_a, probe_b)  # where the template puts a message's content
+    header_end = _common_prefix(context, probe_a)  # where the generation prompt and the turn agree
+    if header_end > content_at or not own.startswith(probe_a[:header_end]):
+        raise ConfigError(
+            f"{number}: the chat template renders the conversation before it differently once the answer "
+            f"follows (its history is not a prefix of the longer rendering); {_JSONL_ROUTE}"
+        )
+    after = _common_suffix(probe_a, probe_b, len(probe_a) - content_at)  # what follows the content
+    closing = probe_a[len(probe_a) - after :]
+    end_of_turn = _first_token_text(tokenizer, closing.lstrip())
+    if not end_of_turn:
+        raise ConfigError(
+            f"{number}: the chat template writes nothing after an assistant message to end its turn, so the "
+            f"target's stop is not in the rendering; {_JSONL_ROUTE}"
+        )
+    if not own.endswith(closing) or len(own) - after < header_end:
+        raise ConfigError(
+            f"{number}: the chat template ends this message differently from a plain one (it rewrote or "
+            f"dropped it); fix the record or {_JSONL_ROUTE}"
+        )
+    template_text = probe_a[header_end:content_at]
+    start = header_end
+    if own.startswith(template_text, header_end):
+        start += len(template_text)  # the template's own text, unchanged by this message: not the target's
+        if not template_text.strip():
+            context += template_text  # a space before the content (Llama 2) stays, as unsupervised text
+    eot_end = len(own) - after + len(closing) - len(closing.lstrip()) + len(end_of_turn)
+    written = own[start:eot_end]
+    if answer_text(messages[index]) not in written:  # a check of what was located, never how it is located
+        raise ConfigError(
+            f"{number}: its text is not where the chat template renders the turn (the template rewrote it "
+            f"or dropped it); fix the record or {_JSONL_ROUTE}"
+        )
+    return LocatedAnswer(context, written, template_text, end_of_turn)
 
 
 def answer_text(message: dict[str, Any]) -> str:
@@ -93,48 +148,73 @@ def answer_text(message: dict[str, Any]) -> str:
     return content.split("</think>")[-1].strip()
 
 
-def assistant_spans(
-    rendered: str, messages: list[dict[str, Any]], marks: TemplateMarks, where: str
-) -> list[tuple[int, int]]:
-    """[start, end) character spans of each assistant turn in `rendered`, in order.
+@dataclass(frozen=True)
+class ChatSequence:
+    """A conversation as trained: its text, the supervised character spans, and the answers left out."""
 
-    A turn starts after the next assistant header (and after the generation prompt's extra text when the
-    template wrote it there) and ends after the next end-of-turn marker; its answer text must lie inside,
-    else the template did something this reading does not understand: a ConfigError naming the record.
-    """
+    text: str
+    spans: list[tuple[int, int]]
+    answers: int  # assistant messages in the record
+    out_of_context: int  # answers whose generation context the sequence does not hold (not supervised)
+
+
+def chat_sequence(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
+    where: str = "chat record",
+) -> ChatSequence:
+    """The last answer's generation context and that answer, then the rest of the conversation where the
+    template renders it as a continuation; earlier answers supervised where they sit in their own context."""
+    indices = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    try:
+        whole = render_chat(tokenizer, messages, False, kwargs, tools)
+    except Exception as exc:  # jinja raises its own errors (e.g. a template's raise_exception)
+        raise ConfigError(f"{where}: the chat template cannot render this conversation: {exc}") from exc
+    if not indices:
+        return ChatSequence(whole, [], 0, 0)
+    located = [locate_answer(tokenizer, messages, i, kwargs, tools, where) for i in indices]
+    last = located[-1]
+    text = last.context + last.written
+    if whole.startswith(text):
+        text = whole  # what follows the last answer (its newline, a closing eos, later tool turns)
     spans: list[tuple[int, int]] = []
-    cursor = 0
-    for number, message in enumerate(messages, start=1):
-        if message.get("role") != "assistant":
-            continue
-        head = rendered.find(marks.header, cursor)
-        if head < 0:
-            raise ConfigError(f"{where}: assistant message {number}: its header is not in the rendering")
-        start = head + len(marks.header)
-        if marks.generation_prompt.startswith(marks.header) and rendered.startswith(
-            marks.generation_prompt, head
-        ):
-            start = head + len(marks.generation_prompt)
-        close = rendered.find(marks.end_of_turn, start)
-        if close < 0:
-            raise ConfigError(
-                f"{where}: assistant message {number}: no end-of-turn after it in the rendering"
-            )
-        end = close + len(marks.end_of_turn)
-        if answer_text(message) not in rendered[start:close]:
-            raise ConfigError(
-                f"{where}: assistant message {number}: its text is not where the chat template renders "
-                "the turn (the template rewrote it or dropped it); fix the record or pre-tokenise the data"
-            )
-        content = message.get("content") or ""
-        written = rendered.find(content, start, close) if content.strip() else -1
-        if written > start and rendered[start:written].strip():
-            # The template put text of its own before the answer (Qwen3: an empty think block before the last
-            # answer), which the target did not write: the answer is supervised from where its own text starts.
-            start = written
-        spans.append((start, end))
-        cursor = end
-    return spans
+    for answer in located:
+        start = len(answer.context)
+        if text.startswith(answer.context) and text.startswith(answer.written, start):
+            spans.append((start, start + len(answer.written)))
+    return ChatSequence(text, spans, len(located), len(located) - len(spans))
+
+
+def check_tools(tools: Any, where: str) -> list[dict[str, Any]] | None:
+    """A record's `tools` (definitions the template renders, as a server passes them), else a ConfigError."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ConfigError(f'{where}: "tools" must be a list of tool definitions (JSON objects)')
+    return tools
+
+
+@dataclass(frozen=True)
+class TemplateMarks:
+    """What the template writes around a probe answer: checked once per data set, before any work."""
+
+    generation_prompt: str  # what the server appends after the history before the target writes
+    template_text: str  # what the template writes itself before the last answer's content
+    end_of_turn: str  # e.g. "<|im_end|>"
+
+    @classmethod
+    def of(cls, tokenizer: Any, kwargs: dict[str, Any]) -> TemplateMarks:
+        """Locate the answers of a probe conversation; a template that cannot be read raises, naming why."""
+        where = "data.kind: the chat template (probe conversation)"
+        sequence = chat_sequence(tokenizer, _PROBE_CONVERSATION, kwargs, None, where)
+        if not sequence.spans:
+            raise ConfigError(f"{where}: no answer sits where it was generated; {_JSONL_ROUTE}")
+        last = locate_answer(tokenizer, _PROBE_CONVERSATION, 3, kwargs, None, where)
+        history = render_chat(tokenizer, _PROBE_CONVERSATION[:3], False, kwargs)
+        prompt = last.context[_common_prefix(history, last.context) :]
+        return cls(prompt, last.template_text, last.end_of_turn)
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
@@ -145,26 +225,23 @@ def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
     return messages
 
 
+def sequence_tokens_and_mask(tokenizer: Any, sequence: ChatSequence) -> tuple[list[int], list[bool]]:
+    """Token ids of the sequence's text and True on the tokens that start inside a supervised span (a token
+    that straddles a span's start belongs to the text before it)."""
+    encoded = tokenizer(sequence.text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(encoded["input_ids"])
+    spans = sequence.spans
+    mask = [any(start <= begin < end for start, end in spans) for begin, _ in encoded["offset_mapping"]]
+    return ids, mask
+
+
 def chat_tokens_and_mask(
     tokenizer: Any,
     messages: list[dict[str, Any]],
     template_kwargs: dict[str, Any] | None = None,
     where: str = "chat record",
-    marks: TemplateMarks | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[bool]]:
-    """Token ids of the whole conversation and True on exactly the assistant turns' tokens.
-
-    A token is supervised when it starts inside an assistant span (a token that straddles the header's
-    end belongs to the header). `marks` may be passed in to probe the template once per data set.
-    """
-    kwargs = dict(template_kwargs or {})
-    marks = marks or TemplateMarks.of(tokenizer, kwargs)
-    try:
-        rendered = render_chat(tokenizer, messages, False, kwargs)
-    except Exception as exc:  # jinja raises its own errors (e.g. a template's raise_exception)
-        raise ConfigError(f"{where}: the chat template cannot render this conversation: {exc}") from exc
-    spans = assistant_spans(rendered, messages, marks, where)
-    encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(encoded["input_ids"])
-    mask = [any(start <= begin < end for start, end in spans) for begin, _ in encoded["offset_mapping"]]
-    return ids, mask
+    """Token ids of the conversation as trained and True on exactly what the target wrote."""
+    sequence = chat_sequence(tokenizer, messages, dict(template_kwargs or {}), tools, where)
+    return sequence_tokens_and_mask(tokenizer, sequence)

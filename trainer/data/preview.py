@@ -46,6 +46,8 @@ class Counts:
     tokens: int = 0  # real tokens after truncation (padding not counted)
     supervised: int = 0
     truncated: int = 0  # sequences longer than data.seq_len
+    answers: int = 0  # assistant messages (chat data)
+    answers_out_of_context: int = 0  # not supervised: the template re-renders their context (issue 38, Q1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +57,8 @@ class Counts:
             "supervised_share": self.supervised / self.tokens if self.tokens else 0.0,
             "truncated_sequences": self.truncated,
             "truncated_share": self.truncated / self.sequences if self.sequences else 0.0,
+            "answers": self.answers,
+            "answers_out_of_context": self.answers_out_of_context,
         }
 
 
@@ -104,6 +108,10 @@ def preview(cfg: TrainConfig, samples: int) -> DataPreview:
         out.counts.tokens += real
         out.counts.supervised += int(mask.sum())
         out.counts.truncated += int(truncated)
+        if isinstance(source, TokenizedSource) and source.kind == "chat":
+            chat = source.chat(j)
+            out.counts.answers += chat.answers
+            out.counts.answers_out_of_context += chat.out_of_context
         if j < samples:
             shown = ids[:real].tolist()
             out.samples.append(

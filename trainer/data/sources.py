@@ -19,7 +19,14 @@ import torch
 from torch import nn
 
 from dflash_base.errors import ConfigError
-from trainer.data.chat import TemplateMarks, chat_tokens_and_mask, check_messages
+from trainer.data.chat import (
+    ChatSequence,
+    TemplateMarks,
+    chat_sequence,
+    check_messages,
+    check_tools,
+    sequence_tokens_and_mask,
+)
 from trainer.model.batch import PAD_ID
 from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
 from trainer.spec.data_files import jsonl_records, record_problem
@@ -67,8 +74,8 @@ class JsonlSource:
 class TokenizedSource:
     """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily.
 
-    Chat records go through `trainer.data.chat` with the run's `data.chat_template_kwargs`; the template is
-    probed once for its header and end-of-turn marker."""
+    Chat records go through `trainer.data.chat` with the run's `data.chat_template_kwargs` and the record's
+    `tools`; the template is probed once, so a template nobody can read is refused before any work."""
 
     def __init__(
         self,
@@ -86,7 +93,8 @@ class TokenizedSource:
         for number, record in self.records:
             if needed not in record:
                 raise ConfigError(f'{field}: {path} line {number}: a "{kind}" record needs "{needed}"')
-        self.marks = TemplateMarks.of(tokenizer, self.template_kwargs) if kind == "chat" else None
+        if kind == "chat":
+            TemplateMarks.of(tokenizer, self.template_kwargs)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -100,8 +108,15 @@ class TokenizedSource:
                 raise ConfigError(f'{where}: "text" must be a string')
             ids = self.tokenizer(record["text"], add_special_tokens=True)["input_ids"]
             return ids, [True] * len(ids)
+        return sequence_tokens_and_mask(self.tokenizer, self.chat(j))
+
+    def chat(self, j: int) -> ChatSequence:
+        """Chat record j as trained: its text, supervised spans, and answers left out of context (issue 38)."""
+        number, record = self.records[j]
+        where = f"{self.field}: {self.path} line {number}"
         messages = check_messages(record["messages"], where)
-        return chat_tokens_and_mask(self.tokenizer, messages, self.template_kwargs, where, self.marks)
+        tools = check_tools(record.get("tools"), where)
+        return chat_sequence(self.tokenizer, messages, self.template_kwargs, tools, where)
 
     def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = self.tokens(j)

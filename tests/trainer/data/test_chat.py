@@ -25,9 +25,13 @@ TWO_TURNS = [
 def _supervised(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> list[str]:
     tokenizer = byte_tokenizer(template)
     ids, mask = chat_tokens_and_mask(tokenizer, messages, kwargs)
-    rendered = tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
-    rendered = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
-    assert ids == list(rendered)  # the ids are exactly the template's tokenisation
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    context = tokenizer.apply_chat_template(
+        messages[:last], tokenize=True, add_generation_prompt=True, **kwargs
+    )
+    context = context["input_ids"] if hasattr(context, "keys") else context
+    # the last answer follows exactly the template's generation prompt, as the target wrote it (Q1)
+    assert ids[: len(context)] == list(context) and mask[len(context)]
     return supervised_text(tokenizer, ids, mask)
 
 
@@ -38,14 +42,16 @@ def test_qwen3_like_two_turns_supervise_each_answer_and_its_end_of_turn() -> Non
 
 
 def test_qwen3_like_reasoning_keeps_the_last_think_block_and_never_the_user_turn() -> None:
+    # A1 was written after its think block (R1), which the history drops: A1 stays context (issue 38, Q1)
     got = _supervised(QWEN3_LIKE, REASONING)
-    assert got == ["A1<|im_end|>", "<think>\nR2\n</think>\n\nA2<|im_end|>"]
+    assert got == ["<think>\nR2\n</think>\n\nA2<|im_end|>"]
     assert not any("Q2" in run or "Be brief" in run or "user" in run for run in got)
 
 
 def test_enable_thinking_false_leaves_the_servers_empty_think_block_unsupervised() -> None:
+    # "Hello!" was generated behind the prompt's empty think block, which the history drops (issue 38, Q1)
     got = _supervised(QWEN3_LIKE, TWO_TURNS, enable_thinking=False)
-    assert got == ["Hello!<|im_end|>", "See you.<|im_end|>"]
+    assert got == ["See you.<|im_end|>"]
 
 
 def test_tool_turns_supervise_the_call_and_never_the_tool_response() -> None:
@@ -73,7 +79,7 @@ def test_plain_template_multi_turn_with_a_system_prompt() -> None:
 
 def test_template_marks_are_read_off_the_template() -> None:
     marks = TemplateMarks.of(byte_tokenizer(QWEN3_LIKE), {"enable_thinking": False})
-    assert marks.header == "<|im_start|>assistant\n"
+    assert marks.template_text == ""  # the generation prompt already wrote the empty think block
     assert marks.generation_prompt == "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     assert marks.end_of_turn == "<|im_end|>"
 
@@ -113,7 +119,7 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
     tokenizer = byte_tokenizer(QWEN3_LIKE)
     source = TokenizedSource(str(data), "chat", tokenizer, 96, cfg.data.chat_template_kwargs)
     ids, mask = source.tokens(0)
-    assert supervised_text(tokenizer, ids, mask) == ["Hello!<|im_end|>", "See you.<|im_end|>"]
+    assert supervised_text(tokenizer, ids, mask) == ["See you.<|im_end|>"]  # Q1: "Hello!" out of context
     with pytest.raises(ConfigError, match=r"data\.chat_template_kwargs: must be a table"):
         parse_config({"data": {"chat_template_kwargs": "enable_thinking"}, "optim": {"steps": 1}})
     with pytest.raises(ConfigError, match=r'data\.chat_template_kwargs: only for data.kind = "chat"'):

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from dflash_base.errors import ConfigError
+from trainer.data.chat import chat_tokens_and_mask
 from trainer.data.order import BatchOrder
 from trainer.data.sources import (
     JsonlSource,
     SyntheticSource,
     TokenizedSource,
-    chat_tokens_and_mask,
     fit_to_length,
     sample_sequences,
 )

@@ -44,9 +44,10 @@ def test_preview_supervises_exactly_the_assistant_turns(tmp_path: Path, chat_tar
     assert sample["line"] == 1 and len(sample["input_ids"]) == 96 == len(sample["loss_mask"])
     tokenizer = byte_tokenizer(QWEN3_LIKE)
     runs = supervised_text(tokenizer, sample["input_ids"], [bool(m) for m in sample["loss_mask"]])
-    assert runs == ["A1<|im_end|>", "<think>\nR2\n</think>\n\nA2<|im_end|>"]
+    assert runs == ["<think>\nR2\n</think>\n\nA2<|im_end|>"]  # A1's think block is dropped: context (Q1)
     counts = report["counts"]
     assert counts["sequences"] == 2 and counts["truncated_sequences"] == 0
+    assert (counts["answers"], counts["answers_out_of_context"]) == (3, 1)  # A1 (Q1, issue 38)
     assert 0 < counts["supervised_share"] < 0.5
     assert run(["data", "preview", "--config", str(config), "--samples", "2"]) == 0
     out = capsys.readouterr().out

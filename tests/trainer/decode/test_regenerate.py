@@ -619,8 +619,8 @@ def test_a_run_commits_in_paced_chunks(tmp_path: Path) -> None:
 def test_a_template_train_cannot_supervise_is_refused_before_generating(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Mistral's templates write no assistant header: `train` refused such data after `data regenerate` had
-    paid for every answer. Now regenerate refuses first, and a template with headers passes."""
+    """A template `train` cannot read (here: nothing ends an assistant turn) was refused by `train` only after
+    `data regenerate` had paid for every answer. Now regenerate refuses first; Mistral's template passes."""
     from dflash_base.errors import ConfigError
     from tests.trainer.chat_fixtures import PLAIN, byte_tokenizer
     from trainer.data import sources
@@ -631,15 +631,18 @@ def test_a_template_train_cannot_supervise_is_refused_before_generating(
         "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
         "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
     )
+    no_end_of_turn = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
     settings = GenerationSettings(target="/models/x", max_new_tokens=8)
-    monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(mistral_like))
+    monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(no_end_of_turn))
     with pytest.raises(
         ConfigError, match=r"could not supervise answers rendered by this chat template"
     ) as err:
         check_supervisable(settings)
     assert "nothing was generated" in (err.value.hint or "")
-    monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(PLAIN))
-    check_supervisable(settings)  # ChatML-like: headers and end-of-turn marks, passes
+    assert "to end its turn" in err.value.message  # the cause, named
+    for readable in (PLAIN, mistral_like):  # Mistral's: no assistant header, located by difference (issue 38)
+        monkeypatch.setattr(sources, "load_tokenizer", lambda _path, t=readable: byte_tokenizer(t))
+        check_supervisable(settings)
 
 
 class LoopingEngine:
