@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import DoctorError
@@ -88,7 +89,12 @@ def prepare_compile_cache(
     config = _config_with_overrides(config_path, overrides)
     roots = status.locations.roots()
     key = warm_key(
-        fingerprint, read_raw(config), device_type, drafter_devices, env.interpreter.executable, environ
+        fingerprint,
+        graph_fields(read_raw(config)),
+        device_type,
+        drafter_devices,
+        env.interpreter.executable,
+        environ,
     )
     skipped = skip_reason(records, key, roots, environ)
     if skipped is not None:
@@ -109,6 +115,23 @@ def prepare_compile_cache(
     if misses and action == "warm":
         action = "warmed"
     return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
+
+
+# What of `[optim]` reaches a compiled graph: the shapes (sequences and anchors a micro-batch) and the loss's
+# decay, a constant in the compiled loss. The rest (lr, schedule, clipping, accumulation, betas, weight decay)
+# acts outside the compiled functions; `[eval]` says only when an evaluation runs.
+_GRAPH_OPTIM_FIELDS = frozenset({"batch_size", "anchors", "gamma"})
+_SCHEDULE_ONLY_SECTIONS = frozenset({"eval"})
+
+
+def graph_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The raw config without what cannot change a compiled graph, so a launch that changes only `optim.lr`
+    or `eval.every` finds the warm-up record of the last one (issue 39 U4); `warm_record.graph_config`
+    drops the bookkeeping sections (output, checkpoint, profile, run.log_every) on top."""
+    kept = {k: v for k, v in raw.items() if k not in _SCHEDULE_ONLY_SECTIONS}
+    if isinstance(kept.get("optim"), dict):
+        kept["optim"] = {k: v for k, v in kept["optim"].items() if k in _GRAPH_OPTIM_FIELDS}
+    return kept
 
 
 def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:

@@ -149,3 +149,44 @@ def test_ctrl_c_stops_the_launch_and_every_worker(tmp_path: Path) -> None:
     except (ProcessLookupError, FileNotFoundError):
         alive = False
     assert not alive, "a worker outlived the launch"
+
+
+def test_a_launch_that_changes_only_the_schedule_skips_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39 U4: the warm-up record keyed on the whole config, so `optim.lr`, `eval.every`,
+    `checkpoint.every` or `run.log_every` alone made the next launch compile again. Only what reaches a
+    compiled graph keys it: a shape (`optim.anchors`) still runs the child."""
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: FINGERPRINT)
+    inductor = tmp_path / "inductor"
+    ran: list[list[str]] = []
+
+    def child(command: list[str], environ: dict[str, str]) -> dict:
+        ran.append(command)
+        (inductor / "fxgraph").mkdir(parents=True, exist_ok=True)
+        (inductor / "fxgraph" / f"graph{len(ran)}").write_bytes(b"compiled")  # what a compile leaves
+        return {"first_call_seconds": 1.0, "counters": {"inductor": {"fxgraph_cache_miss": 1}}}
+
+    monkeypatch.setattr(compile_cache, "run_warm_child", child)
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    env = SimpleNamespace(interpreter=SimpleNamespace(executable=sys.executable))
+
+    def launch(*overrides: str) -> str:
+        return compile_cache.prepare_compile_cache(
+            env,
+            environ,
+            resolve_config_path("tiny-cpu"),
+            "cpu",
+            (),
+            overrides,  # type: ignore[arg-type]
+        ).detail
+
+    launch()
+    assert len(ran) == 1
+    schedule = ("optim.lr=1e-3", "optim.warmup_ratio=0.1", "optim.grad_clip=0.5", "eval.every=7",
+                "checkpoint.every=3", "run.log_every=2", "optim.steps=50")  # fmt: skip
+    assert "warm-up skipped" in launch(*schedule)
+    assert len(ran) == 1, "a schedule-only change ran the warm-up child again"
+    assert "warm-up skipped" not in launch("optim.anchors=32")
+    assert len(ran) == 2
