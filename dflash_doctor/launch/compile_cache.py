@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import DoctorError
@@ -55,6 +56,7 @@ def prepare_compile_cache(
     device_type: str,
     drafter_devices: tuple[str, ...] = (),
     overrides: tuple[str, ...] = (),
+    local_workers: int = 1,
 ) -> CachePreparation:
     """Make the managed cache warm for this build on every drafter device, before any worker starts.
 
@@ -66,6 +68,9 @@ def prepare_compile_cache(
        skipped when a record says this exact warm-up already ran and every cache file it left is still
        there (warm_record.py), also a record the restored snapshot carried; DFLASH_DOCTOR_ALWAYS_WARM=1 runs
        it regardless.
+    3. The child runs with the CPU thread count the workers will have (`local_workers`: torchrun's processes
+       on this node): Inductor's C++ kernels are generated for a thread count, so a warm-up at another one
+       compiled graphs no worker could use (issue 39 U4: on CPU the worker compiled the same graph again).
     """
     start = time.perf_counter()
     fingerprint = current_fingerprint(env)
@@ -87,8 +92,14 @@ def prepare_compile_cache(
 
     config = _config_with_overrides(config_path, overrides)
     roots = status.locations.roots()
+    environ = as_workers_see_it(environ, local_workers)
     key = warm_key(
-        fingerprint, read_raw(config), device_type, drafter_devices, env.interpreter.executable, environ
+        fingerprint,
+        {**graph_fields(read_raw(config)), WORKER_THREADS: environ.get(THREADS_VARIABLE, "default")},
+        device_type,
+        drafter_devices,
+        env.interpreter.executable,
+        environ,
     )
     skipped = skip_reason(records, key, roots, environ)
     if skipped is not None:
@@ -109,6 +120,35 @@ def prepare_compile_cache(
     if misses and action == "warm":
         action = "warmed"
     return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
+
+
+# What of `[optim]` reaches a compiled graph: the shapes (sequences and anchors a micro-batch) and the loss's
+# decay, a constant in the compiled loss. The rest (lr, schedule, clipping, accumulation, betas, weight decay)
+# acts outside the compiled functions; `[eval]` says only when an evaluation runs.
+_GRAPH_OPTIM_FIELDS = frozenset({"batch_size", "anchors", "gamma"})
+_SCHEDULE_ONLY_SECTIONS = frozenset({"eval"})
+
+
+THREADS_VARIABLE = "OMP_NUM_THREADS"
+WORKER_THREADS = "worker threads"  # in the warm-up key: graphs compiled for another thread count are others
+
+
+def as_workers_see_it(environ: dict[str, str], local_workers: int) -> dict[str, str]:
+    """`environ` with the thread count torchrun gives its workers: it sets OMP_NUM_THREADS=1 when it starts
+    more than one process on a node and the variable is unset (torch.distributed.run)."""
+    if local_workers > 1 and THREADS_VARIABLE not in environ:
+        return {**environ, THREADS_VARIABLE: "1"}
+    return environ
+
+
+def graph_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The raw config without what cannot change a compiled graph, so a launch that changes only `optim.lr`
+    or `eval.every` finds the warm-up record of the last one (issue 39 U4); `warm_record.graph_config`
+    drops the bookkeeping sections (output, checkpoint, profile, run.log_every) on top."""
+    kept = {k: v for k, v in raw.items() if k not in _SCHEDULE_ONLY_SECTIONS}
+    if isinstance(kept.get("optim"), dict):
+        kept["optim"] = {k: v for k, v in kept["optim"].items() if k in _GRAPH_OPTIM_FIELDS}
+    return kept
 
 
 def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:

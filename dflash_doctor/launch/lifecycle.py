@@ -117,6 +117,7 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
                     plan.device_type,
                     drafter_devices,
                     tuple(plan.overrides),  # the user's --set and the topology the gate chose
+                    local_workers=plan.nproc_per_node,  # what sets the threads torchrun gives each worker
                 )
             record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
             say(f"compile cache: {escape(prep.detail)}")
@@ -161,7 +162,7 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
         record.snapshot = snapshot_after_success(gate.context.env, gate.environ)
         record.notes.append(record.snapshot)
     store.save(record)
-    took = record.finished - started
+    took = time.perf_counter() - began  # the whole launch: gate and warm-up included (issue 39 U4)
     style = "green" if record.status == "succeeded" else "red"
     say(
         f"[bold {style}]{record.status}[/] in {took:.0f} s · exit {record.exit_code} · run {record.id}"

@@ -149,3 +149,73 @@ def test_ctrl_c_stops_the_launch_and_every_worker(tmp_path: Path) -> None:
     except (ProcessLookupError, FileNotFoundError):
         alive = False
     assert not alive, "a worker outlived the launch"
+
+
+def test_a_launch_that_changes_only_the_schedule_skips_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39 U4: the warm-up record keyed on the whole config, so `optim.lr`, `eval.every`,
+    `checkpoint.every` or `run.log_every` alone made the next launch compile again. Only what reaches a
+    compiled graph keys it: a shape (`optim.anchors`) still runs the child."""
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: FINGERPRINT)
+    inductor = tmp_path / "inductor"
+    ran: list[list[str]] = []
+
+    def child(command: list[str], environ: dict[str, str]) -> dict:
+        ran.append(command)
+        (inductor / "fxgraph").mkdir(parents=True, exist_ok=True)
+        (inductor / "fxgraph" / f"graph{len(ran)}").write_bytes(b"compiled")  # what a compile leaves
+        return {"first_call_seconds": 1.0, "counters": {"inductor": {"fxgraph_cache_miss": 1}}}
+
+    monkeypatch.setattr(compile_cache, "run_warm_child", child)
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    env = SimpleNamespace(interpreter=SimpleNamespace(executable=sys.executable))
+
+    def launch(*overrides: str) -> str:
+        return compile_cache.prepare_compile_cache(
+            env,
+            environ,
+            resolve_config_path("tiny-cpu"),
+            "cpu",
+            (),
+            overrides,  # type: ignore[arg-type]
+        ).detail
+
+    launch()
+    assert len(ran) == 1
+    schedule = ("optim.lr=1e-3", "optim.warmup_ratio=0.1", "optim.grad_clip=0.5", "eval.every=7",
+                "checkpoint.every=3", "run.log_every=2", "optim.steps=50")  # fmt: skip
+    assert "warm-up skipped" in launch(*schedule)
+    assert len(ran) == 1, "a schedule-only change ran the warm-up child again"
+    assert "warm-up skipped" not in launch("optim.anchors=32")
+    assert len(ran) == 2
+
+
+def test_the_warm_up_runs_at_the_thread_count_torchrun_gives_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39 U4: torchrun sets OMP_NUM_THREADS=1 in its workers when it starts several on a node; a
+    warm-up at another thread count compiled C++ kernels no worker could use. The child gets the workers'
+    count, and the record keys on it (a 1-process launch's warm-up does not stand for a 2-process one)."""
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: FINGERPRINT)
+    inductor = tmp_path / "inductor"
+    threads: list[str | None] = []
+
+    def child(command: list[str], environ: dict[str, str]) -> dict:
+        threads.append(environ.get("OMP_NUM_THREADS"))
+        (inductor / "fxgraph").mkdir(parents=True, exist_ok=True)
+        (inductor / "fxgraph" / f"graph{len(threads)}").write_bytes(b"compiled")
+        return {"first_call_seconds": 1.0}
+
+    monkeypatch.setattr(compile_cache, "run_warm_child", child)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    env = SimpleNamespace(interpreter=SimpleNamespace(executable=sys.executable))
+    config = resolve_config_path("tiny-cpu")
+    for workers in (2, 1, 2):
+        compile_cache.prepare_compile_cache(env, environ, config, "cpu", (), (), workers)  # type: ignore[arg-type]
+    assert threads == ["1", None]  # the third launch found the first one's record
+    mine = {**environ, "OMP_NUM_THREADS": "3"}
+    assert compile_cache.as_workers_see_it(mine, 2) == mine  # set by the user: torchrun keeps it too

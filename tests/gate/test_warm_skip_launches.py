@@ -85,3 +85,37 @@ def test_a_second_launch_skips_the_warm_up_also_after_an_interrupted_run(tmp_pat
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert "warm-up skipped" in compile_cache_line(third.stdout), third.stdout[-3000:]
     assert "succeeded" in third.stdout
+
+
+def worker_misses(out: Path) -> int:
+    """fxgraph cache misses in the drafter worker's own warm-up: graphs it compiled itself."""
+    return int(json.loads((out / "summary.json").read_text())["warmup"]["fxgraph_cache_miss"])
+
+
+@pytest.mark.slow  # two real launches, one cold: ~2 min of CPU, ~4 on a busy 2-core box
+def test_the_worker_compiles_nothing_the_warm_up_compiled_and_the_time_said_includes_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 39 U4: tiny-cpu is 1+1, so torchrun gave each worker OMP_NUM_THREADS=1 while the warm-up child
+    ran at the machine's thread count: Inductor's C++ for another thread count is another graph, and the
+    worker compiled it again (94 s). A launch that changes only `optim.lr` and `eval.every` ran both again."""
+    home = tmp_path / "home"
+    first = subprocess.run(
+        launch_command(tmp_path / "out1", steps=2), cwd=REPO, env=environment(home),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "warm-up on cpu: 1 graphs compiled" in compile_cache_line(first.stdout)
+    assert worker_misses(tmp_path / "out1") == 0, "the worker compiled a graph the warm-up had compiled"
+    before = float(first.stdout.split("before torchrun: ", 1)[1].split(" s", 1)[0])
+    took = float(first.stdout.split("succeeded in ", 1)[1].split(" s", 1)[0])
+    assert took >= before  # the time said counts the gate and the warm-up, not only torchrun
+
+    sets = ["--set", "optim.lr=1e-3", "--set", "eval.every=1"]
+    second = subprocess.run(
+        launch_command(tmp_path / "out2", steps=2) + sets, cwd=REPO, env=environment(home),
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "warm-up skipped" in compile_cache_line(second.stdout), second.stdout[-3000:]
+    assert worker_misses(tmp_path / "out2") == 0

@@ -6,8 +6,8 @@ per-position accuracy (slot 0 is the anchor itself and always 0), the training b
 counted) and supervised tok/s, samples/s over all drafters, the step time and the time spent waiting for
 data; on the steps that ran a held-out evaluation also the held-out acceptance length against the
 target's greedy tokens (the headline: what a greedy server would see) and against the data labels, and
-the evaluation's seconds. `summary.json` (steps, final loss, the last held-out figures, mean tok/s, exit
-status) is what the launcher reads when the run ends.
+the evaluation's seconds. `summary.json` (steps, final loss, the last held-out figures, steady tok/s over whole pipelined
+steps with the steps used and left out, exit status) is what the launcher reads when the run ends.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from dflash_base.atomic import write_bytes_atomic, write_json_atomic
 from dflash_base.disk import NoSpace, writing
 from trainer.run.metric_sinks import MetricSink, scalars_of
+from trainer.run.steady import PIPELINED, steady_window
 from trainer.spec.outputs import SUMMARY_FILE, read_metrics, summary_path
 
 
@@ -49,6 +50,7 @@ class StepMetrics:
     tokens: float = (
         0.0  # real (non-padding) tokens of this step (all drafters): throughput = sum / sum of times
     )
+    window: str = PIPELINED  # what its window held (trainer.run.steady): only `pipelined` ones are steady
 
 
 class MetricsLog:
@@ -177,32 +179,10 @@ def write_summary(output_dir: Path, summary: dict[str, Any]) -> Path | None:
         return None
 
 
-# The first steps of a run are not its steady state (lazy allocations, the last compiles, caches filling): a
-# run's throughput counts the steps after them.
-WARM_STEPS = 5
-
-
-def steady_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The steps a run's throughput counts: after the first WARM_STEPS (after the first one when the run
-    has fewer than twice that), held-out and checkpoint time never inside them."""
-    skip = WARM_STEPS if len(records) >= 2 * WARM_STEPS else min(1, len(records) - 1)
-    return records[max(skip, 0) :]
-
-
 def steady_throughput(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tokens / seconds over the steady steps, read from the steps' own times (never a mean of per-step
-    rates), and which steps those were."""
-    steady = steady_steps(records)
-    seconds = sum(r["step_time_s"] for r in steady)
-    # Lines written before `tokens` existed: a step's tokens are its rate times its time.
-    tokens = sum(r.get("tokens") or r["tok_s"] * r["step_time_s"] for r in steady)
-    supervised = sum(r.get("supervised_tok_s", 0.0) * r["step_time_s"] for r in steady)
-    return {
-        "steady_tok_s": tokens / seconds if seconds > 0 else 0.0,
-        "steady_supervised_tok_s": supervised / seconds if seconds > 0 else 0.0,
-        "steady_steps": [steady[0]["step"], steady[-1]["step"]] if steady else None,
-        "steady_seconds": seconds,
-    }
+    """Tokens / seconds over the run's whole pipelined steps, and which steps were used and left out
+    (`trainer.run.steady`)."""
+    return steady_window(records)
 
 
 def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra: Any) -> dict[str, Any]:

@@ -75,6 +75,7 @@ class QueuedStep:
     waited: float
     since: Any  # timer mark: the previous step's end (or this step's start)
     ended: Any  # timer mark: this step's work queued
+    window: str = "pipelined"  # what the window held (trainer.run.steady.window_kind)
 
 
 def pack_step(
@@ -130,6 +131,7 @@ def step_metrics(
     waited: float,
     heldout: HeldoutSums | None,
     heldout_s: float,
+    window: str = "pipelined",
 ) -> StepMetrics:
     accuracy = (s.correct / s.counted.clamp(min=1)).tolist()
     return StepMetrics(
@@ -149,4 +151,5 @@ def step_metrics(
         heldout_accept_len_labels=heldout.accept_len_labels if heldout else None,
         heldout_s=heldout_s if heldout else None,
         tokens=s.real_tokens,
+        window=window,
     )

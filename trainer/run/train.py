@@ -62,6 +62,7 @@ from trainer.run.pipeline import CaptureAhead, OptimizerStart, StepTimer
 from trainer.run.profiling import StepProfiler
 from trainer.run.schedule import RunPlan, plan_run, target_work
 from trainer.run.startup import StartupClock
+from trainer.run.steady import window_kind
 from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_metrics, unpack_step
 from trainer.run.transport import BatchReceiver, BatchSender, TransportError
 from trainer.run.warmup import warm_up_model, warm_up_target
@@ -404,7 +405,10 @@ class DrafterLoop:
         if self.prefetch is not None and not (evaluate or checkpoint):
             self.prefetch(done * run.plan.accum)  # the next step's first capture, behind this update
         since = self.queued.ended if self.queued is not None else started
-        current = QueuedStep(done, numbers, outs[0].correct.numel(), lr, feed.waited, since, ended)
+        window = window_kind(
+            done, run.resume_step + 1, run.plan.total_steps, evaluate, checkpoint, self.queued is None
+        )
+        current = QueuedStep(done, numbers, outs[0].correct.numel(), lr, feed.waited, since, ended, window)
         self.log_queued()
         if not (evaluate or checkpoint):
             self.queued = current
@@ -431,7 +435,17 @@ class DrafterLoop:
         if self.log is None or self.progress is None:
             return
         stats, grad_norm = unpack_step(packed, queued.block, dist.get_world_size(self.run_ctx.group))
-        m = step_metrics(queued.step, stats, queued.lr, grad_norm, elapsed, queued.waited, heldout, heldout_s)
+        m = step_metrics(
+            queued.step,
+            stats,
+            queued.lr,
+            grad_norm,
+            elapsed,
+            queued.waited,
+            heldout,
+            heldout_s,
+            queued.window,
+        )
         self.log.write(m)
         self.progress.update(m)
 
