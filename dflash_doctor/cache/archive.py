@@ -62,17 +62,22 @@ class SourceFile:
     identity: tuple[int, int, int]  # (inode, size, mtime_ns): changes when the file is replaced
 
 
-def collect_files(roots: dict[str, Path]) -> tuple[list[SourceFile], list[str]]:
+def collect_files(
+    roots: dict[str, Path], leave_out: dict[str, list[str]] | None = None
+) -> tuple[list[SourceFile], list[str]]:
     """Every regular file under each root (transient folders and our marker left out), in sorted
     order, a folder's files before its subfolders.
 
-    Returns (files, skipped): links and special files are skipped and named, never followed.
+    Returns (files, skipped): links and special files are skipped and named, never followed, and so are
+    the entries `leave_out` names (label -> paths inside that root, a folder with a trailing `/`: the
+    strays no compiler wrote, layout.py).
     """
     files: list[SourceFile] = []
     skipped: list[str] = []
     for label, root in roots.items():
         if root.is_dir():
-            _collect(str(root), label, True, files, skipped)
+            strays = {f"{label}/{path.rstrip('/')}" for path in (leave_out or {}).get(label, [])}
+            _collect(str(root), label, True, files, skipped, strays)
     return files, skipped
 
 
@@ -84,7 +89,9 @@ def is_our_record(name: str) -> bool:
     )
 
 
-def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str]) -> None:
+def _collect(
+    folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str], strays: set[str]
+) -> None:
     try:
         with os.scandir(folder) as found:
             entries = sorted(found, key=lambda entry: entry.name)
@@ -94,6 +101,9 @@ def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipp
     for entry in entries:
         name = entry.name
         archive_path = f"{prefix}/{name}"
+        if archive_path in strays:
+            skipped.append(archive_path)
+            continue
         try:
             is_dir = entry.is_dir()
         except OSError:
@@ -123,7 +133,7 @@ def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipp
             )
         )
     for entry in subfolders:
-        _collect(entry.path, f"{prefix}/{entry.name}", False, files, skipped)
+        _collect(entry.path, f"{prefix}/{entry.name}", False, files, skipped, strays)
 
 
 def hash_files(files: list[SourceFile], threads: int | None = None) -> list[FileEntry]:

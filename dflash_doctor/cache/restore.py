@@ -170,6 +170,8 @@ class _Restore:
 
         try:
             manifest = extract_verified(self.archive, prepare, limits, on_file=_per_file_hook())
+            for root, fd in self.staged:
+                check_staged(fd, root, manifest)
         except OSError as exc:
             # a full disk while the journal, a staging folder or its marker was written: a message
             self.undo()
@@ -297,6 +299,55 @@ def name_paths(error: DoctorError, fd_paths: Mapping[str, str]) -> None:
     for through, where in fd_paths.items():
         error.message = error.message.replace(through, where)
     error.args = (error.message if error.hint is None else f"{error.message}\n  hint: {error.hint}",)
+
+
+def staged_files(fd: int) -> dict[str, int]:
+    """Path -> size of every file under the open staging folder `fd` (our marker left out), walked
+    through handles without recursion."""
+    found: dict[str, int] = {}
+    pending: list[tuple[int, str]] = [(os.dup(fd), "")]
+    while pending:
+        folder, where = pending.pop()
+        try:
+            with os.scandir(folder) as entries:
+                listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+            for name, is_dir in listed:
+                path = f"{where}{name}"
+                if is_dir:
+                    pending.append(
+                        (
+                            os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder),
+                            path + "/",
+                        )
+                    )
+                elif path != MARKER_NAME:
+                    found[path] = os.stat(name, dir_fd=folder, follow_symlinks=False).st_size
+        finally:
+            os.close(folder)
+    return found
+
+
+def check_staged(fd: int, root: SwapRoot, manifest: CacheManifest) -> None:
+    """Just before the swap: the staging folder holds exactly the files the manifest lists for this root,
+    of the listed sizes, so "every sha256 verified" is said of what goes live (issue 37, G3: a staging
+    folder emptied by another process mid-extraction was swapped in with 708 of 800 files)."""
+    prefix = f"{root.label}/"
+    listed = {e.path[len(prefix) :]: e.size for e in manifest.files if e.path.startswith(prefix)}
+    found = staged_files(fd)
+    if found != listed:
+        missing = sorted(set(listed) - set(found))
+        changed = sorted(p for p in set(listed) & set(found) if listed[p] != found[p])
+        extra = sorted(set(found) - set(listed))
+        facts = [f"{len(found)} files where the archive has {len(listed)}"]
+        for what, paths in (("missing", missing), ("resized", changed), ("not in the archive", extra)):
+            if paths:
+                facts.append(f"{what}: {printable(', '.join(paths[:3]), 300)}")
+        raise DoctorError(
+            f"the staging folder no longer holds what was verified ({'; '.join(facts)}): another process "
+            f"changed it; nothing was swapped in, {root.target} is unchanged",
+            hint="make sure no other dflash-doctor (another home, another user) restores into this cache, "
+            "then restore again",
+        )
 
 
 def _check_room(roots: list[SwapRoot], manifest: CacheManifest) -> None:

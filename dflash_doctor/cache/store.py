@@ -28,7 +28,7 @@ from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
-from dflash_doctor.paths import HOME_ENV, check_folder_path
+from dflash_doctor.paths import HOME_ENV, check_folder_path, make_private_dirs
 
 LOCK_NAME = ".store.lock"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -169,7 +169,7 @@ class SnapshotStore:
         """Make the store folder (private), or say plainly why it cannot be."""
         self.check_usable()
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_private_dirs(self.root)
         except FileExistsError:
             raise DoctorError(
                 f"the snapshot store {self.root} (or a folder above it) is a file, not a folder",

@@ -117,6 +117,8 @@ def judge_target(root: SwapRoot, replace_non_cache: bool) -> CacheContent | None
             hint="point TORCHINDUCTOR_CACHE_DIR at a compile cache folder",
         )
     root.not_a_cache = content.reason is not None
+    if content.strangers and not root.not_a_cache:  # a cache, with a few entries that may be a person's
+        root.kept = f"it held entries no compiler writes: {content.named()}"
     return content
 
 
