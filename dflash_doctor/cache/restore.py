@@ -53,6 +53,8 @@ from dflash_doctor.cache.recovery import (
     pending_restore,
     read_journal,
     recover_interrupted,
+    roll_back,
+    untouched,
     write_journal,
 )
 from dflash_doctor.cache.swap import (
@@ -197,7 +199,11 @@ class _Restore:
         write_journal(first.parent, first.target, self.journal)
         for root in self.roots:
             _pause()
-            backup = _swap(root, self.restore_id, lambda: _pause())
+            try:
+                backup = _swap(root, self.restore_id, lambda: _pause())
+            except OSError as exc:
+                self._roll_back(root, exc)
+                raise
             if backup is not None:
                 result.backups[root.label] = root.parent.path / backup
                 if root.kept:
@@ -260,9 +266,15 @@ class _Restore:
             write_atomic_at(fd, MARKER_NAME, marker)
             where = root.parent.path / root.staging
             through = fd_path(fd)  # the writes go through the handle, whatever the path above it means
-            if through is not None:
-                self.fd_paths[through] = str(where)
-            destinations[root.label] = Path(through or where)
+            if through is None:  # by path, a folder swapped above the staging folder redirects them (A3)
+                raise DoctorError(
+                    f"cannot write into {where} through its handle: /proc is not mounted here "
+                    "(/proc/self/fd), and writing by path could be redirected by whoever can change a folder "
+                    "above it; nothing was restored",
+                    hint="mount /proc (in a container: do not mask it), then restore again",
+                )
+            self.fd_paths[through] = str(where)
+            destinations[root.label] = Path(through)
         return destinations
 
     def _hold_target(self, root: SwapRoot) -> None:
@@ -279,6 +291,21 @@ class _Restore:
         root.old = root.parent.identity(name)
         if root.old is None:
             raise DoctorError(f"{root.target} changed while the restore began", hint="try again")
+
+    def _roll_back(self, failed: SwapRoot, exc: OSError) -> None:
+        """The swap of `failed` was refused (a mount point: EBUSY) before any root was swapped: the staging
+        folders and the journal go, the caches stay (raises the message); otherwise the journal stays for
+        the next run, which rolls forward or, as here, back."""
+        if not untouched(self.roots, self.restore_id):
+            return
+        roll_back(self.roots, self.restore_id)
+        first = self.roots[0]
+        first.parent.unlink(journal_path(first.target).name)
+        raise DoctorError(
+            f"cannot swap the restored cache in at {printable(str(failed.target), 4096)} ({exc.strerror}): "
+            "nothing was changed, the staging folders were removed",
+            hint="if it is a mount point, point TORCHINDUCTOR_CACHE_DIR at a folder inside it",
+        ) from None
 
     def undo(self) -> None:
         """A refusal or a failure before the swap: remove what this restore made, nothing else."""

@@ -301,11 +301,12 @@ def test_b1_a_bind_mounted_cache_is_refused_before_anything_is_written(tmp_path:
             said = "restored"
         except DoctorError as exc:
             said = exc.message
-        print(json.dumps({{"said": said, "beside": sorted(os.listdir(T / "caches"))}}))
+        beside = sorted(n for n in os.listdir(T / "caches") if not n.endswith(".lock"))
+        print(json.dumps({{"said": said, "beside": beside}}))
         """,
     )
     assert "mount point" in str(found["said"])
-    assert found["beside"] == ["inductor"]  # no staging folder, no journal
+    assert found["beside"] == ["inductor"]  # no staging folder, no journal (the folder's lock aside)
 
 
 def test_b1_a_journal_that_cannot_roll_forward_is_rolled_back(
@@ -438,3 +439,27 @@ def test_i1_the_lock_folder_is_private(tmp_path: Path, monkeypatch: pytest.Monke
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(locks).st_mode) == 0o700
+
+
+def test_b1_a_journal_stuck_in_swapping_is_rolled_back_by_the_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal left in `swapping` over a target that cannot be exchanged (as the code before left it)."""
+    archive, _ = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    old = make_tree(target, files=3, seed=9)
+
+    def busy(*args: object) -> bool:
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), "inductor")
+
+    monkeypatch.setattr(fsops, "exchange_at", busy)
+    monkeypatch.setattr(restore._Restore, "_roll_back", lambda self, root, exc: None)  # the old code
+    with pytest.raises(OSError):
+        restore_into(archive, target)
+    assert json.loads(journal_path(target).read_text())["phase"] == "swapping"
+    monkeypatch.undo()
+    monkeypatch.setattr(fsops, "exchange_at", busy)
+    with pytest.raises(DoctorError, match="Device or resource busy"):
+        restore_into(archive, target)  # recovery rolls the stuck one back; this one is rolled back too
+    assert not journal_path(target).exists() and tree_digests(target) == old
+    assert not list(target.parent.glob(".inductor.dflash-staging-*"))
