@@ -107,7 +107,16 @@ def command_locations(environ: Mapping[str, str]) -> CacheLocations:
     `train` sets it for its workers (TRITON_CACHE_DIR dropped: Triton's kernels live inside it) -- never
     the machine-wide `/tmp/torchinductor_<user>` other processes are using."""
     if environ.get(INDUCTOR_VARIABLE):
-        return resolve_locations(environ)
+        located = resolve_locations(environ)
+        for label, folder in located.roots().items():
+            if folder.parent == folder:  # `/`: no parent to swap it in (issue 37, Na)
+                variable = ROOT_VARIABLES[label]
+                raise DoctorError(
+                    f"{variable}={environ.get(variable)} names the root folder {folder}: a compile cache "
+                    "needs a folder of its own",
+                    hint=f"export {variable}={managed_inductor_dir()}",
+                )
+        return located
     default = resolve_locations({})
     return CacheLocations(managed_inductor_dir(), MANAGED_SOURCE, None, default.triton_user)
 

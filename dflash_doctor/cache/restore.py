@@ -377,13 +377,21 @@ def check_staged(fd: int, root: SwapRoot, manifest: CacheManifest) -> None:
         )
 
 
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
 def _check_room(roots: list[SwapRoot], manifest: CacheManifest) -> None:
+    """Room for the snapshot and a margin in proportion to it (a fixed 64 MiB refused every restore into a
+    64 MiB /dev/shm; issue 37, B3): a tenth more, plus a block per file for folders and rounding."""
     need = manifest.total_bytes
+    wanted = int(need * 1.1) + 4096 * (len(manifest.files) + 16)
     for root in roots:
         free = root.parent.free_bytes()
-        if free < need * 1.05 + (64 << 20):
+        if free < wanted:
             raise DoctorError(
-                f"not enough room beside {root.target}: the snapshot needs {need / 1e6:.0f} MB, {free / 1e6:.0f} MB are free",
+                f"not enough room beside {root.target}: the snapshot needs {_megabytes(wanted)} "
+                f"({_megabytes(need)} of files and a margin), {_megabytes(free)} are free",
                 hint="free some space or restore into another TORCHINDUCTOR_CACHE_DIR",
             )
 

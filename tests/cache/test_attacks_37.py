@@ -463,3 +463,39 @@ def test_b1_a_journal_stuck_in_swapping_is_rolled_back_by_the_next_run(
         restore_into(archive, target)  # recovery rolls the stuck one back; this one is rolled back too
     assert not journal_path(target).exists() and tree_digests(target) == old
     assert not list(target.parent.glob(".inductor.dflash-staging-*"))
+
+
+# -- B3: the room a restore asks for is in proportion to the snapshot
+
+
+def test_b3_a_small_snapshot_fits_a_small_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive, digests = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    monkeypatch.setattr(ParentDir, "free_bytes", lambda self: 48 << 20)  # a 64 MiB /dev/shm, 48 MiB free
+    restore_into(archive, target)
+    assert tree_digests(target) == digests
+
+
+def test_b3_too_little_room_is_refused_with_the_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive, _ = snapshot_of(tmp_path, files=8)
+    monkeypatch.setattr(ParentDir, "free_bytes", lambda self: 1000)
+    with pytest.raises(
+        DoctorError, match=r"needs 0\.\d MB \(0\.\d MB of files and a margin\), 0\.0 MB are free"
+    ):
+        restore_into(archive, tmp_path / "caches" / "inductor")
+
+
+# -- Na: TORCHINDUCTOR_CACHE_DIR=/
+
+
+def test_na_the_root_folder_as_the_cache_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive, _ = snapshot_of(tmp_path)
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/")
+    capsys.readouterr()
+    assert run(["cache", "restore", str(archive)]) == 2
+    assert "TORCHINDUCTOR_CACHE_DIR=/ names the root folder" in capsys.readouterr().err
