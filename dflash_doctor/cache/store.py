@@ -162,7 +162,16 @@ class SnapshotStore:
 
     def check_usable(self) -> None:
         """A DoctorError when the store's path runs into a file (a home or `cache/snapshots` that is a
-        file): a reader would otherwise say "no snapshots" of a store it cannot see."""
+        file): a reader would otherwise say "no snapshots" of a store it cannot see. A store that is a
+        symbolic link is refused with the fix: archives would be written through it, then all of them
+        judged by a folder the link names (issue 37, J1)."""
+        if os.path.islink(self.root):
+            raise DoctorError(
+                f"the snapshot store {self.root} is a symbolic link (to {os.readlink(self.root)}): it must be "
+                "a folder of yours",
+                hint=f"rm {self.root} && mkdir -m 700 {self.root} (then move your archives in), or set "
+                f"{HOME_ENV} to another folder",
+            )
         check_folder_path(self.root, "the snapshot store")
 
     def ensure(self) -> None:
@@ -209,9 +218,13 @@ class SnapshotStore:
         """A snapshot name in the store, or a path to an archive anywhere."""
         candidate = Path(name_or_path).expanduser()
         if name_or_path.endswith(ARCHIVE_SUFFIX) or os.sep in name_or_path:
-            if candidate.is_file():
-                return candidate
-            raise DoctorError(f"{name_or_path}: no such archive")
+            if not candidate.is_file():
+                raise DoctorError(f"{name_or_path}: no such archive")
+            if Path(os.path.realpath(candidate)).parent == Path(os.path.realpath(self.root)):
+                self._check_trusted(
+                    candidate.name, os.lstat(candidate)
+                )  # in the store: the store's rule (K1)
+            return candidate
         path = self.path_for(name_or_path)
         try:
             info = os.lstat(path)
@@ -219,14 +232,19 @@ class SnapshotStore:
             raise DoctorError(
                 f"no snapshot named {name_or_path!r} in {self.root}", hint="see `dflash-doctor cache list`"
             ) from None
+        self._check_trusted(name_or_path, info)
+        return path
+
+    def _check_trusted(self, name: str, info: os.stat_result) -> None:
+        """The rule of `cache list`: an archive of yours (or root's), not writable by others, in a store
+        only you can write; else a DoctorError naming why."""
         distrust = folder_distrust(self.root) or archive_distrust(info)
         if distrust:
             raise DoctorError(
-                f"snapshot {name_or_path!r} is not trusted: {distrust}; its code would run as yours",
+                f"snapshot {name!r} is not trusted: {distrust}; its code would run as yours",
                 hint=f"chmod go-w {self.root} and remove archives you did not make; "
-                "an archive you trust can be restored by its path",
+                "an archive you trust can be restored by its path from outside the store",
             )
-        return path
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Every archive in the store, newest first; damaged or unreadable ones are listed with their error."""

@@ -499,3 +499,33 @@ def test_na_the_root_folder_as_the_cache_names_the_variable(
     capsys.readouterr()
     assert run(["cache", "restore", str(archive)]) == 2
     assert "TORCHINDUCTOR_CACHE_DIR=/ names the root folder" in capsys.readouterr().err
+
+
+# -- K1 / J1: the store's rules whatever way an archive is named, and a store that is a link
+
+
+@needs_root
+def test_k1_an_archive_of_another_user_in_the_store_is_untrusted_by_path_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(home))
+    store = SnapshotStore(home / "cache" / "snapshots")
+    store.ensure()
+    archive, _ = snapshot_of(tmp_path)
+    planted = store.root / "theirs.tar.zst"
+    shutil.copy(archive, planted)
+    os.chown(planted, OTHER_USER, OTHER_USER)
+    with pytest.raises(DoctorError, match=f"not trusted: .*uid {OTHER_USER}"):
+        store.resolve(str(planted))
+    assert store.resolve(str(archive)) == archive  # an archive outside the store, by its path: works
+
+
+def test_j1_a_store_that_is_a_link_is_refused_up_front(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "snapshots").symlink_to(tmp_path / "elsewhere")
+    store = SnapshotStore(tmp_path / "snapshots")
+    with pytest.raises(DoctorError, match="is a symbolic link") as refused, store.locked():
+        pass
+    assert refused.value.hint is not None and "mkdir -m 700" in refused.value.hint
+    assert not list((tmp_path / "elsewhere").iterdir())  # nothing written through it
