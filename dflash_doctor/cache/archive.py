@@ -23,7 +23,7 @@ from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
 from dflash_doctor.cache.frames import FramedWriter
-from dflash_doctor.cache.fsops import rename_noreplace
+from dflash_doctor.cache.fsops import printable, rename_noreplace
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import (
     BACKUP_OWNER_NAME,
@@ -89,6 +89,15 @@ def is_our_record(name: str) -> bool:
     )
 
 
+def _archivable(name: str) -> bool:
+    """A name a restore accepts: printable text (no newline, no escape sequence) that is valid UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept by os.scandir as surrogates
+        return False
+    return name.isprintable()
+
+
 def _collect(
     folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str], strays: set[str]
 ) -> None:
@@ -103,6 +112,9 @@ def _collect(
         archive_path = f"{prefix}/{name}"
         if archive_path in strays:
             skipped.append(archive_path)
+            continue
+        if not _archivable(name):  # a restore refuses such a name: never archive one (issue 37, E2)
+            skipped.append(printable(archive_path, 1 << 12))
             continue
         try:
             is_dir = entry.is_dir()

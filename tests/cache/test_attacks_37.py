@@ -529,3 +529,25 @@ def test_j1_a_store_that_is_a_link_is_refused_up_front(tmp_path: Path) -> None:
         pass
     assert refused.value.hint is not None and "mkdir -m 700" in refused.value.hint
     assert not list((tmp_path / "elsewhere").iterdir())  # nothing written through it
+
+
+# -- E2: a name no restore accepts is never archived
+
+
+@pytest.mark.parametrize("bad", ["kernel\n.json", "kernel\udcff.json"], ids=["newline", "invalid utf-8"])
+def test_e2_a_name_no_restore_accepts_is_skipped_at_snapshot(tmp_path: Path, bad: str) -> None:
+    cache = tmp_path / "caches" / "inductor"
+    digests = make_tree(cache, files=12)
+    triton_key = cache / "triton" / "0" / "3UV6IQ7S2SU23V2PJU5H5I43RFGGKL2IZC5LHAAXBCKYAQVLCLIA"
+    triton_key.mkdir(parents=True)
+    (triton_key / "kernel.json").write_text("{}")
+    (triton_key / "kernel.cubin").write_bytes(b"cubin")
+    (triton_key / os.fsdecode(os.fsencode(bad))).write_text("{}")
+    expected = tree_digests(cache)
+    taken = take_snapshot({"inductor": cache}, CPU_BUILD, "s", tmp_path / "s.tar.zst")
+    assert any("kernel\\" in s and s.isprintable() for s in taken.manifest.skipped)  # named, escaped
+    restored = tmp_path / "restored" / "inductor"
+    restore_into(taken.path, restored)  # the archive restores
+    assert set(tree_digests(restored)) == set(expected) - {
+        str((triton_key / bad).relative_to(cache))
+    } and set(digests) <= set(tree_digests(restored))
