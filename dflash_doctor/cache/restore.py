@@ -213,6 +213,10 @@ class _Restore:
             kept = result.backups.get(root.label)
             prune_backups(root.target, current=kept.name if kept else None, parent=root.parent)
             result.left_alone.extend(strangers(root.parent, root.target, STAGING_TAG))
+        for root in self.roots:
+            moved = moved_to(root)
+            if moved is not None:
+                result.left_alone.append(moved)
         result.seconds = time.perf_counter() - start
         return result
 
@@ -319,6 +323,23 @@ class _Restore:
         if self.journal:
             first = self.roots[0]
             first.parent.unlink(journal_path(first.target).name)
+
+
+def moved_to(root: SwapRoot) -> str | None:
+    """A line when the cache's folder was renamed while the restore ran (the restore went on through its
+    handle): where the cache is now, so the path printed is not taken for it (issue 37, P1)."""
+    try:
+        now = os.readlink(f"/proc/self/fd/{root.parent.fd}")
+    except OSError:
+        return None
+    if now == os.path.realpath(root.parent.path):
+        return None
+    if now.endswith(" (deleted)"):
+        return f"{printable(str(root.target))}: its folder was removed while the restore ran"
+    return (
+        f"{printable(str(root.parent.path))} was renamed while the restore ran: the restored cache is now "
+        f"{printable(os.path.join(now, root.target.name), 4096)}, not {printable(str(root.target), 4096)}"
+    )
 
 
 def name_paths(error: DoctorError, fd_paths: Mapping[str, str]) -> None:

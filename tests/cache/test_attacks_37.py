@@ -551,3 +551,24 @@ def test_e2_a_name_no_restore_accepts_is_skipped_at_snapshot(tmp_path: Path, bad
     assert set(tree_digests(restored)) == set(expected) - {
         str((triton_key / bad).relative_to(cache))
     } and set(digests) <= set(tree_digests(restored))
+
+
+# -- P1: the parent renamed mid-restore
+
+
+def test_p1_a_parent_renamed_mid_restore_is_said_with_where_the_cache_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive, digests = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    make_tree(target, files=3, seed=9)
+    moved = tmp_path / "moved"
+
+    def rename_once() -> None:
+        if not moved.exists():
+            (tmp_path / "caches").rename(moved)
+
+    monkeypatch.setattr(restore, "_pause", rename_once)
+    result = restore_into(archive, target)
+    assert tree_digests(moved / "inductor") == digests
+    assert any(f"now {moved / 'inductor'}" in line for line in result.left_alone)
