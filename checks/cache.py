@@ -7,7 +7,9 @@ story's crash), so a compatible snapshot is worth restoring before a launch.
 
 from __future__ import annotations
 
+import os
 import shlex
+import stat
 from collections.abc import Iterator
 
 from dflash_base.errors import DoctorError
@@ -17,7 +19,7 @@ from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, check_apart, manage
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
-from dflash_doctor.paths import HOME_ENV
+from dflash_doctor.paths import HOME_ENV, cache_root
 from dflash_doctor.registry import check
 
 
@@ -59,7 +61,16 @@ def _parent_findings(folder: FolderReport) -> Iterator[Finding]:
     """The folder that holds the cache: whoever can write it can rename the cache or plant names beside it."""
     parent = folder.path.parent
     mode = f"{folder.parent_mode:04o}" if folder.parent_mode is not None else "unknown"
-    if folder.parent_exposure == "open":
+    if folder.untrusted_above is not None:  # every folder up to `/` is judged, not the parent alone
+        above, why = folder.untrusted_above
+        yield fail(
+            "cache.parent_writable",
+            f"the folder {above} above the {folder.label} cache {why}: its owner can swap the folders below "
+            "it for links to a cache of their own, which torch loads as you",
+            remedy=f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache in a folder only you own",
+            parent=str(above),
+        )
+    elif folder.parent_exposure == "open":
         yield fail(
             "cache.parent_writable",
             f"the {folder.label} cache's folder {parent} (mode {mode}, uid {folder.parent_uid}) lets others "
@@ -112,9 +123,30 @@ def cache_permissions(ctx: CheckContext) -> Iterator[Finding]:
             )
 
 
+def home_findings() -> Iterator[Finding]:
+    """Our home's cache folder holds the store and the managed cache: others who can write it can swap
+    either away (issue 37, I1: under umask 000 it used to be made 0777)."""
+    root = cache_root()
+    for folder in (root.parent, root) if os.environ.get(HOME_ENV) else (root,):
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        mode = stat.S_IMODE(info.st_mode)
+        if stat.S_ISDIR(info.st_mode) and mode & (stat.S_IWGRP | stat.S_IWOTH):
+            yield warn(
+                "cache.home_writable",
+                f"{folder} (mode {mode:04o}) is writable by others: they can swap the snapshot store or the "
+                "managed cache in it for their own",
+                remedy=f"chmod 700 {shlex.quote(str(folder))}",
+                path=str(folder),
+            )
+
+
 @check("cache.store", "compile cache")
 def cache_store(ctx: CheckContext) -> Iterator[Finding]:
     """The snapshot store holds code a restore installs: it must be yours and private, like the cache."""
+    yield from home_findings()
     status = cache_status(ctx)
     store = snapshots_dir()
     if status.store_distrust:

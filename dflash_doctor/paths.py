@@ -7,6 +7,8 @@ otherwise the platform's user cache and state folders are used (platformdirs).
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 from pathlib import Path
 
 import platformdirs
@@ -14,6 +16,8 @@ import platformdirs
 from dflash_base.errors import DoctorError
 
 HOME_ENV = "DFLASH_DOCTOR_HOME"
+LOCK_DIR_ENV = "DFLASH_DOCTOR_LOCK_DIR"
+PRIVATE_MODE = 0o700
 
 
 def _home() -> Path | None:
@@ -53,3 +57,37 @@ def check_folder_path(folder: Path, what: str) -> None:
                     hint=f"move {part} away, or set {HOME_ENV} to another folder",
                 )
             return
+
+
+def lock_root() -> Path:
+    """The folder of this user's cache-folder locks, the same for every `DFLASH_DOCTOR_HOME` (two homes
+    restoring into one cache must find one lock; issue 37, G3): `DFLASH_DOCTOR_LOCK_DIR` when set (tests,
+    or a machine whose users have no home folder), else `~/.cache/dflash-doctor/locks` of the account's
+    home folder (from the password database, not $HOME), else the home's `cache/locks`."""
+    configured = os.environ.get(LOCK_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    try:
+        account_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+        info = os.stat(account_home)
+    except (KeyError, OSError):
+        return cache_root() / "locks"
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return cache_root() / "locks"
+    return account_home / ".cache" / "dflash-doctor" / "locks"
+
+
+def make_private_dirs(folder: Path) -> None:
+    """`mkdir -p folder`, every folder it makes 0700 whatever the umask (issue 37, I1: under umask 000
+    `mkdir(parents=True)` made the home and its `cache` 0777, so any user could swap them away)."""
+    missing = []
+    for part in (folder, *folder.parents):
+        if os.path.lexists(part):
+            break
+        missing.append(part)
+    for part in reversed(missing):
+        try:
+            os.mkdir(part, PRIVATE_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(part, PRIVATE_MODE)  # mkdir's mode is cut by the umask, never widened: set it exactly

@@ -9,7 +9,11 @@ step or a deletion):
 - `restore` into an absent cache (the restore holds the name with an empty folder of its own);
 - `snapshot` into the store, killed after a random delay;
 - snapshot `prune`, killed after a random delay;
-- backup retention (`prune_backups`, four backups down to two), killed at a random file or folder deletion.
+- backup retention (`prune_backups`, four backups down to two), killed at a random file or folder deletion;
+- two homes restoring two archives into one cache in a shared (1777) parent where another user (uid 65534)
+  took the lock's name first, one of them killed at a random point (issue 37, G3; root only);
+- a restore into a bind-mounted cache folder (`mount --bind` in a mount namespace of its own, as
+  `docker -v host:<cache>`), killed at a random point: refused before anything is written (B1; root only).
 After each kill: the state at the kill, then recovery (what the next command does first), then the
 invariants: a cache is the whole old tree or the whole new one and all roots of one restore agree;
 a new cache's backup is the whole old tree; no staging folder, journal, half-deleted backup or partial
@@ -17,17 +21,20 @@ archive is left; every backup left is whole and carries its record; every archiv
 back whole. Prints a table and writes JSON.
 
     .venv/bin/python bench/cache/cache_kill_loops.py [--restores 50] [--fallback 50] [--two-roots 50] \
-        [--absent 50] [--snapshots 50] [--prunes 50] [--retention 50] [--seed 30]
+        [--absent 50] [--snapshots 50] [--prunes 50] [--retention 50] [--two-homes 50] [--bind-mount 50] \
+        [--seed 30]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +60,7 @@ from tests.cache.helpers import fork_reporting, make_tree, tree_digests, wait_fo
 
 BUILD = BuildFingerprint("2.13.0+cpu", "cf30153c4c131c8164ee7798e5022d810682e2cb", None, None, "3.11", None)
 FILES = 40
+OTHER_UID = 65534  # the other user of the two-homes loop
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "cache_kill_loops.json"
 
 
@@ -151,6 +159,97 @@ def restore_loop(
                 elif not absent and (len(backups) != 1 or tree_digests(backups[0]) != old[label]):
                     counts["BAD backup"] += 1
     return counts
+
+
+def two_homes_loop(work: Path, runs: int, rng: random.Random) -> Counter:
+    """Two homes (two DFLASH_DOCTOR_HOMEs, one user) restore archives A and B into one cache at once, in a
+    1777 parent where uid 65534 created the lock's name first; A is killed at a random point, B runs to
+    its end. After recovery the cache must be the whole old tree, A's or B's, and B must have succeeded."""
+    shared = work / "run"
+    shared.mkdir(parents=True)
+    shared.chmod(0o1777)
+    target = shared / "inductor"
+    taken = shared / ".inductor.dflash-doctor.lock"
+    taken.write_bytes(b"")
+    os.chown(taken, OTHER_UID, OTHER_UID)
+    trees, archives = {}, {}
+    for seed, label in ((2, "A"), (3, "B")):
+        source = work / f"new-{label}"
+        trees[label] = make_tree(source, files=FILES, seed=seed, size=30_000)
+        archives[label] = take_snapshot({"inductor": source}, BUILD, label, work / f"{label}.tar.zst").path
+    old = make_tree(target, files=25, seed=7, size=30_000)
+    counts: Counter = Counter()
+    for _ in range(runs):
+        for backup in shared.glob("inductor.bak-*"):
+            shutil.rmtree(backup)
+        shutil.rmtree(target, ignore_errors=True)
+        make_tree(target, files=25, seed=7, size=30_000)
+
+        def restore_from(home: str, archive: Path) -> Callable[[], object]:
+            def work_() -> None:
+                os.environ["DFLASH_DOCTOR_HOME"] = str(work / home)
+                restore_snapshot(archive, {"inductor": target}, BUILD)
+
+            return work_
+
+        killed, killed_progress = fork_reporting(restore_from("home-a", archives["A"]))
+        survivor, survivor_progress = fork_reporting(restore_from("home-b", archives["B"]))
+        kill_at(killed, killed_progress, rng.randint(0, FILES + 2), rng)
+        _, status = os.waitpid(survivor, 0)
+        for end in (killed_progress, survivor_progress):
+            os.close(end)
+        if os.waitstatus_to_exitcode(status) != 0:
+            counts["BAD the other home's restore failed"] += 1
+        with folder_locks([target]):
+            recover_interrupted(target)
+        after = tree_digests(target)
+        state = (
+            "old" if after == old else "A" if after == trees["A"] else "B" if after == trees["B"] else "MIX"
+        )
+        counts[f"after recovery: {state}"] += 1
+        if leftovers(shared):
+            counts["LEFTOVER staging, journal or half-deleted backup"] += 1
+    return counts
+
+
+def bind_mount_loop(work: Path, runs: int, rng: random.Random) -> Counter:
+    """Restores into a cache folder that is a bind mount of a host folder (same filesystem), killed at a
+    random point: each is refused before anything is written; the host folder stays whole."""
+    host, target = work / "host", work / "run" / "inductor"
+    old = make_tree(host, files=25, seed=7, size=30_000)
+    target.mkdir(parents=True)
+    source = work / "new"
+    make_tree(source, files=FILES, seed=2, size=30_000)
+    archive = take_snapshot({"inductor": source}, BUILD, "new", work / "new.tar.zst").path
+    subprocess.run(["mount", "--bind", str(host), str(target)], check=True)
+    counts: Counter = Counter()
+    try:
+        for _ in range(runs):
+            pid, progress = fork_reporting(lambda: restore_snapshot(archive, {"inductor": target}, BUILD))
+            kill_at(pid, progress, rng.randint(0, FILES + 2), rng)
+            os.close(progress)
+            with folder_locks([target]):
+                recover_interrupted(target)
+            if tree_digests(target) != old or tree_digests(host) != old:
+                counts["BAD the mounted cache changed"] += 1
+            else:
+                counts["after recovery: old (refused, nothing written)"] += 1
+            if leftovers(work / "run"):
+                counts["LEFTOVER staging, journal or half-deleted backup"] += 1
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
+    return counts
+
+
+def private_mount_namespace() -> str | None:
+    """Enter a mount namespace of this process's own (bind mounts made here stay here); why not, or None."""
+    if os.getuid() != 0:
+        return "needs root"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+        return f"unshare: {os.strerror(ctypes.get_errno())}"
+    done = subprocess.run(["mount", "--make-rprivate", "/"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"mount --make-rprivate: {done.stderr.strip()}"
 
 
 def retention_loop(work: Path, runs: int, rng: random.Random) -> Counter:
@@ -270,6 +369,8 @@ def main() -> None:
     parser.add_argument("--snapshots", type=int, default=50)
     parser.add_argument("--prunes", type=int, default=50)
     parser.add_argument("--retention", type=int, default=50)
+    parser.add_argument("--two-homes", type=int, default=50)
+    parser.add_argument("--bind-mount", type=int, default=50)
     parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
@@ -278,6 +379,7 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dflash-kill-", dir=args.workdir) as scratch:
         base = Path(scratch)
+        os.environ["DFLASH_DOCTOR_LOCK_DIR"] = str(base / "user-locks")  # the user's lock folder, here
         for name, runs, roots, fallback, absent in (
             ("restore (exchange)", args.restores, ("inductor",), False, False),
             ("restore (two-rename fallback)", args.fallback, ("inductor",), True, False),
@@ -289,6 +391,16 @@ def main() -> None:
             results[name] = dict(restore_loop(work, runs, rng, roots, fallback, absent))
         (base / "retention").mkdir()
         results["backup retention"] = dict(retention_loop(base / "retention", args.retention, rng))
+        if os.getuid() == 0 and args.two_homes:
+            results["two homes, lock name taken (G3)"] = dict(
+                two_homes_loop(base / "homes", args.two_homes, rng)
+            )
+        why_not = private_mount_namespace() if args.bind_mount else "not asked"
+        if why_not is None:
+            (base / "bind").mkdir()
+            results["bind-mounted cache (B1)"] = dict(bind_mount_loop(base / "bind", args.bind_mount, rng))
+        else:
+            print(f"bind-mount loop skipped: {why_not}")
 
         store = SnapshotStore(base / "store")
         store.ensure()

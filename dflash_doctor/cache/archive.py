@@ -23,7 +23,7 @@ from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.extract import ReadLimits, extract_verified, read_manifest
 from dflash_doctor.cache.frames import FramedWriter
-from dflash_doctor.cache.fsops import rename_noreplace
+from dflash_doctor.cache.fsops import printable, rename_noreplace
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import (
     BACKUP_OWNER_NAME,
@@ -62,17 +62,22 @@ class SourceFile:
     identity: tuple[int, int, int]  # (inode, size, mtime_ns): changes when the file is replaced
 
 
-def collect_files(roots: dict[str, Path]) -> tuple[list[SourceFile], list[str]]:
+def collect_files(
+    roots: dict[str, Path], leave_out: dict[str, list[str]] | None = None
+) -> tuple[list[SourceFile], list[str]]:
     """Every regular file under each root (transient folders and our marker left out), in sorted
     order, a folder's files before its subfolders.
 
-    Returns (files, skipped): links and special files are skipped and named, never followed.
+    Returns (files, skipped): links and special files are skipped and named, never followed, and so are
+    the entries `leave_out` names (label -> paths inside that root, a folder with a trailing `/`: the
+    strays no compiler wrote, layout.py).
     """
     files: list[SourceFile] = []
     skipped: list[str] = []
     for label, root in roots.items():
         if root.is_dir():
-            _collect(str(root), label, True, files, skipped)
+            strays = {f"{label}/{path.rstrip('/')}" for path in (leave_out or {}).get(label, [])}
+            _collect(str(root), label, True, files, skipped, strays)
     return files, skipped
 
 
@@ -84,7 +89,18 @@ def is_our_record(name: str) -> bool:
     )
 
 
-def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str]) -> None:
+def _archivable(name: str) -> bool:
+    """A name a restore accepts: printable text (no newline, no escape sequence) that is valid UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept by os.scandir as surrogates
+        return False
+    return name.isprintable()
+
+
+def _collect(
+    folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str], strays: set[str]
+) -> None:
     try:
         with os.scandir(folder) as found:
             entries = sorted(found, key=lambda entry: entry.name)
@@ -94,6 +110,12 @@ def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipp
     for entry in entries:
         name = entry.name
         archive_path = f"{prefix}/{name}"
+        if archive_path in strays:
+            skipped.append(archive_path)
+            continue
+        if not _archivable(name):  # a restore refuses such a name: never archive one (issue 37, E2)
+            skipped.append(printable(archive_path, 1 << 12))
+            continue
         try:
             is_dir = entry.is_dir()
         except OSError:
@@ -123,7 +145,7 @@ def _collect(folder: str, prefix: str, top: bool, files: list[SourceFile], skipp
             )
         )
     for entry in subfolders:
-        _collect(entry.path, f"{prefix}/{entry.name}", False, files, skipped)
+        _collect(entry.path, f"{prefix}/{entry.name}", False, files, skipped, strays)
 
 
 def hash_files(files: list[SourceFile], threads: int | None = None) -> list[FileEntry]:

@@ -128,12 +128,13 @@ def backup_owner(parent: ParentDir, name: str, target: Path) -> dict[str, Any] |
 
 
 def _looks_like_cache(parent: ParentDir, name: str) -> bool:
+    """Provably a compile cache: every entry one a compiler writes (a stray may be a person's file)."""
     try:
         fd = parent.open_folder(name)
     except OSError:
         return False
     try:
-        return examine(fd).reason is None
+        return not examine(fd).strangers
     finally:
         os.close(fd)
 
@@ -216,11 +217,12 @@ def strangers(parent: ParentDir, target: Path, staging_tag: str) -> list[str]:
                 found.append(f"{path}: not a backup this tool made for {target}; left alone")
             elif (
                 not owner.get("not_a_cache")
+                and not owner.get("kept")
                 and info is not None
                 and stat.S_ISDIR(info.st_mode)
                 and not _looks_like_cache(parent, name)
             ):
                 found.append(
-                    f"{path}: a backup that holds no compile cache: never deleted, remove it yourself"
+                    f"{path}: a backup that is not provably a compile cache: never deleted, remove it yourself"
                 )
     return found

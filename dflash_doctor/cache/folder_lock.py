@@ -12,11 +12,14 @@ opened with `O_TRUNC` and followed links: a link planted there truncated and chm
 checked on the handle: a regular file of this user with one link (a hard link to another file is
 refused). Anything else stops the command with a message naming it.
 
-In a shared parent (sticky, as /tmp) another user can create the lock's name first and block every
-restore and snapshot (issue 30, N5). There the lock is taken in the home too,
-`<home>/cache/locks/<sha256 of the folder's real path>.lock`, where no one else can create names, and a
-lock beside the cache that is not ours is left alone: the commands of one home always exclude each
-other; two homes exclude each other through the lock beside the cache while it is ours.
+Beside the cache is not enough: in a shared parent (sticky, as /tmp) another user can create the lock's
+name first (issue 30, N5), and a lock in each home let two homes restore into one cache at once, one's
+recovery deleting the other's staging folder mid-extraction (issue 37, G3). So every cache folder's lock
+is taken first in this user's lock folder (`paths.lock_root()`: the same for every home, made 0700, every
+folder above it judged as a cache's parent is), named by the identity of the cache folder's place: the
+device and inode of its parent and its name (two spellings of one folder, or a bind mount of its parent,
+share it). The lock beside the cache is then taken too while it is ours (older versions wait on it); one
+that is another user's is left alone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pathlib import Path
 from dflash_base.errors import DoctorError
 from dflash_doctor import paths
 from dflash_doctor.cache.fsops import kind_of
-from dflash_doctor.cache.parent_dir import ParentDir
+from dflash_doctor.cache.parent_dir import ParentDir, open_trusted
 
 LOCK_SUFFIX = ".dflash-doctor.lock"
 TIMEOUT_S = 600.0
@@ -52,10 +55,31 @@ def lock_path(folder: Path) -> Path:
     return real.parent / f".{real.name}{LOCK_SUFFIX}"
 
 
-def private_lock_path(folder: Path) -> Path:
-    """The lock of `folder` in the home, for a shared parent: named by the folder's real path."""
-    real = os.path.realpath(folder.parent) + "/" + folder.name
-    return paths.cache_root() / "locks" / f"{hashlib.sha256(os.fsencode(real)).hexdigest()[:32]}.lock"
+def identity_lock_name(parent: ParentDir, name: str) -> str:
+    """The name of a cache folder's lock in the lock folder: its parent's device and inode, and its name."""
+    info = os.fstat(parent.fd)
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    return f"{info.st_dev:x}-{info.st_ino:x}-{digest}.lock"
+
+
+@contextmanager
+def identity_lock(parent: ParentDir, name: str, timeout: float, busy: DoctorError) -> Iterator[None]:
+    """Hold the lock of the cache folder `name` in `parent` in this user's lock folder."""
+    root = paths.lock_root()
+    paths.make_private_dirs(root)
+    folder = open_trusted(root, "the lock folder")
+    try:
+        lock_name = identity_lock_name(parent, name)
+        fd = open_lock(
+            lock_name, "the cache lock", root / lock_name, f"remove {root / lock_name}", dir_fd=folder
+        )
+    finally:
+        os.close(folder)
+    try:
+        hold(fd, timeout, busy)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def open_lock(name: str | Path, what: str, where: Path, hint: str, dir_fd: int | None = None) -> int:
@@ -119,10 +143,8 @@ def folder_lock(folder: Path, timeout: float = TIMEOUT_S) -> Iterator[ParentDir]
     hint = f"remove {where} if you did not make it, then try again"
     with ParentDir.open(folder.parent) as parent, ExitStack() as stack:
         name = f".{folder.name}{LOCK_SUFFIX}"
-        if parent.shared:  # others can take the name beside the cache: hold one they cannot, first
-            private = private_lock_path(folder)
-            private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            stack.enter_context(lock_file(private, "the cache lock", timeout, busy, hint))
+        stack.enter_context(identity_lock(parent, folder.name, timeout, busy))  # one no one else can take
+        if parent.shared:  # others can take the name beside the cache
             try:
                 beside: int | None = open_lock(name, "the cache lock", where, hint, dir_fd=parent.fd)
             except LockRefused:

@@ -89,6 +89,43 @@ def lstat_at(folder: int, name: str) -> os.stat_result | None:
         return None
 
 
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_EMPTY_PATH = 0x1000
+_STATX_MNT_ID = 0x1000
+_STATX_ATTR_MOUNT_ROOT = 0x2000
+
+
+def _statx(folder: int, name: str, flags: int) -> tuple[int, int, int] | None:
+    """(attributes, attributes_mask, mount id or -1) of `name` in the open folder (statx(2)); None where
+    the C library or the kernel has no statx."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):
+        return None
+    buffer = ctypes.create_string_buffer(256)
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
+    if call(folder, os.fsencode(name), flags | _AT_SYMLINK_NOFOLLOW, _STATX_MNT_ID, buffer) != 0:
+        return None
+    raw = buffer.raw
+    mask = int.from_bytes(raw[0:4], "little")
+    attributes, attributes_mask = int.from_bytes(raw[8:16], "little"), int.from_bytes(raw[56:64], "little")
+    mount_id = int.from_bytes(raw[144:152], "little") if mask & _STATX_MNT_ID else -1
+    return attributes, attributes_mask, mount_id
+
+
+def is_mount_point_at(folder: int, name: str) -> bool:
+    """Whether `name` in the open folder is a mount point of any kind, a bind mount of a folder of the same
+    filesystem included (same device, so st_dev cannot tell; issue 37, B1): statx's mount-root attribute or
+    mount id against the folder's, else another device than the folder's."""
+    inner, outer = _statx(folder, name, 0), _statx(folder, "", _AT_EMPTY_PATH)
+    if inner is not None and inner[1] & _STATX_ATTR_MOUNT_ROOT:
+        return bool(inner[0] & _STATX_ATTR_MOUNT_ROOT)
+    if inner is not None and outer is not None and inner[2] >= 0 and outer[2] >= 0:
+        return inner[2] != outer[2]
+    info = lstat_at(folder, name)
+    return info is not None and info.st_dev != os.fstat(folder).st_dev
+
+
 def identity(info: os.stat_result) -> tuple[int, int]:
     """(device, inode): what a folder is, whatever it is called now (a rename keeps both)."""
     return info.st_dev, info.st_ino

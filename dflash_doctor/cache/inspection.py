@@ -16,7 +16,7 @@ from typing import Any
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.manifest import MARKER_NAME, read_marker
-from dflash_doctor.cache.parent_dir import exposure
+from dflash_doctor.cache.parent_dir import exposure, untrusted_folder
 
 VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs"})
 SAMPLE = 5  # how many offending paths a report names
@@ -89,6 +89,8 @@ class FolderReport:
     parent_uid: int | None = None
     parent_mode: int | None = None  # with the file type bits' sticky bit: who may put names beside it
     pending: str | None = None  # a restore into it that was interrupted and is not finished yet
+    # a folder above the parent that another user could change, and why (issue 37, A1)
+    untrusted_above: tuple[Path, str] | None = None
 
     @property
     def parent_exposure(self) -> str | None:
@@ -131,6 +133,9 @@ class FolderReport:
             "parent_uid": self.parent_uid,
             "parent_exposure": self.parent_exposure,
             "interrupted_restore": self.pending,
+            "untrusted_above": f"{self.untrusted_above[0]} {self.untrusted_above[1]}"
+            if self.untrusted_above
+            else None,
         }
 
 
@@ -153,6 +158,10 @@ def inspect_folder(
         report.parent_uid, report.parent_mode = parent.st_uid, stat.S_IMODE(parent.st_mode)
     except OSError:
         pass
+    above = untrusted_folder(path.parent.parent)
+    report.untrusted_above = (
+        above if above is not None and above[0] != Path(os.path.realpath(path.parent)) else None
+    )
     try:
         top = os.lstat(path)
     except OSError:

@@ -11,16 +11,21 @@ tree must be one a compiler writes, where it writes it:
   Inductor names (`fxgraph`, `aotautograd`, `triton`, `locks`, `cache`, ...); Triton's key folders (52
   base32 capitals, or 32 to 64 hex digits in older Tritons); Inductor's few files (`memoizer_cache.*`,
   a wrapper's `tmpXXXXXXXX.py`);
-- below the top, every file of a compiler's kind: an extension Inductor or Triton writes (`.py .so .cpp
-  .h .gch .o .cubin .ptx .ttir .ttgir .llir .json .lock .best_config .pkl ...`), or no extension at all
-  (fxgraph and aotautograd entries, `cache/<system hash>`: documents carry extensions), or the temp
-  file of a killed write (torch's `.<pid>.<thread>.tmp`, Triton's `<file>.tmp.pid_<pid>_<n>`);
+- below the top, what only a compiler writes (issue 37, F1: `kernel/attn.cu`, `triton/flash_attn.py`,
+  `cache/thesis` borrow Inductor's folder names but not its keys): folders named by a key, two characters
+  of one, or a device index (`triton/0/`); files named by a key (`f<key>`, `<system hash>`, `<key>.lock`);
+  in a Triton key folder, Triton's kinds (`.ttir .ttgir .llir .ptx .cubin .json .so ...`) with its
+  `.json` metadata; in `dynamo/`, PGO's `code_state_*.pkl`; anywhere, the temp file of a killed write
+  (torch's `.<pid>.<thread>.tmp`, Triton's `<file>.tmp.pid_<pid>_<n>`);
 - our own records at the top (marker, backup record, their temp files) count neither way.
-An empty folder is a cache: nothing in it could be lost. Layouts checked against real caches: torch
-2.13 on CPU, torch 2.11 with Triton 3.6 on an H200 (tests/cache/layouts/).
+An empty folder is a cache: nothing in it could be lost. A real cache with a few strays (an editor's swap
+file, an NFS silly-rename, `__pycache__/`, a log, a core dump, a link: at most MAX_STRAYS, and STRAY_RATIO
+compiler files for each; issue 37, F2) is a cache too: the strays are named, left out of a snapshot, and
+the folder holding them is never deleted by retention. Layouts checked against real caches: torch 2.13 on
+CPU, torch 2.11 with Triton 3.6 on an H200 (tests/cache/layouts/).
 
 The walk goes through handles (`O_NOFOLLOW`, a link is judged by its name and never followed) and stops
-at the first few entries that no compiler writes.
+once there are too many entries no compiler writes to be a cache.
 """
 
 from __future__ import annotations
@@ -107,50 +112,80 @@ COMPILER_KINDS = frozenset(
 _CODE_FOLDER = re.compile(r"[a-z0-9]{2}")
 _KEY = re.compile(r"[a-z0-9]{20,}|[A-Z2-7]{20,}")  # Inductor's lowercase base32 keys, hex digests
 _TRITON_KEY = re.compile(r"[A-Z2-7]{52}|[0-9a-f]{32,64}")
+_DEVICE = re.compile(r"\d{1,3}")  # Inductor's triton/<device index>/
 _TORCH_TEMP = re.compile(r"\.\d+\.\d+\.tmp")  # torch's write_atomic, killed before its rename
 _TRITON_TEMP = re.compile(r".+\.tmp\.pid_\d+_\d+|tmp\.pid_\d+_[0-9a-f]+")
 _WRAPPER_TEMP = re.compile(r"tmp[a-z0-9_]{8}\.py")  # a NamedTemporaryFile of Inductor's wrapper codegen
+_DYNAMO_STATE = re.compile(r"code_state_.+\.pkl(\.lock)?")  # torch/_dynamo/pgo.py's code_state_path
+# What Triton writes into one of its key folders: IRs, binaries, the launcher, and its metadata (.json).
+TRITON_KINDS = frozenset(
+    {"amdgcn", "bc", "c", "cubin", "hsaco", "json", "llir", "ptx", "so", "source", "spv", "ttgir", "ttir"}
+)
+# A cache may hold a few entries a compiler did not write (an editor's swap file, an NFS silly-rename,
+# `__pycache__/`, a log, a core dump): it is still a cache when there are at most this many, and at least
+# STRAY_RATIO compiler files for each. They are named, left out of a snapshot, and the folder they are in
+# is kept out of retention when a restore replaces it (they may be a person's).
+MAX_STRAYS = 8
+STRAY_RATIO = 4
 
 
 @dataclass
 class CacheContent:
-    """What a walk found: entries no compiler writes (a few, relative paths), and how many files a
-    snapshot would hold (our records and the transient `locks/`, `precompiled_headers/` left out)."""
+    """What a walk found: entries no compiler writes (relative paths, a folder with a trailing `/`; at
+    most MAX_STRAYS + 1), how many files a snapshot would hold (our records and the transient `locks/`,
+    `precompiled_headers/` left out), and how many files a compiler wrote in all."""
 
     strangers: list[str] = field(default_factory=list)
     more_strangers: bool = False
     files: int = 0
+    compiled: int = 0
 
     @property
     def reason(self) -> str | None:
-        """Why this is not a compile cache (None: it is one)."""
+        """Why this is not a compile cache (None: it is one, perhaps with a few strays)."""
         if not self.strangers:
             return None
-        shown = ", ".join(printable(name, 80) for name in self.strangers)
-        return f"it holds what no compiler writes ({shown}{', ...' if self.more_strangers else ''})"
+        few = not self.more_strangers and len(self.strangers) <= MAX_STRAYS
+        if few and self.compiled >= STRAY_RATIO * len(self.strangers):
+            return None
+        return f"it holds what no compiler writes ({self.named()})"
+
+    def named(self) -> str:
+        """The first few strays, escaped, for a message."""
+        shown = ", ".join(printable(name, 80) for name in self.strangers[:SAMPLE])
+        return shown + (", ..." if self.more_strangers or len(self.strangers) > SAMPLE else "")
 
 
-def _compiler_file(name: str) -> bool:
-    """A file below the top: a compiler's kind by its extension; without one (fxgraph and aotautograd
-    entries, `cache/<system hash>`) any name: documents carry extensions."""
-    if _TORCH_TEMP.fullmatch(name) or _TRITON_TEMP.fullmatch(name):
-        return True
-    stem, dot, kind = name.rpartition(".")
-    return not dot or (bool(stem) and kind in COMPILER_KINDS)
+def _temp(name: str) -> bool:
+    return _TORCH_TEMP.fullmatch(name) is not None or _TRITON_TEMP.fullmatch(name) is not None
 
 
 def _keyed(name: str) -> bool:
-    """An entry of a code folder: named by a key (`c<key>.py`, `<sha256>.best_config`, `<key>.main.cpp`)."""
-    return _TORCH_TEMP.fullmatch(name) is not None or _KEY.fullmatch(name.partition(".")[0]) is not None
+    """Named by a key, of a compiler's kind or none (`c<key>.py`, `<sha256>.best_config`,
+    `<key>.main.cpp`, `f<key>`), or a killed write's temp file: names no person gives."""
+    if _temp(name):
+        return True
+    stem, dot, kind = name.partition(".")
+    return _KEY.fullmatch(stem) is not None and (not dot or kind.rpartition(".")[2] in COMPILER_KINDS)
+
+
+def _keyed_folder_rule(name: str) -> str | None:
+    """The rule for a folder below the top: a Triton key folder, or one named by a key, two characters
+    of a key, or a device index (whose entries are judged the same way)."""
+    if _TRITON_KEY.fullmatch(name):
+        return "triton"
+    if _KEY.fullmatch(name) or _CODE_FOLDER.fullmatch(name) or _DEVICE.fullmatch(name) or name == "locks":
+        return "keyed"
+    return None
 
 
 def _top_folder_rule(name: str) -> str | None:
     if name in INDUCTOR_FOLDERS:
-        return "named"
+        return "dynamo" if name == "dynamo" else "keyed"
     if _CODE_FOLDER.fullmatch(name):
         return "code"
     if _TRITON_KEY.fullmatch(name):
-        return "named"
+        return "triton"
     return None
 
 
@@ -162,48 +197,78 @@ def _top_file(name: str) -> bool:
     )
 
 
+def _file_rule(rule: str, name: str) -> bool:
+    """A file a compiler writes in a folder of this rule."""
+    if rule == "triton":
+        stem, dot, kind = name.rpartition(".")
+        return _temp(name) or (bool(dot) and bool(stem) and kind in TRITON_KINDS)
+    if rule == "dynamo":
+        return _DYNAMO_STATE.fullmatch(name) is not None or _keyed(name)
+    return _keyed(name)
+
+
+def _folder_rule(rule: str, name: str) -> str | None:
+    """The rule for a subfolder `name` of a folder of this rule (None: no compiler makes it)."""
+    if rule == "triton":
+        return None  # Triton's key folders are flat
+    if rule == "code":
+        return "keyed" if _keyed(name) else None
+    return _keyed_folder_rule(name)
+
+
 class _Walk:
     def __init__(self) -> None:
         self.content = CacheContent()
 
     def stranger(self, path: str) -> bool:
-        """Note one; True when enough are known to stop."""
-        if len(self.content.strangers) >= SAMPLE:
+        """Note one; True when there are too many to be a cache (the walk stops)."""
+        if len(self.content.strangers) > MAX_STRAYS:
             self.content.more_strangers = True
             return True
         self.content.strangers.append(path)
         return False
 
-    def folder(self, fd: int, where: str, code_folder: bool, counted: bool) -> bool:
+    def folder(self, fd: int, where: str, rule: str, counted: bool) -> bool:
         """Judge everything under the open folder `fd` (`where`: its path from the top); True to stop."""
         with os.scandir(fd) as found:
             entries = [
                 (entry.name, entry.is_dir(follow_symlinks=False), entry.is_file(follow_symlinks=False))
                 for entry in found
             ]
+        metadata = kernels = 0
         for name, is_dir, is_file in entries:
             path = f"{where}/{name}"
-            if code_folder and not _keyed(name):
-                if self.stranger(path + ("/" if is_dir else "")):
-                    return True
-                continue
+            inner = _folder_rule(rule, name)
             if is_dir:
-                if self._descend(fd, name, path, code_folder=False, counted=counted):
+                if inner is None:
+                    if self.stranger(path + "/"):
+                        return True
+                elif self._descend(fd, name, path, inner, counted):
                     return True
-            elif not _compiler_file(name) or not (is_file or _is_link(fd, name)):
+            elif not is_file:  # a link is judged by its name, never followed; anything else is a stray
+                if not (_is_link(fd, name) and (inner or _file_rule(rule, name))) and self.stranger(path):
+                    return True
+            elif not _file_rule(rule, name):
                 if self.stranger(path):
                     return True
-            elif counted and is_file:
-                self.content.files += 1
+            else:
+                self.content.compiled += 1
+                kernels += not _temp(name) and not name.endswith(".so")
+                metadata += name.endswith(".json")
+                if counted:
+                    self.content.files += 1
+        # Triton writes its metadata with every kernel (a folder of its compiled utilities holds a .so alone)
+        if rule == "triton" and kernels and not metadata:
+            return self.stranger(where + "/")
         return False
 
-    def _descend(self, fd: int, name: str, path: str, code_folder: bool, counted: bool) -> bool:
+    def _descend(self, fd: int, name: str, path: str, rule: str, counted: bool) -> bool:
         try:
             inner = open_folder_at(fd, name)
         except OSError:
             return self.stranger(path + "/")
         try:
-            return self.folder(inner, path, code_folder, counted)
+            return self.folder(inner, path, rule, counted)
         finally:
             os.close(inner)
 
@@ -225,13 +290,9 @@ class _Walk:
                     return
             else:
                 self.content.files += 1
-        # every name at the top before anything below it: a folder of documents is told at once
-        if self.content.strangers:
-            return
+                self.content.compiled += 1
         for name, rule in folders:
-            if self._descend(
-                fd, name, name, code_folder=rule == "code", counted=name not in TRANSIENT_FOLDERS
-            ):
+            if self._descend(fd, name, name, rule, counted=name not in TRANSIENT_FOLDERS):
                 return
 
 

@@ -107,19 +107,71 @@ def command_locations(environ: Mapping[str, str]) -> CacheLocations:
     `train` sets it for its workers (TRITON_CACHE_DIR dropped: Triton's kernels live inside it) -- never
     the machine-wide `/tmp/torchinductor_<user>` other processes are using."""
     if environ.get(INDUCTOR_VARIABLE):
-        return resolve_locations(environ)
+        located = resolve_locations(environ)
+        for label, folder in located.roots().items():
+            if folder.parent == folder:  # `/`: no parent to swap it in (issue 37, Na)
+                variable = ROOT_VARIABLES[label]
+                raise DoctorError(
+                    f"{variable}={environ.get(variable)} names the root folder {folder}: a compile cache "
+                    "needs a folder of its own",
+                    hint=f"export {variable}={managed_inductor_dir()}",
+                )
+        return located
     default = resolve_locations({})
     return CacheLocations(managed_inductor_dir(), MANAGED_SOURCE, None, default.triton_user)
 
 
-def check_apart(roots: Mapping[str, Path]) -> None:
+def _unescape_mount(text: str) -> str:
+    """mountinfo's octal escapes (`\\040` for a space) back to characters."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def read_mountinfo(text: str | None = None) -> list[tuple[str, str, str]]:
+    """(device, root inside its filesystem, mount point) of every mount, from /proc/self/mountinfo."""
+    if text is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as handle:
+                text = handle.read()
+        except OSError:
+            return []
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5:
+            mounts.append((fields[2], _unescape_mount(fields[3]), _unescape_mount(fields[4])))
+    return mounts
+
+
+def place_of(path: Path, mounts: list[tuple[str, str, str]]) -> tuple[str, str]:
+    """Where a folder really is: (its filesystem's device, its path inside that filesystem), through
+    bind mounts (`/x/triton` bound from `<inductor>/triton` is `<inductor>/triton` there)."""
+    real = os.path.realpath(path)
+    best: tuple[str, str, str] | None = None
+    for mount in mounts:  # the longest mount point holding it; the last of equals (mounted on top) wins
+        point = mount[2].rstrip("/") or "/"
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[2].rstrip("/") or "/")):
+            best = mount
+    if best is None:
+        return "", real
+    point = best[2].rstrip("/") or "/"
+    rest = real[len(point) :].lstrip("/")
+    return best[0], os.path.normpath(os.path.join(best[1], rest)) if rest else os.path.normpath(best[1])
+
+
+def check_apart(roots: Mapping[str, Path], mounts: list[tuple[str, str, str]] | None = None) -> None:
     """Refuse cache roots of which one is inside the other (or both one folder), before anything moves:
     a snapshot would archive the inner one's files twice, and a restore would swap the outer folder, then
-    fail to find the inner one it had just moved away (issue 30, N3)."""
-    real = {label: Path(os.path.realpath(path)) for label, path in roots.items()}
+    fail to find the inner one it had just moved away (issue 30, N3). Judged by where the folders really
+    are (filesystem and path in it, through bind mounts; issue 37, B2), not by their paths' text."""
+    mounts = read_mountinfo() if mounts is None else mounts
+    real = {label: place_of(path, mounts) for label, path in roots.items()}
     for outer, inner in ((a, b) for a in real for b in real if a != b):
-        if real[inner] == real[outer] or real[outer] in real[inner].parents:
-            where = "the same folder as" if real[inner] == real[outer] else "inside"
+        (outer_dev, outer_path), (inner_dev, inner_path) = real[outer], real[inner]
+        same = _same_folder(roots[inner], roots[outer]) or real[inner] == real[outer]
+        inside = inner_dev == outer_dev and inner_path.startswith(outer_path.rstrip("/") + "/")
+        if same or inside:
+            where = "the same folder as" if same else "inside"
             raise DoctorError(
                 f"{ROOT_VARIABLES.get(inner, inner)} ({roots[inner]}) is {where} "
                 f"{ROOT_VARIABLES.get(outer, outer)} ({roots[outer]}): a snapshot would archive those files "
@@ -127,3 +179,10 @@ def check_apart(roots: Mapping[str, Path]) -> None:
                 hint=f"unset {TRITON_VARIABLE} (Inductor then keeps Triton's kernels in its own triton/ "
                 f"folder), or point it at a folder outside {INDUCTOR_VARIABLE}",
             )
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samestat(os.stat(a), os.stat(b))
+    except OSError:
+        return False

@@ -22,11 +22,11 @@ import stat
 from pathlib import Path
 
 from dflash_base.errors import DoctorError
+from dflash_doctor import paths
 from dflash_doctor.cache import fsops
 from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, managed_inductor_dir
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MADE_MODE = 0o755  # missing parents: never writable by others, whatever the umask
 
 
 def exposure(uid: int, mode: int) -> str | None:
@@ -58,18 +58,8 @@ class ParentDir:
         """Open `path` (made, 0755, when missing and `make`) and judge it: a DoctorError when others
         could rename the cache away or put a link in its place."""
         if make:
-            _make_folders(path)
-        fd = open_nofollow(path)
-        info = os.fstat(fd)
-        why = _refusal(info)
-        if why is not None:
-            os.close(fd)
-            raise DoctorError(
-                f"the cache's folder {path} {why}: another user could rename the cache away or put a "
-                "link in its place, and a restore, snapshot or warm-up would write through it as you",
-                hint=parent_remedy(),
-            )
-        return cls(path, fd)
+            paths.make_private_dirs(path)
+        return cls(path, open_trusted(path, "the cache's folder"))
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -150,43 +140,63 @@ class ParentDir:
         return info is not None and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
 
 
-def _refusal(info: os.stat_result) -> str | None:
-    mode = stat.S_IMODE(info.st_mode)
-    if info.st_uid not in (0, os.getuid()):
-        return f"belongs to uid {info.st_uid}"
-    if exposure(info.st_uid, mode) == "open":
+def refusal(uid: int, mode: int) -> str | None:
+    """Why a folder of this owner and mode may not hold (or be above) a cache; None when it may."""
+    if uid not in (0, os.getuid()):
+        return f"belongs to uid {uid}"
+    if exposure(uid, mode) == "open":
         return f"is a folder others can write (mode {mode:04o}) without the sticky bit"
     return None
 
 
-def open_nofollow(path: Path) -> int:
-    """A handle of the folder `path` names now: its real path, each part opened from the one before with
-    `O_NOFOLLOW`, so a link swapped into the path meanwhile is refused, never followed."""
+def untrusted_folder(path: Path) -> tuple[Path, str] | None:
+    """The first folder from `/` down to `path` (its real path; missing folders end the walk) that
+    another user could change, and why: the rule of `cache.parent_writable` for every folder above a
+    cache, not only its parent (issue 37, A1: whoever owns `/tmp/att` can swap `/tmp/att/p` for a link)."""
+    real = Path(os.path.realpath(path))
+    for folder in (*reversed(real.parents), real):
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            return None
+        why = refusal(info.st_uid, stat.S_IMODE(info.st_mode))
+        if why is not None:
+            return folder, why
+    return None
+
+
+def open_trusted(path: Path, what: str) -> int:
+    """A handle of the folder `path`, every part of its real path opened from the one before without
+    following a link and judged on its handle: owned by you or root, not writable by others unless
+    sticky. A DoctorError naming the first folder that breaks the rule, before anything is written."""
     real = Path(os.path.realpath(path))
     fd = os.open("/", _FOLDER_FLAGS)
+    walked = Path("/")
     try:
-        for part in real.parts[1:]:
-            inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = inner
+        for part in ("", *real.parts[1:]):
+            if part:
+                inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+                walked = walked / part
+            info = os.fstat(fd)
+            why = refusal(info.st_uid, stat.S_IMODE(info.st_mode))
+            if why is not None:
+                where = what if walked == real else f"the folder above {what}"
+                raise DoctorError(
+                    f"{where} {fsops.printable(str(walked), 4096)} {why}: another user could rename what is in it or "
+                    "put a link in its place, and a restore, snapshot or warm-up would write through it as you",
+                    hint=parent_remedy(),
+                )
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise DoctorError(
-                f"{path} changed while it was being opened (a part of it became a link or a file)",
+                f"{fsops.printable(str(path), 4096)} changed while it was being opened (a part of it became a link or a file)",
                 hint="try again; if it happens again, another user may be changing it",
             ) from None
         raise OSError(exc.errno, exc.strerror, str(path)) from None
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
-
-
-def _make_folders(path: Path) -> None:
-    """`mkdir -p path`, each folder made 0755 at most (makedirs makes the ones above 0777 less the umask)."""
-    missing = []
-    for folder in (path, *path.parents):
-        if os.path.lexists(folder):
-            break
-        missing.append(folder)
-    for folder in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, _MADE_MODE)

@@ -168,6 +168,33 @@ def _finish(journal: dict[str, Any], roots: list[SwapRoot]) -> list[str]:
     return actions
 
 
+def untouched(roots: list[SwapRoot], restore_id: str) -> bool:
+    """No root of this restore was swapped yet: every target is still the folder it was."""
+    for root in roots:
+        marker = marker_at(root.parent, root.target.name)
+        if marker is not None and marker.get("restore_id") == restore_id:
+            return False
+        if root.old is not None and root.parent.identity(root.target.name) != root.old:
+            return False
+    return True
+
+
+def roll_back(roots: list[SwapRoot], restore_id: str) -> list[str]:
+    """Undo a restore that cannot be swapped in (a mount point: EBUSY), while no root was swapped: its
+    staging folders (ours, by their marker) and the empty targets it made go; the caches stay."""
+    actions = []
+    for root in roots:
+        parent, name = root.parent, root.target.name
+        if is_our_staging(parent, root.staging, restore_id):
+            parent.remove_tree(root.staging)
+            actions.append(
+                f"rolled back restore {restore_id}: removed its staging folder {parent.path / root.staging}"
+            )
+        if root.premade and parent.identity(name) == root.old and is_empty(parent, name):
+            os.rmdir(name, dir_fd=parent.fd)
+    return actions
+
+
 def _retire_in_recovery(root: SwapRoot, restore_id: str) -> str:
     try:
         backup = retire_previous(root, root.staging, restore_id)
@@ -191,7 +218,14 @@ def recover_interrupted(target: Path, parent: ParentDir | None = None) -> list[s
     if journal is None:
         return actions
     with _parents_of(journal, {target: parent}) as parents:
-        actions += _finish(journal, _roots_of(journal, parents))
+        roots = _roots_of(journal, parents)
+        try:
+            actions += _finish(journal, roots)
+        except OSError as exc:  # cannot roll forward (the exchange refused: EBUSY): roll back if untouched
+            if journal["phase"] != "swapping" or not untouched(roots, journal["restore_id"]):
+                raise
+            actions += roll_back(roots, journal["restore_id"])
+            actions.append(f"(it could not be swapped in: {exc.strerror}); the caches were left as they were")
     parent.unlink(journal_path(target).name)
     return actions
 

@@ -53,6 +53,8 @@ from dflash_doctor.cache.recovery import (
     pending_restore,
     read_journal,
     recover_interrupted,
+    roll_back,
+    untouched,
     write_journal,
 )
 from dflash_doctor.cache.swap import (
@@ -170,6 +172,8 @@ class _Restore:
 
         try:
             manifest = extract_verified(self.archive, prepare, limits, on_file=_per_file_hook())
+            for root, fd in self.staged:
+                check_staged(fd, root, manifest)
         except OSError as exc:
             # a full disk while the journal, a staging folder or its marker was written: a message
             self.undo()
@@ -195,7 +199,11 @@ class _Restore:
         write_journal(first.parent, first.target, self.journal)
         for root in self.roots:
             _pause()
-            backup = _swap(root, self.restore_id, lambda: _pause())
+            try:
+                backup = _swap(root, self.restore_id, lambda: _pause())
+            except OSError as exc:
+                self._roll_back(root, exc)
+                raise
             if backup is not None:
                 result.backups[root.label] = root.parent.path / backup
                 if root.kept:
@@ -205,6 +213,10 @@ class _Restore:
             kept = result.backups.get(root.label)
             prune_backups(root.target, current=kept.name if kept else None, parent=root.parent)
             result.left_alone.extend(strangers(root.parent, root.target, STAGING_TAG))
+        for root in self.roots:
+            moved = moved_to(root)
+            if moved is not None:
+                result.left_alone.append(moved)
         result.seconds = time.perf_counter() - start
         return result
 
@@ -258,9 +270,15 @@ class _Restore:
             write_atomic_at(fd, MARKER_NAME, marker)
             where = root.parent.path / root.staging
             through = fd_path(fd)  # the writes go through the handle, whatever the path above it means
-            if through is not None:
-                self.fd_paths[through] = str(where)
-            destinations[root.label] = Path(through or where)
+            if through is None:  # by path, a folder swapped above the staging folder redirects them (A3)
+                raise DoctorError(
+                    f"cannot write into {where} through its handle: /proc is not mounted here "
+                    "(/proc/self/fd), and writing by path could be redirected by whoever can change a folder "
+                    "above it; nothing was restored",
+                    hint="mount /proc (in a container: do not mask it), then restore again",
+                )
+            self.fd_paths[through] = str(where)
+            destinations[root.label] = Path(through)
         return destinations
 
     def _hold_target(self, root: SwapRoot) -> None:
@@ -278,6 +296,21 @@ class _Restore:
         if root.old is None:
             raise DoctorError(f"{root.target} changed while the restore began", hint="try again")
 
+    def _roll_back(self, failed: SwapRoot, exc: OSError) -> None:
+        """The swap of `failed` was refused (a mount point: EBUSY) before any root was swapped: the staging
+        folders and the journal go, the caches stay (raises the message); otherwise the journal stays for
+        the next run, which rolls forward or, as here, back."""
+        if not untouched(self.roots, self.restore_id):
+            return
+        roll_back(self.roots, self.restore_id)
+        first = self.roots[0]
+        first.parent.unlink(journal_path(first.target).name)
+        raise DoctorError(
+            f"cannot swap the restored cache in at {printable(str(failed.target), 4096)} ({exc.strerror}): "
+            "nothing was changed, the staging folders were removed",
+            hint="if it is a mount point, point TORCHINDUCTOR_CACHE_DIR at a folder inside it",
+        ) from None
+
     def undo(self) -> None:
         """A refusal or a failure before the swap: remove what this restore made, nothing else."""
         for root, _ in self.staged:
@@ -292,6 +325,23 @@ class _Restore:
             first.parent.unlink(journal_path(first.target).name)
 
 
+def moved_to(root: SwapRoot) -> str | None:
+    """A line when the cache's folder was renamed while the restore ran (the restore went on through its
+    handle): where the cache is now, so the path printed is not taken for it (issue 37, P1)."""
+    try:
+        now = os.readlink(f"/proc/self/fd/{root.parent.fd}")
+    except OSError:
+        return None
+    if now == os.path.realpath(root.parent.path):
+        return None
+    if now.endswith(" (deleted)"):
+        return f"{printable(str(root.target))}: its folder was removed while the restore ran"
+    return (
+        f"{printable(str(root.parent.path))} was renamed while the restore ran: the restored cache is now "
+        f"{printable(os.path.join(now, root.target.name), 4096)}, not {printable(str(root.target), 4096)}"
+    )
+
+
 def name_paths(error: DoctorError, fd_paths: Mapping[str, str]) -> None:
     """Say the folders' paths in `error`, not the /proc paths of the handles the work went through."""
     for through, where in fd_paths.items():
@@ -299,13 +349,70 @@ def name_paths(error: DoctorError, fd_paths: Mapping[str, str]) -> None:
     error.args = (error.message if error.hint is None else f"{error.message}\n  hint: {error.hint}",)
 
 
+def staged_files(fd: int) -> dict[str, int]:
+    """Path -> size of every file under the open staging folder `fd` (our marker left out), walked
+    through handles without recursion."""
+    found: dict[str, int] = {}
+    pending: list[tuple[int, str]] = [(os.dup(fd), "")]
+    while pending:
+        folder, where = pending.pop()
+        try:
+            with os.scandir(folder) as entries:
+                listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+            for name, is_dir in listed:
+                path = f"{where}{name}"
+                if is_dir:
+                    pending.append(
+                        (
+                            os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder),
+                            path + "/",
+                        )
+                    )
+                elif path != MARKER_NAME:
+                    found[path] = os.stat(name, dir_fd=folder, follow_symlinks=False).st_size
+        finally:
+            os.close(folder)
+    return found
+
+
+def check_staged(fd: int, root: SwapRoot, manifest: CacheManifest) -> None:
+    """Just before the swap: the staging folder holds exactly the files the manifest lists for this root,
+    of the listed sizes, so "every sha256 verified" is said of what goes live (issue 37, G3: a staging
+    folder emptied by another process mid-extraction was swapped in with 708 of 800 files)."""
+    prefix = f"{root.label}/"
+    listed = {e.path[len(prefix) :]: e.size for e in manifest.files if e.path.startswith(prefix)}
+    found = staged_files(fd)
+    if found != listed:
+        missing = sorted(set(listed) - set(found))
+        changed = sorted(p for p in set(listed) & set(found) if listed[p] != found[p])
+        extra = sorted(set(found) - set(listed))
+        facts = [f"{len(found)} files where the archive has {len(listed)}"]
+        for what, paths in (("missing", missing), ("resized", changed), ("not in the archive", extra)):
+            if paths:
+                facts.append(f"{what}: {printable(', '.join(paths[:3]), 300)}")
+        raise DoctorError(
+            f"the staging folder no longer holds what was verified ({'; '.join(facts)}): another process "
+            f"changed it; nothing was swapped in, {root.target} is unchanged",
+            hint="make sure no other dflash-doctor (another home, another user) restores into this cache, "
+            "then restore again",
+        )
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
 def _check_room(roots: list[SwapRoot], manifest: CacheManifest) -> None:
+    """Room for the snapshot and a margin in proportion to it (a fixed 64 MiB refused every restore into a
+    64 MiB /dev/shm; issue 37, B3): a tenth more, plus a block per file for folders and rounding."""
     need = manifest.total_bytes
+    wanted = int(need * 1.1) + 4096 * (len(manifest.files) + 16)
     for root in roots:
         free = root.parent.free_bytes()
-        if free < need * 1.05 + (64 << 20):
+        if free < wanted:
             raise DoctorError(
-                f"not enough room beside {root.target}: the snapshot needs {need / 1e6:.0f} MB, {free / 1e6:.0f} MB are free",
+                f"not enough room beside {root.target}: the snapshot needs {_megabytes(wanted)} "
+                f"({_megabytes(need)} of files and a margin), {_megabytes(free)} are free",
                 hint="free some space or restore into another TORCHINDUCTOR_CACHE_DIR",
             )
 

@@ -96,16 +96,18 @@ def take_snapshot(
         for path in roots.values():
             recover_interrupted(path, parents[path])
         opened: dict[str, int] = {}
+        strays: dict[str, list[str]] = {}
         for label, path in roots.items():
-            fd = _open_root(parents[path], path)
-            if fd is not None:
-                stack.callback(os.close, fd)
-                opened[label] = fd
-        return _snapshot_locked(roots, opened, fingerprint, name, dest, level, now, records)
+            found = _open_root(parents[path], path)
+            if found is not None:
+                stack.callback(os.close, found[0])
+                opened[label], strays[label] = found
+        return _snapshot_locked(roots, opened, strays, fingerprint, name, dest, level, now, records)
 
 
-def _open_root(parent: ParentDir, path: Path) -> int | None:
-    """A handle of the cache folder `path` (None when absent), once it proved a compile cache."""
+def _open_root(parent: ParentDir, path: Path) -> tuple[int, list[str]] | None:
+    """A handle of the cache folder `path` (None when absent), once it proved a compile cache, and the
+    few strays in it that the snapshot leaves out."""
     info = parent.lstat(path.name)
     if info is None:
         return None
@@ -118,7 +120,8 @@ def _open_root(parent: ParentDir, path: Path) -> int | None:
     try:
         if os.fstat(fd).st_uid == os.getuid():
             remove_torn_records_at(fd)
-        reason = examine(fd).reason
+        content = examine(fd)
+        reason = content.reason
     except BaseException:
         os.close(fd)
         raise
@@ -129,12 +132,13 @@ def _open_root(parent: ParentDir, path: Path) -> int | None:
             "cache; nothing was written",
             hint="point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) at the compile cache folders",
         )
-    return fd
+    return fd, content.strangers
 
 
 def _snapshot_locked(
     roots: dict[str, Path],
     opened: dict[str, int],
+    strays: dict[str, list[str]],
     fingerprint: BuildFingerprint,
     name: str,
     dest: Path,
@@ -147,7 +151,7 @@ def _snapshot_locked(
     reading = {label: Path(through[label] or roots[label]) for label in opened}
     fd_paths = {str(reading[label]): str(roots[label]) for label in opened if through[label]}
     try:
-        files, skipped = collect_files(reading)
+        files, skipped = collect_files(reading, strays)
         if not files:
             where = ", ".join(str(p) for p in roots.values())
             raise DoctorError(

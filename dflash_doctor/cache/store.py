@@ -28,7 +28,7 @@ from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
-from dflash_doctor.paths import HOME_ENV, check_folder_path
+from dflash_doctor.paths import HOME_ENV, check_folder_path, make_private_dirs
 
 LOCK_NAME = ".store.lock"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -162,14 +162,23 @@ class SnapshotStore:
 
     def check_usable(self) -> None:
         """A DoctorError when the store's path runs into a file (a home or `cache/snapshots` that is a
-        file): a reader would otherwise say "no snapshots" of a store it cannot see."""
+        file): a reader would otherwise say "no snapshots" of a store it cannot see. A store that is a
+        symbolic link is refused with the fix: archives would be written through it, then all of them
+        judged by a folder the link names (issue 37, J1)."""
+        if os.path.islink(self.root):
+            raise DoctorError(
+                f"the snapshot store {self.root} is a symbolic link (to {os.readlink(self.root)}): it must be "
+                "a folder of yours",
+                hint=f"rm {self.root} && mkdir -m 700 {self.root} (then move your archives in), or set "
+                f"{HOME_ENV} to another folder",
+            )
         check_folder_path(self.root, "the snapshot store")
 
     def ensure(self) -> None:
         """Make the store folder (private), or say plainly why it cannot be."""
         self.check_usable()
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            make_private_dirs(self.root)
         except FileExistsError:
             raise DoctorError(
                 f"the snapshot store {self.root} (or a folder above it) is a file, not a folder",
@@ -209,9 +218,13 @@ class SnapshotStore:
         """A snapshot name in the store, or a path to an archive anywhere."""
         candidate = Path(name_or_path).expanduser()
         if name_or_path.endswith(ARCHIVE_SUFFIX) or os.sep in name_or_path:
-            if candidate.is_file():
-                return candidate
-            raise DoctorError(f"{name_or_path}: no such archive")
+            if not candidate.is_file():
+                raise DoctorError(f"{name_or_path}: no such archive")
+            if Path(os.path.realpath(candidate)).parent == Path(os.path.realpath(self.root)):
+                self._check_trusted(
+                    candidate.name, os.lstat(candidate)
+                )  # in the store: the store's rule (K1)
+            return candidate
         path = self.path_for(name_or_path)
         try:
             info = os.lstat(path)
@@ -219,14 +232,19 @@ class SnapshotStore:
             raise DoctorError(
                 f"no snapshot named {name_or_path!r} in {self.root}", hint="see `dflash-doctor cache list`"
             ) from None
+        self._check_trusted(name_or_path, info)
+        return path
+
+    def _check_trusted(self, name: str, info: os.stat_result) -> None:
+        """The rule of `cache list`: an archive of yours (or root's), not writable by others, in a store
+        only you can write; else a DoctorError naming why."""
         distrust = folder_distrust(self.root) or archive_distrust(info)
         if distrust:
             raise DoctorError(
-                f"snapshot {name_or_path!r} is not trusted: {distrust}; its code would run as yours",
+                f"snapshot {name!r} is not trusted: {distrust}; its code would run as yours",
                 hint=f"chmod go-w {self.root} and remove archives you did not make; "
-                "an archive you trust can be restored by its path",
+                "an archive you trust can be restored by its path from outside the store",
             )
-        return path
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Every archive in the store, newest first; damaged or unreadable ones are listed with their error."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.backups import BackupRecord, Identity, MovedFolderChanged, retire
-from dflash_doctor.cache.fsops import kind_of, printable
+from dflash_doctor.cache.fsops import is_mount_point_at, kind_of, printable
 from dflash_doctor.cache.layout import CacheContent, examine
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, read_marker
 from dflash_doctor.cache.parent_dir import ParentDir
@@ -95,10 +95,11 @@ def judge_target(root: SwapRoot, replace_non_cache: bool) -> CacheContent | None
         )
     if not stat.S_ISDIR(info.st_mode):
         raise DoctorError(f"{target} is a {kind_of(info.st_mode)}, not a folder", hint="move it away")
-    if os.path.ismount(target) or info.st_dev != os.fstat(parent.fd).st_dev:
+    if is_mount_point_at(parent.fd, target.name):  # a bind mount too (`docker -v host:<cache>`; B1)
         raise DoctorError(
-            f"{target} is a mount point: a restore replaces the folder itself, which a mount cannot be; "
-            f"point TORCHINDUCTOR_CACHE_DIR at a folder inside it (e.g. {target / 'inductor'})"
+            f"{target} is a mount point (a bind mount of a host folder, say): a restore replaces the folder "
+            "itself, which a mount cannot be; nothing was written",
+            hint=f"point TORCHINDUCTOR_CACHE_DIR at a folder inside it, e.g. {target / 'inductor'}",
         )
     if info.st_uid != os.getuid():
         raise DoctorError(
@@ -117,6 +118,8 @@ def judge_target(root: SwapRoot, replace_non_cache: bool) -> CacheContent | None
             hint="point TORCHINDUCTOR_CACHE_DIR at a compile cache folder",
         )
     root.not_a_cache = content.reason is not None
+    if content.strangers and not root.not_a_cache:  # a cache, with a few entries that may be a person's
+        root.kept = f"it held entries no compiler writes: {content.named()}"
     return content
 
 

@@ -44,6 +44,7 @@ from dflash_doctor.cache.archive import collect_files
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.folder_lock import lock_file
 from dflash_doctor.cache.locations import snapshots_dir
+from dflash_doctor.paths import make_private_dirs
 
 SCHEMA = "dflash-doctor/warm-records/v1"
 RECORDS_FILE = "warm-records.json"  # in the dflash-doctor home, beside the snapshots folder
@@ -235,7 +236,7 @@ class WarmRecords:
         otherwise each write what it read, and one record would be lost (a needless child later)."""
         keys = {e["key"] for e in new}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.path.parent)
             if self.path.is_dir() or self.path.is_symlink():
                 raise IsADirectoryError(21, "not a regular file", str(self.path))
             lock = Path(f"{self.path}.lock")

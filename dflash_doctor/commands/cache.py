@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +27,7 @@ from dflash_doctor.cache.locations import (
     command_locations,
     snapshots_dir,
 )
-from dflash_doctor.cache.restore import restore_snapshot
+from dflash_doctor.cache.restore import RestoreResult, restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
@@ -66,6 +67,13 @@ def _console() -> Console:
     return make_console(soft_wrap=True)  # paths and names whole, in a pipe or at 80 columns
 
 
+def shown(text: object) -> str:
+    """Any path, name or message for the terminal: control characters (escape sequences, newlines)
+    written as \\xNN, whole, and rich's markup escaped. The one helper every `cache` command prints
+    through (issue 37, T1: a name planted beside the cache forged a "restored" line)."""
+    return escape(printable(str(text), limit=1 << 20))
+
+
 Command = TypeVar("Command", bound=Callable[..., Any])
 
 
@@ -77,6 +85,10 @@ def named_os_errors(command: Command) -> Command:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except DoctorError as exc:  # a path in a message reaches the terminal escaped, as printed lines do
+            exc.message = printable(exc.message, limit=1 << 20)
+            exc.hint = printable(exc.hint, limit=1 << 20) if exc.hint is not None else None
+            raise
         except OSError as exc:
             if exc.filename == STDOUT:
                 raise  # the CLI names a stdout that could not take the output
@@ -139,7 +151,7 @@ def status_command(
         _emit("status", {**status.to_json(), "findings": [f.to_json() for f in findings]})
         raise typer.Exit(exit_code(findings))
     console = _console()
-    console.print(f"compile cache · build {escape(status.current.describe())}")
+    console.print(f"compile cache · build {shown(status.current.describe())}")
     for folder in status.folders:
         made_for = folder.made_for
         state = warmth_of(folder, status.current).state if folder.label == "inductor" else ""
@@ -153,8 +165,8 @@ def status_command(
         facts.append(f"made for {made_for.describe()}" if made_for else "made for: unknown")
         if state:
             facts.append(state)
-        console.print(f"{folder.label}: {escape(printable(str(folder.path), 4096))}")
-        console.print(f"  {escape(', '.join(facts))}")
+        console.print(f"{folder.label}: {shown(printable(str(folder.path), 4096))}")
+        console.print(f"  {shown(', '.join(facts))}")
     render(runs, console, verbose)
     raise typer.Exit(exit_code(findings))
 
@@ -206,13 +218,102 @@ def snapshot_command(
         return
     console = _console()
     console.print(
-        f"[green]✓[/] snapshot [bold]{escape(manifest.name)}[/]: {len(manifest.files)} files, "
+        f"[green]✓[/] snapshot [bold]{shown(manifest.name)}[/]: {len(manifest.files)} files, "
         f"{_mb(manifest.total_bytes)} -> {_mb(result.archive_bytes)} in {result.seconds:.2f} s"
     )
-    console.print(f"  {escape(str(result.path))}\n  for {escape(manifest.fingerprint.describe())}")
-    console.print(f"  from {escape(', '.join(manifest.origins.values()))}{_where(locations.inductor_source)}")
+    console.print(f"  {shown(str(result.path))}\n  for {shown(manifest.fingerprint.describe())}")
+    console.print(f"  from {shown(', '.join(manifest.origins.values()))}{_where(locations.inductor_source)}")
     if manifest.skipped:
         console.print(f"  [yellow]skipped {len(manifest.skipped)} link(s) or special file(s)[/]")
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """What `cache restore` was asked: an archive by name or path, into the cache `train` uses."""
+
+    snapshot: str
+    force: bool
+    replace_non_cache: bool
+    python: str | None
+
+
+@dataclass
+class RestoreOutcome:
+    archive: Path
+    result: RestoreResult
+    source: str  # how the Inductor folder was chosen (the managed cache, or the variable)
+    warnings: list[str]
+    adopted: int  # warm-up records the snapshot carried, now the home's
+
+
+def restore_request(request: RestoreRequest) -> RestoreOutcome:
+    """Verify and swap in the snapshot, then adopt the warm-up records it carries (not after --force:
+    a forced restore is for another build, its records could never match here)."""
+    _, current = _current(request.python)
+    locations = command_locations(os.environ)
+    store = SnapshotStore(snapshots_dir())
+    with store.locked():
+        archive = store.resolve(request.snapshot)
+        result = restore_snapshot(
+            archive,
+            locations.roots(),
+            current,
+            force=request.force,
+            replace_non_cache=request.replace_non_cache,
+        )
+    warnings = list(result.left_alone)
+    adopted = 0
+    if not result.forced_over:
+        try:
+            adopted = default_records().adopt(result.manifest.warm_records, result.manifest.name)
+        except DoctorError as exc:  # the cache is restored; only the records could not be kept
+            warnings.append(exc.message)
+    return RestoreOutcome(archive, result, locations.inductor_source, warnings, adopted)
+
+
+def restore_json(outcome: RestoreOutcome) -> dict[str, Any]:
+    result, manifest = outcome.result, outcome.result.manifest
+    return {
+        "name": manifest.name,
+        "archive": str(outcome.archive),
+        "files": len(manifest.files),
+        "bytes": manifest.total_bytes,
+        "targets": {k: str(v) for k, v in result.targets.items()},
+        "backups": {k: str(v) for k, v in result.backups.items()},
+        "forced_over": result.forced_over,
+        "recovered": result.recovered,
+        "kept_out_of_retention": result.kept,
+        "warnings": outcome.warnings,
+        "warm_records": outcome.adopted,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def print_restore(console: Console, outcome: RestoreOutcome) -> None:
+    result, manifest = outcome.result, outcome.result.manifest
+    for action in result.recovered:
+        console.print(f"  [yellow]recovered:[/] {shown(action)}")
+    for warning in outcome.warnings:
+        console.print(f"  [yellow]note:[/] {shown(warning)}")
+    for kept in result.kept:
+        console.print(f"  [yellow]kept:[/] {shown(kept)}; never deleted by retention, remove it yourself")
+    if result.forced_over:
+        console.print(f"  [yellow]--force: restored despite {shown('; '.join(result.forced_over))}[/]")
+    console.print(
+        f"[green]✓[/] restored [bold]{shown(manifest.name)}[/] from {shown(outcome.archive.name)}: "
+        f"{len(manifest.files)} files, {_mb(manifest.total_bytes)}, every sha256 verified and every file "
+        f"checked on disk at the swap, in {result.seconds:.2f} s"
+    )
+    for label, target in result.targets.items():
+        backup = result.backups.get(label)
+        kept = f" (previous kept as {backup})" if backup else ""
+        where = _where(outcome.source) if label == "inductor" else ""
+        console.print(f"  {label}: {shown(target)}{shown(kept)}{shown(where)}")
+    if outcome.adopted:
+        console.print(
+            f"  {outcome.adopted} warm-up record(s) came with it: `train` with the same build and config "
+            "skips its warm-up"
+        )
 
 
 @cache_app.command("restore")
@@ -231,64 +332,11 @@ def restore_command(
     """Verify a snapshot and swap it in atomically; the previous cache is kept as a backup.
 
     Restores where `train` looks: TORCHINDUCTOR_CACHE_DIR when set, else the managed cache."""
-    _, current = _current(python)
-    locations = command_locations(os.environ)
-    store = SnapshotStore(snapshots_dir())
-    with store.locked():
-        archive = store.resolve(snapshot)
-        result = restore_snapshot(
-            archive, locations.roots(), current, force=force, replace_non_cache=replace_non_cache
-        )
-    manifest = result.manifest
-    # A forced restore is for another build: its warm-up records could never match here.
-    warnings = list(result.left_alone)
-    adopted = 0
-    if not result.forced_over:
-        try:
-            adopted = default_records().adopt(manifest.warm_records, manifest.name)
-        except DoctorError as exc:  # the cache is restored; only the records could not be kept
-            warnings.append(exc.message)
+    outcome = restore_request(RestoreRequest(snapshot, force, replace_non_cache, python))
     if json_out:
-        _emit(
-            "restore",
-            {
-                "name": manifest.name,
-                "archive": str(archive),
-                "files": len(manifest.files),
-                "bytes": manifest.total_bytes,
-                "targets": {k: str(v) for k, v in result.targets.items()},
-                "backups": {k: str(v) for k, v in result.backups.items()},
-                "forced_over": result.forced_over,
-                "recovered": result.recovered,
-                "kept_out_of_retention": result.kept,
-                "warnings": warnings,
-                "warm_records": adopted,
-                "seconds": round(result.seconds, 3),
-            },
-        )
-        return
-    console = _console()
-    for action in result.recovered:
-        console.print(f"  [yellow]recovered:[/] {escape(action)}")
-    for warning in warnings:
-        console.print(f"  [yellow]note:[/] {escape(warning)}")
-    for kept in result.kept:
-        console.print(f"  [yellow]kept:[/] {escape(kept)}; never deleted by retention, remove it yourself")
-    if result.forced_over:
-        console.print(f"  [yellow]--force: restored despite {escape('; '.join(result.forced_over))}[/]")
-    console.print(
-        f"[green]✓[/] restored [bold]{escape(manifest.name)}[/]: {len(manifest.files)} files, "
-        f"{_mb(manifest.total_bytes)}, every sha256 verified, in {result.seconds:.2f} s"
-    )
-    for label, target in result.targets.items():
-        backup = result.backups.get(label)
-        kept = f" (previous kept as {backup})" if backup else ""
-        where = _where(locations.inductor_source) if label == "inductor" else ""
-        console.print(f"  {label}: {escape(str(target))}{escape(kept)}{escape(where)}")
-    if adopted:
-        console.print(
-            f"  {adopted} warm-up record(s) came with it: `train` with the same build and config skips its warm-up"
-        )
+        _emit("restore", restore_json(outcome))
+    else:
+        print_restore(_console(), outcome)
 
 
 @cache_app.command("list")
@@ -332,17 +380,17 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
     console = _console()
     if not rows:
         console.print(
-            f"no snapshots in {escape(str(snapshots_dir()))} (make one with `dflash-doctor cache snapshot`)"
+            f"no snapshots in {shown(str(snapshots_dir()))} (make one with `dflash-doctor cache snapshot`)"
         )
         return
-    console.print(f"snapshots in {escape(str(snapshots_dir()))} (name, size, created, made for, compatible):")
+    console.print(f"snapshots in {shown(str(snapshots_dir()))} (name, size, created, made for, compatible):")
     for snap, reasons in rows:
         made_for = snap.manifest.fingerprint.describe() if snap.manifest else "unreadable"
         verdict = (
-            "[green]yes[/]" if not reasons else f"[yellow]no[/]: {escape(printable('; '.join(reasons), 400))}"
+            "[green]yes[/]" if not reasons else f"[yellow]no[/]: {shown(printable('; '.join(reasons), 400))}"
         )
         console.print(
-            f"{escape(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {escape(made_for)}  {verdict}"
+            f"{shown(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {shown(made_for)}  {verdict}"
         )
         for line, style in remedy_lines(printable(snap.remedy, 800)) if snap.remedy else []:
             console.print(f"  {line}", style=style, markup=False)
@@ -377,7 +425,7 @@ def prune_command(
     console = _console()
     verb = "would delete" if dry_run else "deleted"
     for snap in doomed:
-        console.print(f"  {verb} {escape(snap.name)} ({_mb(snap.size_bytes)}, {_when(snap.created)})")
+        console.print(f"  {verb} {shown(snap.name)} ({_mb(snap.size_bytes)}, {_when(snap.created)})")
     console.print(f"{verb} {len(doomed)} snapshot(s)")
 
 
@@ -431,11 +479,11 @@ def warm_command(
         return
     console = _console()
     console.print(
-        f"[green]✓[/] warmed: {escape(result.get('what', ''))} on {escape(str(result.get('device')))} in "
+        f"[green]✓[/] warmed: {shown(result.get('what', ''))} on {shown(str(result.get('device')))} in "
         f"{result.get('first_call_seconds')} s (fxgraph cache: {misses} compiled, {hits} from cache)"
     )
     if snapshot:
-        console.print(f"  snapshot [bold]{escape(snapshot['name'])}[/]: {snapshot['files']} files")
+        console.print(f"  snapshot [bold]{shown(snapshot['name'])}[/]: {snapshot['files']} files")
 
 
 def register(app: typer.Typer) -> None:

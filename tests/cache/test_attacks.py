@@ -439,8 +439,9 @@ def test_d13_an_unusable_target_is_refused_before_anything_is_written(
         target.symlink_to(tmp_path / "nowhere")
     else:
         make_tree(target, files=2)
-        real = os.path.ismount
-        monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == target or real(p))
+        from dflash_doctor.cache import swap
+
+        monkeypatch.setattr(swap, "is_mount_point_at", lambda fd, name: name == target.name)
     before = disk_state(tmp_path)
     with pytest.raises(DoctorError) as refused:
         restore_into(archive, target)

@@ -61,7 +61,15 @@ def test_row6_a_read_only_home_is_a_named_error(
             raise PermissionError(13, "Permission denied", str(self))
         real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
 
+    real_os_mkdir = os.mkdir
+
+    def read_only_os(path: object, *args: object, **kwargs: object) -> None:
+        if str(path).startswith(str(cache_env["home"])):
+            raise PermissionError(13, "Permission denied", str(path))
+        real_os_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
     monkeypatch.setattr(Path, "mkdir", read_only)  # root ignores a 0500 folder's mode
+    monkeypatch.setattr(os, "mkdir", read_only_os)  # paths.make_private_dirs
     code, _, err = outcome(capsys, ["cache", "snapshot"])
     assert code == 2 and "permission denied" in err and "Traceback" not in err
 

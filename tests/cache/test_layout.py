@@ -72,8 +72,9 @@ def test_our_records_and_killed_writes_count_neither_way(tmp_path: Path) -> None
     (root / "ab").mkdir(parents=True)
     (root / "ab" / f"{key}.py").write_bytes(b"x")
     (root / "ab" / ".4242.139911.tmp").write_bytes(b"torch's write_atomic, killed")
-    (root / "triton" / "0" / "KEY").mkdir(parents=True)
-    (root / "triton" / "0" / "KEY" / "k.cubin.tmp.pid_42_123456").write_bytes(b"Triton's put, killed")
+    triton_key = root / "triton" / "0" / "3UV6IQ7S2SU23V2PJU5H5I43RFGGKL2IZC5LHAAXBCKYAQVLCLIA"
+    triton_key.mkdir(parents=True)
+    (triton_key / "k.cubin.tmp.pid_42_123456").write_bytes(b"Triton's put, killed")
     for name in (MARKER_NAME, BACKUP_OWNER_NAME, f".{MARKER_NAME}.abc.tmp"):
         (root / name).write_text("{}")
     content = examine_path(root)

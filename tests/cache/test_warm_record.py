@@ -81,11 +81,11 @@ def test_the_trainer_digest_changes_when_a_trainer_file_changes(tmp_path: Path) 
 
 def cache_with_files(root: Path) -> dict[str, Path]:
     (root / "fxgraph" / "ab").mkdir(parents=True)
-    (root / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
-    (root / "triton" / "0").mkdir(parents=True)
-    (root / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 100)
+    (root / "fxgraph" / "ab" / "fentrykey00000000000000000000").write_bytes(b"graph")
+    (root / "ke").mkdir(parents=True)
+    (root / "ke" / "ckernelkey0000000000000000000.so").write_bytes(b"k" * 100)
     (root / "locks").mkdir()
-    (root / "locks" / "x.lock").write_bytes(b"")  # transient: never recorded
+    (root / "locks" / "xlockkey000000000000000000.lock").write_bytes(b"")  # transient: never recorded
     return {"inductor": root}
 
 
@@ -94,7 +94,10 @@ def test_skip_only_while_every_recorded_file_is_intact(tmp_path: Path) -> None:
     records = WarmRecords(tmp_path / "warm-records.json")
     assert skip_reason(records, "k", roots, {}) is None  # nothing recorded yet
     files = cache_files(roots)
-    assert set(files) == {"inductor/fxgraph/ab/entry", "inductor/triton/0/kernel.cubin"}
+    assert set(files) == {
+        "inductor/fxgraph/ab/fentrykey00000000000000000000",
+        "inductor/ke/ckernelkey0000000000000000000.so",
+    }
     records.save("k", ("cuda:1",), files)
 
     reason = skip_reason(records, "k", roots, {})
@@ -104,11 +107,11 @@ def test_skip_only_while_every_recorded_file_is_intact(tmp_path: Path) -> None:
     (tmp_path / "inductor" / "later-file").write_bytes(b"new")  # the cache grew (the target's kernels): fine
     assert skip_reason(records, "k", roots, {}) is not None
 
-    (tmp_path / "inductor" / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 99)  # rewritten
+    (tmp_path / "inductor" / "ke" / "ckernelkey0000000000000000000.so").write_bytes(b"k" * 99)  # rewritten
     assert skip_reason(records, "k", roots, {}) is None
-    (tmp_path / "inductor" / "triton" / "0" / "kernel.cubin").write_bytes(b"k" * 100)
+    (tmp_path / "inductor" / "ke" / "ckernelkey0000000000000000000.so").write_bytes(b"k" * 100)
     assert skip_reason(records, "k", roots, {}) is not None
-    (tmp_path / "inductor" / "fxgraph" / "ab" / "entry").unlink()  # deleted
+    (tmp_path / "inductor" / "fxgraph" / "ab" / "fentrykey00000000000000000000").unlink()  # deleted
     assert skip_reason(records, "k", roots, {}) is None
 
 
@@ -215,7 +218,7 @@ def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     assert "warm-up skipped" in prepare() and len(children) == 1
     assert "warm-up skipped" in prepare("optim.steps=7") and len(children) == 1  # bookkeeping only
     assert "warm-up on cpu" in prepare("data.seq_len=64") and len(children) == 2  # other shapes
-    (inductor / "fxgraph" / "ab" / "entry").unlink()
+    (inductor / "fxgraph" / "ab" / "fentrykey00000000000000000000").unlink()
     assert "warm-up on cpu" in prepare() and len(children) == 3
 
 
@@ -236,7 +239,9 @@ def test_a_snapshot_carries_only_the_records_whose_files_it_holds(tmp_path: Path
     records = WarmRecords(tmp_path / "warm-records.json")
     records.save("k" * 64, ("cuda:1",), cache_files(roots))
     records.save("g" * 64, ("cuda:1",), {"inductor/gone": 3})  # a file the cache no longer has
-    records.save("s" * 64, ("cuda:1",), {"inductor/fxgraph/ab/entry": 4})  # the file changed size since
+    records.save(
+        "s" * 64, ("cuda:1",), {"inductor/fxgraph/ab/fentrykey00000000000000000000": 4}
+    )  # the file changed size since
     taken = take_snapshot(roots, BUILD, "s", tmp_path / "s.tar.zst", records=records)
     assert [r["key"] for r in taken.manifest.warm_records] == ["k" * 64]
     reread = CacheManifest.from_bytes(taken.manifest.to_bytes())
