@@ -40,6 +40,10 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(line_number, f"not JSON ({exc.msg})") from exc
+    except RecursionError as exc:  # was: exit 3 on a line nested 5,000 levels deep
+        raise RecordError(
+            line_number, "nested too deeply to read (JSON arrays or objects within each other)"
+        ) from exc
     if not isinstance(record, dict):
         raise RecordError(line_number, "must be a JSON object")
     raw_id = record.get("id", f"line-{line_number}")

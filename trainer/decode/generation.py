@@ -337,3 +337,65 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+# ---------------------------------------------------------------- which engine, on which devices
+
+
+def local_devices(devices: str | None) -> list[str]:
+    """`--devices` as a list (default: every local GPU, else the CPU). A list with no device, a device that
+    is not `cpu` / `cuda:N`, or a GPU this torch cannot see: one DoctorError naming `--devices`, before the
+    target loads (was: a KeyError, or an AssertionError from a CPU build of torch)."""
+    import torch
+
+    from dflash_base.errors import ConfigError
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices is None:
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    chosen = [d.strip() for d in devices.split(",") if d.strip()]
+    if not chosen:
+        raise ConfigError(
+            f"--devices: {devices!r} names no device", hint="e.g. --devices cuda:0,cuda:1 or cpu"
+        )
+    for device in chosen:
+        kind, _, index = device.partition(":")
+        if device == "cpu":
+            continue
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise ConfigError(f"--devices: {device!r} is not a device", hint="give cpu, cuda or cuda:N")
+        if int(index or 0) >= count:
+            seen = f"{count} GPU(s)" if count else "no GPU (a CPU build of torch, or no driver)"
+            raise ConfigError(f"--devices: {device} is not here: this torch sees {seen}")
+    return chosen
+
+
+def engine_factory(
+    engine: str,
+    settings: GenerationSettings,
+    devices: list[str],
+    batch_size: int | None,
+    tensor_parallel: int,
+) -> Any:
+    """What makes the engine (called once there is work): vLLM for `vllm` (or `auto` where it is
+    installed), else ours, one process per device when there are several. Refused here, before the target
+    loads: vLLM asked for and absent, --tensor-parallel for our engine (it would be ignored)."""
+    from dflash_base.errors import DoctorError
+
+    if engine == "vllm" or (engine == "auto" and vllm_available()):
+        if not vllm_available():
+            raise DoctorError(
+                "--engine vllm: vLLM is not installed here", hint="pip install vllm, or --engine torch"
+            )
+        return lambda: VllmEngine(settings, tensor_parallel_size=tensor_parallel)
+    if tensor_parallel > 1:
+        raise DoctorError(
+            f"--tensor-parallel {tensor_parallel}: the torch engine does not split a model across GPUs "
+            "(vLLM is not installed here)",
+            hint="leave it out (one copy of the target per device in --devices), or install vllm",
+        )
+    from trainer.decode.kv_engine import torch_engine
+
+    if len(devices) == 1:
+        return lambda: torch_engine(settings, devices[0], batch_size)
+    return lambda: DevicePool(settings, devices, batch_size)

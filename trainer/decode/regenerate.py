@@ -23,6 +23,7 @@ from dflash_base.errors import ConfigError, DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
 from trainer.decode.degenerate import ends_in_loop_text
 from trainer.decode.generation import Engine, GenerationSettings, prompt_ids
+from trainer.spec.regenerate_request import RegenerateRequest
 
 SCHEMA = "dflash-doctor/regenerate/v1"
 
@@ -389,3 +390,38 @@ def append_whole(out: Path, data: bytes) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings, InputScan]:
+    """The request's settings and its checked input, before the target loads: the config read (no drafter
+    setting needed), --max-new-tokens against the target's context, every --prompts line parsed and measured
+    against the context, and the chat template's assistant turns found (what `train` will supervise)."""
+    from trainer.spec.config import load_config
+
+    cfg = load_config(request.config, list(request.overrides), check_data=False, drafter=False)
+    settings = GenerationSettings(
+        target=cfg.target.path,
+        max_new_tokens=request.max_new_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        chat_template_kwargs=dict(getattr(cfg.data, "chat_template_kwargs", None) or {}),
+        seed=cfg.run.seed,
+    )
+    check_answer_length(settings)
+    scan = check_prompt_lengths(scan_input(request.prompts, request.on_error), settings, request.on_error)
+    check_supervisable(settings)  # a template train cannot supervise: refused before any answer is paid for
+    return settings, scan
+
+
+def check_answer_length(settings: GenerationSettings) -> None:
+    """--max-new-tokens no longer than the target's context, where its config says the context (was: a
+    100,000,000-token answer accepted against a context of 4,096)."""
+    from trainer.spec.target_shapes import target_shapes
+
+    context = getattr(target_shapes(settings.target), "max_position_embeddings", None)
+    if isinstance(context, int) and settings.max_new_tokens >= context:
+        raise RegenerateError(
+            f"--max-new-tokens {settings.max_new_tokens:,}: not shorter than the target's context "
+            f"({context:,} tokens), which must hold the prompt too",
+            hint=f"give --max-new-tokens below {context:,}",
+        )
