@@ -128,15 +128,29 @@ def cut_short_warning(summary: Any, max_new_tokens: int) -> str:
     )
 
 
+SUPERVISED_OPEN, SUPERVISED_CLOSE = (
+    "⟦",
+    "⟧",
+)  # around each run of supervised tokens: a pipe and NO_COLOR keep them
+
+
 def _sample_text(sample: dict[str, Any], supervised_style: str) -> Text:
-    """The sample's real tokens (ids where there is no tokenizer); supervised ones highlighted, the rest dim."""
+    """The sample's real tokens (ids where there is no tokenizer); each run of supervised ones between
+    SUPERVISED_OPEN and SUPERVISED_CLOSE (and in `supervised_style` where colour shows), the rest dim. The
+    brackets carry the marking where styles do not: a pipe, a log, NO_COLOR."""
     from rich.text import Text
 
     real = sample["real_tokens"]
     pieces = sample["tokens"] or [f"{t} " for t in sample["input_ids"][:real]]
     text = Text()
+    inside = False
     for piece, on in zip(pieces, sample["loss_mask"][:real], strict=True):
+        if bool(on) != inside:
+            text.append(SUPERVISED_OPEN if on else SUPERVISED_CLOSE, style="bold")
+            inside = bool(on)
         text.append(piece, style=supervised_style if on else "dim")
+    if inside:
+        text.append(SUPERVISED_CLOSE, style="bold")
     return text
 
 
@@ -146,7 +160,7 @@ def preview_command(
     overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set data.seq_len=256."),
     json_out: bool = JsonOption,
 ) -> None:
-    """The first records tokenised, truncated and padded as in training (supervised tokens highlighted), and
+    """The first records tokenised, truncated and padded as in training (supervised tokens bracketed), and
     counts over the whole data: sequences, tokens, supervised share, truncated share."""
     from rich.markup import escape
 
@@ -171,7 +185,10 @@ def preview_command(
         f"{c['sequences']} sequences ({escape(result['kind'])}, seq_len {result['seq_len']}): {c['tokens']:,} tokens, "
         f"{c['supervised_share']:.1%} supervised, {c['truncated_share']:.1%} of sequences truncated"
     )
-    console.print("[dim]supervised tokens in [bold green]green[/], the rest dim[/]")
+    console.print(
+        f"supervised tokens between {SUPERVISED_OPEN} and {SUPERVISED_CLOSE} (green where colour shows); "
+        "the rest is context the drafter sees but is not trained to write"
+    )
 
 
 data_app.command("regenerate")(regenerate_command)
