@@ -50,6 +50,14 @@ def regenerate_command(
     engine: str = typer.Option(R.engine, "--engine", help="auto (vLLM when installed), torch, or vllm."),
     temperature: float = typer.Option(R.temperature, "--temperature", help="0 is greedy (the default)."),
     top_p: float = typer.Option(R.top_p, "--top-p", help="Nucleus sampling (with --temperature), in (0, 1]."),
+    samples_per_prompt: int = typer.Option(
+        R.samples_per_prompt,
+        "--samples-per-prompt",
+        help="Answers per prompt (ids <id>#1, #2...: sample 0 keeps <id>).",
+    ),
+    seed: int = typer.Option(
+        R.seed, "--seed", help="Sampled answers: each drawn from (seed, prompt id, sample)."
+    ),
     on_error: str = typer.Option(
         R.on_error, "--on-error", help="A bad input line: stop (exit 2) or skip it."
     ),
@@ -91,6 +99,7 @@ def regenerate_command(
             summary = regenerate(
                 scan, request.out, settings, factory, limit=request.limit, force=request.force,
                 commit_every_s=request.commit_every, on_progress=progress.show,
+                samples_per_prompt=request.samples_per_prompt,
             )  # fmt: skip
     except KeyboardInterrupt:
         err.print(f"stopped: every line in {request.out} is whole; run the same command again to resume")

@@ -50,6 +50,10 @@ def argv_for(tmp_path: Path, target: Path, prompts: str = '{"prompt": "w1"}\n') 
         (["--top-p", "nan"], "--top-p: nan is outside (0, 1]"),
         (["--top-p", "0"], "--top-p: 0.0 is outside (0, 1]"),
         (["--top-p", "1.5"], "--top-p: 1.5 is outside (0, 1]"),
+        (["--samples-per-prompt", "0"], "--samples-per-prompt: must be >= 1, got 0"),
+        (["--samples-per-prompt", "-2"], "--samples-per-prompt: must be >= 1, got -2"),
+        (["--seed", "-1"], "--seed: -1 is not a seed"),
+        (["--seed", "1.5"], "Invalid value for '--seed'"),  # typer's own usage error
         (["--commit-every", "inf"], "--commit-every: inf is not a number of seconds"),
         (["--commit-every", "nan"], "--commit-every: nan is not a number of seconds"),
         (["--devices", ",,,"], "--devices: ',,,' names no device"),

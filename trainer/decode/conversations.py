@@ -92,6 +92,7 @@ class Regeneration:
     conversation that ends on a user or tool turn gets one more answer at its end."""
 
     record: PromptRecord
+    sample: int = 0  # which of the prompt's sampled answers (--samples-per-prompt)
     turns: list[dict[str, str]] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     generated_tokens: int = 0
@@ -120,5 +121,15 @@ class Regeneration:
         self._waiting = False
 
     @property
+    def id(self) -> str:
+        """The output line's id: the prompt's for sample 0, `<id>#<k>` for sample k."""
+        return sample_id(self.record.id, self.sample)
+
+    @property
     def done(self) -> bool:
         return self.prompt() is None
+
+
+def sample_id(prompt_id: str, sample: int) -> str:
+    """Sample 0 keeps the prompt's id (a greedy job's file is what it was); sample k >= 1 is `<id>#<k>`."""
+    return prompt_id if sample == 0 else f"{prompt_id}#{sample}"

@@ -29,6 +29,8 @@ class RegenerateRequest:
     engine: str = "auto"  # auto (vLLM when installed) | torch | vllm
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
+    samples_per_prompt: int = 1  # answers per prompt: sample 0 keeps the prompt's id, sample k is `<id>#<k>`
+    seed: int = 0  # with (prompt id, sample, turn), what a sampled answer is drawn from
     on_error: str = "stop"  # a bad input line: stop (exit 2) or skip it
     force: bool = False
     devices: str | None = None  # torch engine: e.g. cuda:0,cuda:1 (None: every local GPU, else the CPU)
@@ -52,7 +54,14 @@ class RegenerateRequest:
             raise ConfigError(f"--engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"--on-error: must be stop or skip, got {self.on_error!r}")
-        for name, value in (("--max-new-tokens", self.max_new_tokens), ("--limit", self.limit)):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed: {self.seed!r} is not a seed; give an integer >= 0")
+        named = (
+            ("--max-new-tokens", self.max_new_tokens),
+            ("--limit", self.limit),
+            ("--samples-per-prompt", self.samples_per_prompt),
+        )
+        for name, value in named:
             if value is not None and value < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {value}")
         for name, value in (("--batch-size", self.batch_size), ("--tensor-parallel", self.tensor_parallel)):
