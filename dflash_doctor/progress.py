@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 EVERY_S = 30.0
 
@@ -65,3 +66,58 @@ def elapsed_text(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class RegenerateProgress:
+    """`data regenerate`'s progress: a bar in a terminal (conversations, generated tok/s, time left), else
+    `ProgressLines` (a line per chunk written and at least every EVERY_S seconds). `show(summary, todo)` is
+    the job's `on_progress`: its first call only counts the work, each later one follows a written chunk."""
+
+    def __init__(self, console: Any, quiet: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.began = time.monotonic()
+        self.summary: Any = None
+        self.todo = 0
+        self.bar = Progress(
+            TextColumn("regenerating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(), console=console, disable=quiet or not console.is_terminal,
+        )  # fmt: skip
+        self.task = self.bar.add_task("", total=None, rate="")
+        write = lambda line: console.print(line, soft_wrap=True)  # noqa: E731
+        self.lines = None if console.is_terminal else ProgressLines(self.describe, write)
+
+    @staticmethod
+    def _rate(summary: Any) -> float:
+        return float(summary.generated_tokens / summary.seconds) if summary.seconds else 0.0
+
+    def show(self, summary: Any, todo: int) -> None:
+        rate = f"{self._rate(summary):,.0f} tok/s"
+        self.bar.update(self.task, total=todo, completed=summary.written, rate=rate)
+        first = self.summary is None
+        self.summary, self.todo = summary, todo
+        if self.lines is not None and not first:
+            self.lines.moved()
+
+    def describe(self) -> str:
+        when = elapsed_text(time.monotonic() - self.began)
+        s = self.summary
+        if s is None:
+            return f"regenerating: reading the input and loading the target, {when} in"
+        return (
+            f"regenerating: {s.written:,} of {self.todo:,} conversations written, {s.answers:,} answers, "
+            f"{s.generated_tokens:,} tokens ({self._rate(s):,.0f} tok/s), {when} in"
+        )
+
+    def __enter__(self) -> RegenerateProgress:
+        self.bar.__enter__()
+        if self.lines is not None:
+            self.lines.__enter__()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self.lines is not None:
+            self.lines.__exit__(kind, error, trace)
+        self.bar.__exit__(kind, error, trace)

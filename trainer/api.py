@@ -7,9 +7,23 @@ from __future__ import annotations
 
 from trainer.data.preview import preview
 from trainer.decode.eval import EvalReport, run_eval
-from trainer.decode.generation import DevicePool, GenerationSettings, TorchEngine, VllmEngine, vllm_available
+from trainer.decode.generation import (
+    DevicePool,
+    GenerationSettings,
+    TorchEngine,
+    VllmEngine,
+    engine_factory,
+    local_devices,
+    vllm_available,
+)
 from trainer.decode.kv_engine import KVEngine, torch_engine
-from trainer.decode.regenerate import check_prompt_lengths, check_supervisable, regenerate, scan_input
+from trainer.decode.regenerate import (
+    check_prompt_lengths,
+    check_supervisable,
+    prepare_regeneration,
+    regenerate,
+    scan_input,
+)
 from trainer.decode.report import format_report
 from trainer.run.warmup import warm_up
 
@@ -22,7 +36,10 @@ __all__ = [
     "VllmEngine",
     "check_prompt_lengths",
     "check_supervisable",
+    "engine_factory",
     "format_report",
+    "local_devices",
+    "prepare_regeneration",
     "preview",
     "regenerate",
     "run_eval",

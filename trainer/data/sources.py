@@ -310,5 +310,18 @@ def split_data(cfg: TrainConfig) -> DataSplit:
     if held:  # data.eval_fraction's share of the training data, a fixed draw by the seed
         gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + 15485863)
         perm = torch.randperm(total, generator=gen).tolist()
-        return DataSplit(sorted(perm[held:]), sorted(perm[:held]), b)
+        group = prompt_groups(cfg, total)
+        held_groups = {group[j] for j in perm[:held]}  # every sample of a held-out prompt is held out
+        eval_ids = [j for j in range(total) if group[j] in held_groups]
+        return DataSplit([j for j in range(total) if group[j] not in held_groups], eval_ids, b)
     return DataSplit(list(range(total)), [], b)
+
+
+def prompt_groups(cfg: TrainConfig, total: int) -> list[str | int]:
+    """Which prompt each sequence answers: a record's `prompt_id` (`data regenerate --samples-per-prompt`
+    writes one per sample), else the sequence itself. The held-out split keeps a prompt's samples on one side:
+    a held-out answer whose prompt was trained on, by another sample, scores the drafter on what it saw."""
+    if cfg.data.kind in ("synthetic", "random"):
+        return list(range(total))
+    records = jsonl_records(Path(str(cfg.data.path)))
+    return [r["prompt_id"] if isinstance(r.get("prompt_id"), str) else j for j, (_, r) in enumerate(records)]

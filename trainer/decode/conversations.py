@@ -40,6 +40,10 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(line_number, f"not JSON ({exc.msg})") from exc
+    except RecursionError as exc:  # was: exit 3 on a line nested 5,000 levels deep
+        raise RecordError(
+            line_number, "nested too deeply to read (JSON arrays or objects within each other)"
+        ) from exc
     if not isinstance(record, dict):
         raise RecordError(line_number, "must be a JSON object")
     raw_id = record.get("id", f"line-{line_number}")
@@ -88,6 +92,7 @@ class Regeneration:
     conversation that ends on a user or tool turn gets one more answer at its end."""
 
     record: PromptRecord
+    sample: int = 0  # which of the prompt's sampled answers (--samples-per-prompt)
     turns: list[dict[str, str]] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     generated_tokens: int = 0
@@ -116,5 +121,15 @@ class Regeneration:
         self._waiting = False
 
     @property
+    def id(self) -> str:
+        """The output line's id: the prompt's for sample 0, `<id>#<k>` for sample k."""
+        return sample_id(self.record.id, self.sample)
+
+    @property
     def done(self) -> bool:
         return self.prompt() is None
+
+
+def sample_id(prompt_id: str, sample: int) -> str:
+    """Sample 0 keeps the prompt's id (a greedy job's file is what it was); sample k >= 1 is `<id>#<k>`."""
+    return prompt_id if sample == 0 else f"{prompt_id}#{sample}"

@@ -54,7 +54,8 @@ class Engine(Protocol):
     # counts whole batches there); 1 where time follows the rows (a CPU) or is unknown (vLLM schedules its own)
     rows_at_once: int
 
-    def generate(self, chats: Sequence[Chat]) -> list[Completion]: ...
+    # keys: one per chat when sampling (trainer.decode.sampling.row_key); greedy engines may ignore them
+    def generate(self, chats: Sequence[Chat], keys: Sequence[int] | None = None) -> list[Completion]: ...
 
     def close(self) -> None: ...
 
@@ -109,7 +110,9 @@ class TorchEngine:
 
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
-    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+    def generate(self, chats: Sequence[Chat], keys: Sequence[int] | None = None) -> list[Completion]:
+        if keys is not None and self.settings.temperature > 0:  # engine_factory refuses this up front
+            raise ValueError("transformers' generate cannot draw an answer from its own key")
         encoded = [prompt_ids(self.tokenizer, c, self.settings.chat_template_kwargs) for c in chats]
         order = sorted(range(len(chats)), key=lambda i: len(encoded[i]))
         results: dict[int, Completion] = {}
@@ -225,9 +228,11 @@ def _worker(
         job = jobs.get()
         if job is None:
             return
-        key, chats = job
+        key, chats, keys = job
         try:
-            results.put(("done", key, engine.generate(chats)))
+            results.put(
+                ("done", key, engine.generate(chats, keys) if keys is not None else engine.generate(chats))
+            )
         except Exception as exc:
             results.put(("error", repr(exc)))
             return
@@ -271,12 +276,13 @@ class DevicePool:
             if message[0] == kind:
                 return tuple(message)
 
-    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+    def generate(self, chats: Sequence[Chat], keys: Sequence[int] | None = None) -> list[Completion]:
         shards = [list(range(i, len(chats), len(self.jobs))) for i in range(len(self.jobs))]
         sent = 0
         for key, (jobs, shard) in enumerate(zip(self.jobs, shards, strict=True)):
             if shard:
-                jobs.put((key, [chats[i] for i in shard]))
+                shard_keys = [keys[i] for i in shard] if keys is not None else None
+                jobs.put((key, [chats[i] for i in shard], shard_keys))
                 sent += 1
         out: dict[int, Completion] = {}
         for _ in range(sent):
@@ -315,10 +321,13 @@ class VllmEngine:
         self.llm = vllm.LLM(model=settings.target, tensor_parallel_size=tensor_parallel_size)
         self.rows_at_once = 1  # vLLM batches continuously, up to limits of its own: the pace counts rows
 
-    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+    def generate(self, chats: Sequence[Chat], keys: Sequence[int] | None = None) -> list[Completion]:
+        sampling: Any = self.sampling
+        if keys is not None and self.settings.temperature > 0:  # vLLM's per-request seed: each answer's key
+            sampling = [self._seeded(key) for key in keys]
         outputs = self.llm.chat(
             list(chats),
-            sampling_params=self.sampling,
+            sampling_params=sampling,
             chat_template_kwargs=dict(self.settings.chat_template_kwargs),
             use_tqdm=False,
         )
@@ -329,6 +338,14 @@ class VllmEngine:
             completions.append(Completion(best.text, len(best.token_ids), reason))
         return completions
 
+    def _seeded(self, key: int) -> Any:
+        import vllm
+
+        s = self.settings
+        return vllm.SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, seed=key
+        )
+
     def close(self) -> None:
         pass
 
@@ -337,3 +354,74 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+# ---------------------------------------------------------------- which engine, on which devices
+
+
+def local_devices(devices: str | None) -> list[str]:
+    """`--devices` as a list (default: every local GPU, else the CPU). A list with no device, a device that
+    is not `cpu` / `cuda:N`, or a GPU this torch cannot see: one DoctorError naming `--devices`, before the
+    target loads (was: a KeyError, or an AssertionError from a CPU build of torch)."""
+    import torch
+
+    from dflash_base.errors import ConfigError
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices is None:
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    chosen = [d.strip() for d in devices.split(",") if d.strip()]
+    if not chosen:
+        raise ConfigError(
+            f"--devices: {devices!r} names no device", hint="e.g. --devices cuda:0,cuda:1 or cpu"
+        )
+    for device in chosen:
+        kind, _, index = device.partition(":")
+        if device == "cpu":
+            continue
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise ConfigError(f"--devices: {device!r} is not a device", hint="give cpu, cuda or cuda:N")
+        if int(index or 0) >= count:
+            seen = f"{count} GPU(s)" if count else "no GPU (a CPU build of torch, or no driver)"
+            raise ConfigError(f"--devices: {device} is not here: this torch sees {seen}")
+    return chosen
+
+
+def engine_factory(
+    engine: str,
+    settings: GenerationSettings,
+    devices: list[str],
+    batch_size: int | None,
+    tensor_parallel: int,
+) -> Any:
+    """What makes the engine (called once there is work): vLLM for `vllm` (or `auto` where it is
+    installed), else ours, one process per device when there are several. Refused here, before the target
+    loads: vLLM asked for and absent, --tensor-parallel for our engine (it would be ignored)."""
+    from dflash_base.errors import DoctorError
+
+    if engine == "vllm" or (engine == "auto" and vllm_available()):
+        if not vllm_available():
+            raise DoctorError(
+                "--engine vllm: vLLM is not installed here", hint="pip install vllm, or --engine torch"
+            )
+        return lambda: VllmEngine(settings, tensor_parallel_size=tensor_parallel)
+    if tensor_parallel > 1:
+        raise DoctorError(
+            f"--tensor-parallel {tensor_parallel}: the torch engine does not split a model across GPUs "
+            "(vLLM is not installed here)",
+            hint="leave it out (one copy of the target per device in --devices), or install vllm",
+        )
+    from trainer.decode.kv_engine import kv_engine_reason, torch_engine
+
+    why = kv_engine_reason(settings.target) if settings.temperature > 0 else None
+    if why is not None:  # transformers' generate draws from one generator: batch and order change answers
+        raise DoctorError(
+            f"--engine {engine} --temperature {settings.temperature}: the torch engine for this target is "
+            f"transformers' generate ({why}), whose sampled answers are not reproducible from (seed, prompt, "
+            "sample)",
+            hint="use --engine vllm (each answer seeded by its key), a target the KV engine supports "
+            "(llama, qwen2, qwen3, mistral), or --temperature 0",
+        )
+    if len(devices) == 1:
+        return lambda: torch_engine(settings, devices[0], batch_size)
+    return lambda: DevicePool(settings, devices, batch_size)

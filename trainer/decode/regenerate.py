@@ -23,6 +23,8 @@ from dflash_base.errors import ConfigError, DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
 from trainer.decode.degenerate import ends_in_loop_text
 from trainer.decode.generation import Engine, GenerationSettings, prompt_ids
+from trainer.decode.sampling import row_key
+from trainer.spec.regenerate_request import RegenerateRequest
 
 SCHEMA = "dflash-doctor/regenerate/v1"
 
@@ -218,7 +220,14 @@ def output_line(regen: Regeneration, settings: GenerationSettings, engine: str) 
         "finish_reasons": regen.finish_reasons,
         "generated_tokens": regen.generated_tokens,
     }
-    line = {"id": regen.record.id, "messages": regen.turns, "generation": meta, "schema": SCHEMA}
+    line = {
+        "id": regen.id,
+        "prompt_id": regen.record.id,
+        "sample": regen.sample,
+        "messages": regen.turns,
+        "generation": meta,
+        "schema": SCHEMA,
+    }
     return json.dumps(line, ensure_ascii=False) + "\n"
 
 
@@ -296,8 +305,8 @@ class CommitPace:
         self.size = batches * self.batch
 
 
-def chunks(records: list[PromptRecord], pace: CommitPace) -> Iterator[list[PromptRecord]]:
-    """The records in commits of `pace.size` conversations (read again before each chunk)."""
+def chunks(records: list[Regeneration], pace: CommitPace) -> Iterator[list[Regeneration]]:
+    """The conversations in commits of `pace.size` (read again before each chunk)."""
     start = 0
     while start < len(records):
         chunk = records[start : start + pace.size]
@@ -305,15 +314,24 @@ def chunks(records: list[PromptRecord], pace: CommitPace) -> Iterator[list[Promp
         yield chunk
 
 
-def regenerate_chunk(engine: Engine, records: list[PromptRecord]) -> list[Regeneration]:
+def regenerate_chunk(
+    engine: Engine, walks: list[Regeneration], sampling_seed: int | None = None
+) -> list[Regeneration]:
     """Answer every turn of these conversations: each round asks the engine for the next answer of every
-    conversation still waiting for one, so turn k of all of them goes in one call."""
-    walks = [Regeneration(r) for r in records]
+    conversation still waiting for one, so turn k of all of them goes in one call. `sampling_seed` (when
+    sampling): each answer goes with its key, row_key(seed, prompt id, sample, turn), so it is the same
+    whatever batch, chunk or run it is drawn in."""
     while True:
         waiting = [(w, p) for w in walks if (p := w.prompt()) is not None]
         if not waiting:
             return walks
-        for (walk, _), completion in zip(waiting, engine.generate([p for _, p in waiting]), strict=True):
+        chats = [p for _, p in waiting]
+        if sampling_seed is None:
+            answers = engine.generate(chats)
+        else:
+            keys = [row_key(sampling_seed, w.record.id, w.sample, len(w.finish_reasons)) for w, _ in waiting]
+            answers = engine.generate(chats, keys)
+        for (walk, _), completion in zip(waiting, answers, strict=True):
             walk.answer(completion.text, completion.finish_reason, completion.tokens)
 
 
@@ -327,14 +345,16 @@ def regenerate(
     commit_every_s: float = 60.0,
     on_progress: Callable[[Summary, int], None] | None = None,
     chunk_size: int | None = None,
+    samples_per_prompt: int = 1,
 ) -> Summary:
     """Write the regenerated conversations of `scan` to `out`, resuming what an earlier run wrote."""
     if scan.source is not None:
         check_out_is_not_prompts(scan.source, out)  # before `force` could move the input aside
     done = resume_state(out, settings, force)
     records = scan.records[:limit] if limit is not None else scan.records
-    todo = [r for r in records if r.id not in done]
-    summary = Summary(skipped_done=len(records) - len(todo), skipped_bad=len(scan.bad))
+    walks = sample_walks(records, samples_per_prompt)
+    todo = [w for w in walks if w.id not in done]
+    summary = Summary(skipped_done=len(walks) - len(todo), skipped_bad=len(scan.bad))
     if on_progress:
         on_progress(summary, len(todo))
     if not todo:
@@ -353,10 +373,10 @@ def regenerate(
     try:
         for chunk in chunks(todo, pace):
             chunk_began = time.perf_counter()
-            walks = regenerate_chunk(engine, chunk)
-            pace.record(len(walks), time.perf_counter() - chunk_began)
-            append_whole(out, "".join(output_line(w, settings, engine.name) for w in walks).encode())
-            summary.count(walks)
+            answered = regenerate_chunk(engine, chunk, settings.seed if settings.temperature > 0 else None)
+            pace.record(len(answered), time.perf_counter() - chunk_began)
+            append_whole(out, "".join(output_line(w, settings, engine.name) for w in answered).encode())
+            summary.count(answered)
             summary.seconds = time.perf_counter() - start
             if on_progress:
                 on_progress(summary, len(todo))
@@ -364,6 +384,22 @@ def regenerate(
         summary.seconds = time.perf_counter() - start
         engine.close()
     return summary
+
+
+def sample_walks(records: list[PromptRecord], samples_per_prompt: int) -> list[Regeneration]:
+    """Every (prompt, sample) to answer, prompt by prompt. An input id that is another prompt's sample id
+    (`a#1` beside `a`, two samples each) would make two lines of one id: refused, naming its line."""
+    walks = [Regeneration(r, sample=k) for r in records for k in range(samples_per_prompt)]
+    lines: dict[str, int] = {}
+    for walk in walks:
+        if walk.id in lines:
+            raise RegenerateError(
+                f'--prompts: line {walk.record.line}: id "{walk.record.id}" gives the output id "{walk.id}", '
+                f"which line {lines[walk.id]} gives too (--samples-per-prompt {samples_per_prompt})",
+                hint="give the prompts ids without `#<number>` at their end",
+            )
+        lines[walk.id] = walk.record.line
+    return walks
 
 
 def append_whole(out: Path, data: bytes) -> None:
@@ -389,3 +425,38 @@ def append_whole(out: Path, data: bytes) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings, InputScan]:
+    """The request's settings and its checked input, before the target loads: the config read (no drafter
+    setting needed), --max-new-tokens against the target's context, every --prompts line parsed and measured
+    against the context, and the chat template's assistant turns found (what `train` will supervise)."""
+    from trainer.spec.config import load_config
+
+    cfg = load_config(request.config, list(request.overrides), check_data=False, drafter=False)
+    settings = GenerationSettings(
+        target=cfg.target.path,
+        max_new_tokens=request.max_new_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        chat_template_kwargs=dict(getattr(cfg.data, "chat_template_kwargs", None) or {}),
+        seed=request.seed,
+    )
+    check_answer_length(settings)
+    scan = check_prompt_lengths(scan_input(request.prompts, request.on_error), settings, request.on_error)
+    check_supervisable(settings)  # a template train cannot supervise: refused before any answer is paid for
+    return settings, scan
+
+
+def check_answer_length(settings: GenerationSettings) -> None:
+    """--max-new-tokens no longer than the target's context, where its config says the context (was: a
+    100,000,000-token answer accepted against a context of 4,096)."""
+    from trainer.spec.target_shapes import target_shapes
+
+    context = getattr(target_shapes(settings.target), "max_position_embeddings", None)
+    if isinstance(context, int) and settings.max_new_tokens >= context:
+        raise RegenerateError(
+            f"--max-new-tokens {settings.max_new_tokens:,}: not shorter than the target's context "
+            f"({context:,} tokens), which must hold the prompt too",
+            hint=f"give --max-new-tokens below {context:,}",
+        )

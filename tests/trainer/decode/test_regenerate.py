@@ -581,9 +581,9 @@ def _commit_sizes(tmp_path: Path, engine: type, rows: int = 20, **constants: int
     sizes: list[int] = []
     real = module.regenerate_chunk
 
-    def spy(engine: object, records: list) -> list:
+    def spy(engine: object, records: list, *rest: int | None) -> list:
         sizes.append(len(records))
-        return real(engine, records)  # type: ignore[arg-type]
+        return real(engine, records, *rest)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module, "regenerate_chunk", spy)

@@ -1,0 +1,56 @@
+"""`data preview`'s text: the supervised tokens marked in a way a pipe, a log and NO_COLOR keep (issue 39
+U9), and a legend that says what is shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.cli import run
+from dflash_doctor.commands.data import SUPERVISED_CLOSE, SUPERVISED_OPEN
+from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_text
+from trainer.target.tiny import build_embedded_target
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("target")
+    build_embedded_target("tiny", seed=0).save_pretrained(folder)
+    byte_tokenizer(QWEN3_LIKE, folder)
+    return folder
+
+
+def test_supervised_tokens_are_bracketed_in_a_pipe_under_no_color(
+    tmp_path: Path, chat_target: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: in a pipe nothing marked what is supervised, and the legend spoke of green."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "And?"},
+        {"role": "assistant", "content": "Bye."},
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": chat}) + "\n")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
+    )
+    argv = ["data", "preview", "--config", str(config), "--samples", "1"]
+    assert run([*argv, "--json"]) == 0
+    (sample,) = json.loads(capsys.readouterr().out)["samples"]
+    mask = [bool(m) for m in sample["loss_mask"]]
+    runs = supervised_text(byte_tokenizer(QWEN3_LIKE), sample["input_ids"], mask)
+    assert len(runs) == 2  # the two answers
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out  # a pipe: no styles at all, the brackets alone mark
+    shown = out.split("supervised tokens", 2)[1]  # the sample, after its header line
+    marked = [part.split(SUPERVISED_CLOSE)[0] for part in shown.split(SUPERVISED_OPEN)[1:]]
+    assert marked == runs
+    assert f"supervised tokens between {SUPERVISED_OPEN} and {SUPERVISED_CLOSE}" in out
+    assert "in green" not in out

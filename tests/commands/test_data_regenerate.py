@@ -1,0 +1,122 @@
+"""`data regenerate`'s bad input: exit 2 with one line naming the option or the line, before the target loads
+and with nothing written (issue 36 "Bad input", issue 39 U5, U6, U8); and the loop counts in its text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.cli import run as cli_run
+from trainer.decode.generation import Chat, Completion
+
+
+@pytest.fixture(scope="module")
+def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.trainer.target_folder import make_target_folder
+
+    return make_target_folder(tmp_path_factory.mktemp("target"))
+
+
+def no_target_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the target with any engine fails the test: the error must come first."""
+    import trainer.decode.generation as generation
+
+    def loaded(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the target was loaded before the bad input was refused")
+
+    monkeypatch.setattr(generation, "load_generation_target", loaded)
+    monkeypatch.setattr("trainer.decode.kv_engine.load_generation_target", loaded)
+
+
+def argv_for(tmp_path: Path, target: Path, prompts: str = '{"prompt": "w1"}\n') -> list[str]:
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{target}"\n[data]\nkind = "chat"\npath = "x.jsonl"\n[optim]\nsteps = 1\n'
+    )
+    (tmp_path / "in.jsonl").write_text(prompts)
+    prompts_path, out = str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")
+    return ["data", "regenerate", "--config", str(config), "--prompts", prompts_path, "--out", out]
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--temperature", "inf"], "--temperature: inf is not a sampling temperature"),
+        (["--temperature", "nan"], "--temperature: nan is not a sampling temperature"),
+        (["--temperature", "-0.5"], "--temperature: -0.5 is not a sampling temperature"),
+        (["--top-p", "nan"], "--top-p: nan is outside (0, 1]"),
+        (["--top-p", "0"], "--top-p: 0.0 is outside (0, 1]"),
+        (["--top-p", "1.5"], "--top-p: 1.5 is outside (0, 1]"),
+        (["--samples-per-prompt", "0"], "--samples-per-prompt: must be >= 1, got 0"),
+        (["--samples-per-prompt", "-2"], "--samples-per-prompt: must be >= 1, got -2"),
+        (["--seed", "-1"], "--seed: -1 is not a seed"),
+        (["--seed", "1.5"], "Invalid value for '--seed'"),  # typer's own usage error
+        (["--commit-every", "inf"], "--commit-every: inf is not a number of seconds"),
+        (["--commit-every", "nan"], "--commit-every: nan is not a number of seconds"),
+        (["--devices", ",,,"], "--devices: ',,,' names no device"),
+        (["--devices", "cuda:7"], "--devices: cuda:7 is not here"),
+        (["--devices", "gpu0"], "--devices: 'gpu0' is not a device"),
+        (["--engine", "torch", "--tensor-parallel", "4"], "--tensor-parallel 4: only the vllm engine"),
+        (
+            ["--max-new-tokens", "100000000"],
+            "--max-new-tokens 100,000,000: not shorter than the target's context (4,096 tokens)",
+        ),
+    ],
+)
+def test_bad_options_are_refused_before_the_target_loads(
+    target_folder: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    says: str,
+) -> None:
+    """Was: inf/NaN sampled at random, an OverflowError, an AssertionError, a KeyError (exit 3), a
+    --tensor-parallel silently ignored, a 100M-token answer run against a 4,096-token context."""
+    no_target_loads(monkeypatch)
+    if extra[:2] == ["--devices", "cuda:7"]:
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a CPU build of torch, on any host
+    assert cli_run([*argv_for(tmp_path, target_folder), *extra]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_prompts_line_nested_5000_levels_deep_is_a_named_line(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: a RecursionError, exit 3."""
+    no_target_loads(monkeypatch)
+    deep = '{"prompt": ' + "[" * 5000 + "]" * 5000 + "}\n"
+    assert cli_run(argv_for(tmp_path, target_folder, '{"prompt": "w1"}\n' + deep)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "line 2: nested too deeply to read" in err and not (tmp_path / "out.jsonl").exists()
+
+
+class LoopingEngine:
+    """Every answer repeats itself to the cap: a loop at --max-new-tokens."""
+
+    name = "fake"
+    rows_at_once = 1
+
+    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+        return [Completion("the same words again " * 40, 8, "length") for _ in chats]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_text_summary_says_how_many_answers_end_in_a_loop(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: the loop counts were in --json only."""
+    from dflash_doctor.commands import data as data_command
+
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: LoopingEngine)
+    prompts = "".join(json.dumps({"id": f"r{i}", "prompt": "w1"}) + "\n" for i in range(3))
+    assert cli_run(argv_for(tmp_path, target_folder, prompts)) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 ending in a repetition loop (3 of them at --max-new-tokens)" in out, out

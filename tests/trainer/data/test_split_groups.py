@@ -1,0 +1,60 @@
+"""The held-out split keeps every sample of one prompt on one side (issue 36: `--samples-per-prompt`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer
+from trainer.data.sources import split_data
+from trainer.spec.config import load_config
+from trainer.target.tiny import build_embedded_target
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("target")
+    build_embedded_target("tiny", seed=0).save_pretrained(folder)
+    byte_tokenizer(QWEN3_LIKE, folder)
+    return folder
+
+
+def _config(tmp_path: Path, target: Path, samples: int, with_prompt_ids: bool) -> Path:
+    rows = []
+    for p in range(20):
+        for k in range(samples):
+            chat = [{"role": "user", "content": f"q{p}"}, {"role": "assistant", "content": f"a{p}.{k}"}]
+            row: dict[str, object] = {"id": f"p{p}#{k}" if k else f"p{p}", "messages": chat}
+            if with_prompt_ids:
+                row |= {"prompt_id": f"p{p}", "sample": k}
+            rows.append(json.dumps(row))
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 64\neval_fraction = 0.2\n'
+        "[optim]\nsteps = 1\nbatch_size = 2\n"
+    )
+    return config
+
+
+def test_all_samples_of_a_prompt_fall_on_one_side(tmp_path: Path, chat_target: Path) -> None:
+    split = split_data(load_config(_config(tmp_path, chat_target, 3, with_prompt_ids=True)))
+    prompt_of = [j // 3 for j in range(60)]
+    held = {prompt_of[j] for j in split.eval_ids}
+    trained = {prompt_of[j] for j in split.train_ids}
+    assert held and trained and not held & trained  # was: a prompt's samples on both sides
+    assert sorted(split.eval_ids + split.train_ids) == list(range(60))
+    assert len(split.eval_ids) == 3 * len(held) >= 12  # whole prompts, at least the 20% asked for
+
+
+def test_without_prompt_ids_the_split_is_what_it_was(tmp_path: Path, chat_target: Path) -> None:
+    cfg = load_config(_config(tmp_path, chat_target, 1, with_prompt_ids=False))
+    gen = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + 15485863)
+    perm = torch.randperm(20, generator=gen).tolist()
+    split = split_data(cfg)
+    assert split.eval_ids == sorted(perm[:4]) and split.train_ids == sorted(perm[4:])
