@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from dflash_base.errors import ConfigError, DoctorError
-from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.commands.options import ConfigOption, JsonOption, SetOption
 from dflash_doctor.console import make_console
 from dflash_doctor.progress import ProgressLines, elapsed_text
 
@@ -56,9 +56,7 @@ def _engine_factory(engine: str, settings: object, devices: list[str], batch_siz
 
 
 def regenerate_command(
-    config: str = typer.Option(
-        ..., "--config", help="The run config: its target and chat template settings."
-    ),
+    config: ConfigOption,
     prompts: Path = typer.Option(..., "--prompts", help='JSONL: {"messages": [...]} or {"prompt": "..."}.'),
     out: Path = typer.Option(..., "--out", help="JSONL written in the chat format; re-run to resume."),
     max_new_tokens: int = typer.Option(1024, "--max-new-tokens", min=1, help="Longest answer, in tokens."),
@@ -80,7 +78,7 @@ def regenerate_command(
         help="torch engine: rows decoded at once (default: 2,048 on a GPU, or what fits its memory; 8 on a CPU).",
     ),
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", min=1, help="vllm engine: GPUs per model."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config field: section.key=value."),
+    set_: SetOption = None,
     commit_every: float = typer.Option(
         60.0,
         "--commit-every",
@@ -210,9 +208,9 @@ def _sample_text(sample: dict[str, Any], supervised_style: str) -> Text:
 
 
 def preview_command(
-    config: str = typer.Option(..., "--config", help="A training config (TOML) or a shipped config's name."),
+    config: ConfigOption,
     samples: int = typer.Option(3, "--samples", min=0, help="Records to show (the first N, in file order)."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set data.seq_len=256."),
+    overrides: SetOption = None,
     json_out: bool = JsonOption,
 ) -> None:
     """The first records tokenised, truncated and padded as in training (supervised tokens highlighted), and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -24,6 +25,19 @@ StrictOption = typer.Option(False, "--strict", metavar=FLAG, help="Exit 1 on war
 LockOption = typer.Option(
     None, "--lock", help="Compare against this lock file (default: ./dflash.lock when it exists)."
 )
+
+
+# `--config` and `--set`: one declaration each, for every command that reads a training config (train, eval,
+# data regenerate, data preview). Annotated types, so a command says `config: ConfigOption` and the option reads
+# the same everywhere; typer copies the option object per parameter.
+_CONFIG = typer.Option("--config", help="A training config (TOML) or a shipped config's name.")
+ConfigOption = Annotated[str, _CONFIG]
+OptionalConfigOption = Annotated[str | None, _CONFIG]
+# None when no --set is given (a list default would be one shared mutable object): read it as `overrides or []`.
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a config field (repeatable): --set data.seq_len=256."),
+]
 
 
 def split_only(values: list[str]) -> list[str]:

@@ -156,6 +156,12 @@ def show_run(
         typer.echo(json.dumps(document, indent=2, default=str))
         return
     console = make_console(soft_wrap=True)
+    _print_record(console, record)
+    _print_changes(console, baseline, changes)
+
+
+def _print_record(console: Console, record: RunRecord) -> None:
+    """One run as a person reads it: how it ended and why, its config and command, verdicts, summary, notes."""
     when = dt.datetime.fromtimestamp(record.created).isoformat(timespec="seconds")
     style = STATUS_STYLE.get(record.status, "")
     console.print(
@@ -185,6 +191,10 @@ def show_run(
         console.print("the run's last lines on stderr (why it failed):")
         for line in record.stderr_tail:
             console.print(f"  {escape(line)}", highlight=False)
+
+
+def _print_changes(console: Console, baseline: RunRecord | None, changes: list[dict[str, Any]]) -> None:
+    """What changed in the environment since the last successful run (or that nothing did)."""
     if baseline is None:
         console.print("No earlier successful run to compare with.")
         return
