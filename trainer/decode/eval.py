@@ -182,6 +182,10 @@ def load_eval_target(setup: EvalSetup) -> Any:  # a Hugging Face causal LM
     from trainer.model.device import resolve_device, target_dtype
     from trainer.target.load import load_target_model
 
+    if setup.device.startswith("cuda") and not torch.cuda.is_available():  # the option, not `run.device`
+        raise ConfigError(
+            f"--device {setup.device}: torch sees no CUDA device here", hint="--device cpu, or --device auto"
+        )
     device = resolve_device(setup.device)
     return load_target_model(setup.target_path, setup.seed, device, target_dtype(setup.dtype, device))
 

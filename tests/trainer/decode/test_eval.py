@@ -222,3 +222,17 @@ def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
     assert run([*args, "--dtype", "fp64"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert '--dtype: "fp64" is not one of auto, bf16, fp32' in err
+
+
+def test_cli_refuses_a_device_eval_cannot_run_on_and_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--device tpu` ran on the CPU with exit 0; `--device cuda` without CUDA answered about `run.device`."""
+    args = _cli_args(tmp_path)
+    assert run([*args, "--device", "tpu"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--device 'tpu': eval runs on auto, cpu, cuda or cuda:N" in err
+    if not torch.cuda.is_available():
+        assert run([*args, "--device", "cuda"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "--device cuda: torch sees no CUDA device here" in err and "run.device" not in err
