@@ -33,10 +33,30 @@ LockOption = typer.Option(
 _CONFIG = typer.Option("--config", help="A training config (TOML) or a shipped config's name.")
 ConfigOption = Annotated[str, _CONFIG]
 OptionalConfigOption = Annotated[str | None, _CONFIG]
+
+
+def one_value_per_key(values: list[str] | None) -> list[str] | None:
+    """`--set optim.steps=50 --set optim.steps=80`: refused (exit 2), not the last one winning without a word."""
+    seen: dict[str, str] = {}
+    for item in values or []:
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key in seen:
+            raise typer.BadParameter(
+                f"{key} is set twice ({seen[key].strip()!r}, then {value.strip()!r}): give it once"
+            )
+        seen[key] = value
+    return values
+
+
 # None when no --set is given (a list default would be one shared mutable object): read it as `overrides or []`.
 SetOption = Annotated[
     list[str] | None,
-    typer.Option("--set", help="Override a config field (repeatable): --set data.seq_len=256."),
+    typer.Option(
+        "--set",
+        callback=one_value_per_key,
+        help="Override a config field (repeatable): --set data.seq_len=256.",
+    ),
 ]
 
 
