@@ -299,7 +299,8 @@ def run_eval(
     if request.config is not None:
         from trainer.spec.config import load_config
 
-        cfg = load_config(request.config, list(request.overrides))
+        # --prompts replaces the held-out sequences: the data file and its split rule apply only without it
+        cfg = load_config(request.config, list(request.overrides), check_data=request.prompts is None)
     target_path = request.target or (cfg.target.path if cfg is not None else None)
     if target_path is None:
         raise ConfigError("--target: name the target (a folder, tiny, random:qwen3-8b) or give --config")
