@@ -36,14 +36,16 @@ OptionalConfigOption = Annotated[str | None, _CONFIG]
 
 
 def one_value_per_key(values: list[str] | None) -> list[str] | None:
-    """`--set optim.steps=50 --set optim.steps=80`: refused (exit 2), not the last one winning without a word."""
+    """`--set optim.steps=50 --set optim.steps=80`: the last one wins, as before, but said (one warning line on
+    stderr naming both values), never silently. Kept, not refused: scripts set defaults, then override them."""
     seen: dict[str, str] = {}
     for item in values or []:
         key, _, value = item.partition("=")
-        key = key.strip()
-        if key in seen:
-            raise typer.BadParameter(
-                f"{key} is set twice ({seen[key].strip()!r}, then {value.strip()!r}): give it once"
+        key, value = key.strip(), value.strip()
+        if key in seen and seen[key] != value:
+            typer.echo(
+                f"warning: --set {key} given twice ({seen[key]!r}, then {value!r}): {value!r} is used",
+                err=True,
             )
         seen[key] = value
     return values
