@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from dflash_doctor.commands.options import JsonOption
+from dflash_doctor.commands.options import ConfigOption, JsonOption, SetOption
 from dflash_doctor.console import make_console
 from dflash_doctor.progress import RegenerateProgress
 from trainer.spec.regenerate_request import DEFAULTS as R
@@ -38,9 +38,7 @@ def _engine_factory(request: RegenerateRequest, settings: Any) -> Any:
 
 
 def regenerate_command(
-    config: str = typer.Option(
-        ..., "--config", help="The run config: its target and chat template settings."
-    ),
+    config: ConfigOption,
     prompts: Path = typer.Option(..., "--prompts", help='JSONL: {"messages": [...]} or {"prompt": "..."}.'),
     out: Path = typer.Option(..., "--out", help="JSONL written in the chat format; re-run to resume."),
     max_new_tokens: int = typer.Option(
@@ -73,7 +71,7 @@ def regenerate_command(
     tensor_parallel: int = typer.Option(
         R.tensor_parallel, "--tensor-parallel", help="vllm engine: GPUs per model."
     ),
-    set_: list[str] = typer.Option([], "--set", help="Override a config field: section.key=value."),
+    set_: SetOption = None,
     commit_every: float = typer.Option(
         R.commit_every,
         "--commit-every",
@@ -164,9 +162,9 @@ def _sample_text(sample: dict[str, Any], supervised_style: str) -> Text:
 
 
 def preview_command(
-    config: str = typer.Option(..., "--config", help="A training config (TOML) or a shipped config's name."),
+    config: ConfigOption,
     samples: int = typer.Option(3, "--samples", min=0, help="Records to show (the first N, in file order)."),
-    overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set data.seq_len=256."),
+    overrides: SetOption = None,
     json_out: bool = JsonOption,
 ) -> None:
     """The first records tokenised, truncated and padded as in training (supervised tokens bracketed), and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -24,6 +25,41 @@ StrictOption = typer.Option(False, "--strict", metavar=FLAG, help="Exit 1 on war
 LockOption = typer.Option(
     None, "--lock", help="Compare against this lock file (default: ./dflash.lock when it exists)."
 )
+
+
+# `--config` and `--set`: one declaration each, for every command that reads a training config (train, eval,
+# data regenerate, data preview). Annotated types, so a command says `config: ConfigOption` and the option reads
+# the same everywhere; typer copies the option object per parameter.
+_CONFIG = typer.Option("--config", help="A training config (TOML) or a shipped config's name.")
+ConfigOption = Annotated[str, _CONFIG]
+OptionalConfigOption = Annotated[str | None, _CONFIG]
+
+
+def one_value_per_key(values: list[str] | None) -> list[str] | None:
+    """`--set optim.steps=50 --set optim.steps=80`: the last one wins, as before, but said (one warning line on
+    stderr naming both values), never silently. Kept, not refused: scripts set defaults, then override them."""
+    seen: dict[str, str] = {}
+    for item in values or []:
+        key, _, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if key in seen and seen[key] != value:
+            typer.echo(
+                f"warning: --set {key} given twice ({seen[key]!r}, then {value!r}): {value!r} is used",
+                err=True,
+            )
+        seen[key] = value
+    return values
+
+
+# None when no --set is given (a list default would be one shared mutable object): read it as `overrides or []`.
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        callback=one_value_per_key,
+        help="Override a config field (repeatable): --set data.seq_len=256.",
+    ),
+]
 
 
 def split_only(values: list[str]) -> list[str]:

@@ -113,6 +113,26 @@ def list_runs(
     console.print(table)
 
 
+LAUNCHER_FAILED = "the launcher failed: "  # the note the launcher leaves when it dies before torchrun ends
+NO_EXIT_CODE = {
+    "refused": "no exit code: nothing was started",
+    "running": "no exit code yet: still running",
+    "lost": "no exit code: the launcher is gone without closing the record",
+    "interrupted": "no exit code: stopped before torchrun started",
+    "failed": "no exit code: the launcher failed before torchrun ended",
+}
+
+
+def exit_text(record: RunRecord) -> str:
+    """`exit 0`, or why the record has no exit code (never `exit None`)."""
+    if record.exit_code is not None:
+        return f"exit {record.exit_code}"
+    why = next((n.removeprefix(LAUNCHER_FAILED) for n in record.notes if n.startswith(LAUNCHER_FAILED)), None)
+    if why is not None:
+        return f"no exit code: the launcher failed ({why})"
+    return NO_EXIT_CODE.get(record.status, "no exit code recorded")
+
+
 def _exit(record: RunRecord) -> str:
     return "-" if record.exit_code is None else str(record.exit_code)
 
@@ -156,10 +176,16 @@ def show_run(
         typer.echo(json.dumps(document, indent=2, default=str))
         return
     console = make_console(soft_wrap=True)
+    _print_record(console, record)
+    _print_changes(console, baseline, changes)
+
+
+def _print_record(console: Console, record: RunRecord) -> None:
+    """One run as a person reads it: how it ended and why, its config and command, verdicts, summary, notes."""
     when = dt.datetime.fromtimestamp(record.created).isoformat(timespec="seconds")
     style = STATUS_STYLE.get(record.status, "")
     console.print(
-        f"[bold]run {record.id}[/] · {when} · [{style}]{escape(status_text(record))}[/] · exit {record.exit_code}"
+        f"[bold]run {record.id}[/] · {when} · [{style}]{escape(status_text(record))}[/] · {escape(exit_text(record))}"
     )
     if record.reason:
         console.print(f"[red]why it failed:[/] {escape(record.reason)}")
@@ -185,6 +211,10 @@ def show_run(
         console.print("the run's last lines on stderr (why it failed):")
         for line in record.stderr_tail:
             console.print(f"  {escape(line)}", highlight=False)
+
+
+def _print_changes(console: Console, baseline: RunRecord | None, changes: list[dict[str, Any]]) -> None:
+    """What changed in the environment since the last successful run (or that nothing did)."""
     if baseline is None:
         console.print("No earlier successful run to compare with.")
         return

@@ -21,7 +21,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from dflash_base.disk import size_text
-from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption, default_lock
+from dflash_doctor.commands.options import (
+    FLAG,
+    ConfigOption,
+    JsonOption,
+    PythonOption,
+    SetOption,
+    default_lock,
+)
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.lifecycle import LaunchRequest, launch_run
@@ -93,7 +100,7 @@ def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
 
 
 def train_command(
-    config: str = typer.Option(..., "--config", help="A training config (TOML) or a shipped config's name."),
+    config: ConfigOption,
     force: bool = typer.Option(
         False, "--force", metavar=FLAG, help="Launch even over failing findings (recorded)."
     ),
@@ -109,7 +116,7 @@ def train_command(
         show_default=False,
     ),
     python: str | None = PythonOption,
-    overrides: list[str] = typer.Option([], "--set", help="Override a config field: --set optim.steps=50."),
+    overrides: SetOption = None,
     nnodes: int = typer.Option(1, "--nnodes", min=1, help="torchrun: number of nodes."),
     node_rank: int | None = typer.Option(None, "--node-rank", help="torchrun: this node's rank."),
     rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="torchrun: rendezvous backend."),
@@ -121,75 +128,109 @@ def train_command(
 ) -> None:
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
     console = make_console(stderr=json_out)
-
-    def say(markup: str) -> None:
-        console.print(markup, soft_wrap=True)
-
-    def finish_json(record: RunRecord, failing: list[str]) -> None:
-        if json_out:
-            typer.echo(
-                json.dumps(
-                    {
-                        "schema": TRAIN_SCHEMA,
-                        "status": record.status,
-                        "failing": failing,
-                        "run": record.to_json(),
-                    },
-                    indent=2,
-                    default=str,
-                )
-            )
-
     began = time.perf_counter()  # the launcher's share of time to first step: gate + compile cache
-    training = load_training_config(config, overrides)
+    training = load_training_config(config, overrides or [])
     torchrun = TorchrunOptions(
-        nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        master_addr=master_addr,
+        master_port=master_port,
     )
     gate = run_gate(training, python, torchrun, deep=deep, lock_path=default_lock(None, False))
     gate_s = time.perf_counter() - began
-    plan = gate.plan
     failing = [f.id for f in gate.failing]
-    store = RunStore()
-    common: dict[str, Any] = dict(
-        config_path=str(training.path),
-        config_text=training.text,
-        findings=[f.to_json() for f in gate.findings],
-        command=plan.command,
-        plan=plan.to_json(),
-        output_dir=str(Path(training.config.output_dir).resolve()),
+    _show_gate(console, gate, training, dry_run, json_out)  # --dry-run ends there
+    request = LaunchRequest(
+        training=training,
+        gate=gate,
+        failing=failing,
+        began=began,
+        gate_s=gate_s,
+        node_rank=node_rank or 0,
+        nnodes=nnodes,
+        json_out=json_out,
     )
+    record = _launch_or_refuse(request, force, console)
+    _print_json(record, failing, json_out)
+    raise typer.Exit(_exit_code(record))
+
+
+def _show_gate(
+    console: Console, gate: GateResult, training: TrainingConfig, dry_run: bool, json_out: bool
+) -> None:
+    """The verdicts, the probe's note and the launch plan; --dry-run ends here (exit 1 on a failing finding)."""
+    failing = [f.id for f in gate.failing]
     if json_out and dry_run:
-        document: dict[str, Any] = {
-            "schema": TRAIN_SCHEMA,
-            "status": "dry-run",
-            "plan": plan.to_json(),
-            "mask_token": _mask_token(training),
-            "findings": common["findings"],
-            "failing": failing,
-        }
-        typer.echo(json.dumps(document, indent=2, default=str))
+        typer.echo(json.dumps(_dry_run_document(gate, training, failing), indent=2, default=str))
         raise typer.Exit(1 if failing else 0)
     render(gate.runs, console, header=f"dflash-doctor train · {training.path}")
     if gate.probe_note:
         console.print(escape(gate.probe_note))
-    _print_plan(console, plan, gate, training)
+    _print_plan(console, gate.plan, gate, training)
     if dry_run:
         raise typer.Exit(1 if failing else 0)
-    environment = current_lock(gate.context).to_json()
+
+
+def _launch_or_refuse(request: LaunchRequest, force: bool, console: Console) -> RunRecord:
+    """A failing finding without --force: a `refused` record, nothing started. Else the launch's record."""
+    store, common = RunStore(), _record_fields(request.gate, request.training)
+    environment = current_lock(request.gate.context).to_json()
+    failing = request.failing
     if failing and not force:
         record = store.create("refused", environment=environment, **common)
-        say(
+        console.print(
             f"[bold red]✗ launch refused[/]: {len(failing)} failing finding(s): {', '.join(failing)}. "
-            f"Nothing was started (record {record.id}). Fix them, or --force to launch anyway."
+            f"Nothing was started (record {record.id}). Fix them, or --force to launch anyway.",
+            soft_wrap=True,
         )
-        finish_json(record, failing)
-        raise typer.Exit(1)
-    request = LaunchRequest(training, gate, failing, began, gate_s, node_rank or 0, nnodes, json_out)
-    record = launch_run(request, store, common, environment, console)
-    finish_json(record, failing)
+        return record
+    return launch_run(request, store, common, environment, console)
+
+
+def _record_fields(gate: GateResult, training: TrainingConfig) -> dict[str, Any]:
+    """What every record of this launch carries, refused or run: the config, the verdicts, the plan."""
+    return dict(
+        config_path=str(training.path),
+        config_text=training.text,
+        findings=[f.to_json() for f in gate.findings],
+        command=gate.plan.command,
+        plan=gate.plan.to_json(),
+        output_dir=str(Path(training.config.output_dir).resolve()),
+    )
+
+
+def _dry_run_document(gate: GateResult, training: TrainingConfig, failing: list[str]) -> dict[str, Any]:
+    """`train --dry-run --json`: the plan and the verdicts, nothing recorded."""
+    return {
+        "schema": TRAIN_SCHEMA,
+        "status": "dry-run",
+        "plan": gate.plan.to_json(),
+        "mask_token": _mask_token(training),
+        "findings": [f.to_json() for f in gate.findings],
+        "failing": failing,
+    }
+
+
+def _print_json(record: RunRecord, failing: list[str], json_out: bool) -> None:
+    """With --json, stdout's one document: how the launch ended and its record."""
+    if json_out:
+        document = {
+            "schema": TRAIN_SCHEMA,
+            "status": record.status,
+            "failing": failing,
+            "run": record.to_json(),
+        }
+        typer.echo(json.dumps(document, indent=2, default=str))
+
+
+def _exit_code(record: RunRecord) -> int:
+    """0 succeeded; 128+N interrupted by signal N; 1 otherwise (failed)."""
     if record.status == "interrupted" and record.exit_code is not None:
-        raise typer.Exit(record.exit_code)
-    raise typer.Exit(0 if record.status == "succeeded" else 1)
+        return record.exit_code
+    return 0 if record.status == "succeeded" else 1
 
 
 def register(app: typer.Typer) -> None:

@@ -19,6 +19,7 @@ from dflash_doctor.launch import supervise
 from dflash_doctor.launch.bytecode_cache import with_bytecode_cache
 from dflash_doctor.launch.compile_cache import prepare_compile_cache, snapshot_after_success
 from dflash_doctor.launch.gate import GateResult, TrainingConfig
+from dflash_doctor.launch.narrator import Narrator
 from dflash_doctor.launch.output_lock import OutputLock
 from dflash_doctor.launch.run_outputs import last_metrics
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
@@ -66,24 +67,82 @@ def launch_run(
 
 
 def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, console: Console) -> None:
-    """Warm the cache, run torchrun, close the record."""
-    training, gate, failing = request.training, request.gate, request.failing
-    plan, began, gate_s, json_out = gate.plan, request.began, request.gate_s, request.json_out
+    """Warm the cache, run torchrun, close the record, report: four steps, the record closed in every path."""
+    say = Narrator(console)
+    _note_launch_conditions(record, request, say)
+    stop_log = store.path(record.id).parent / "stop.log"
+    started = time.time()
+    try:
+        with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
+            _warm_compile_cache(record, store, request, say)
+            started = time.time()
+            outcome = _run_torchrun(record, store, request, stop_log, say)
+    except Stopped as stop:
+        outcome = TorchrunOutcome(stop.exit_code, stop.signum)
+    except BaseException as exc:
+        record.status, record.finished = "failed", time.time()
+        record.notes.append(f"the launcher failed: {type(exc).__name__}: {exc}")
+        store.save(record)
+        raise
+    _close_record(record, request, outcome, stop_log, started)
+    store.save(record)
+    _report(record, outcome, stop_log, request.began, say)
 
-    def say(markup: str) -> None:
-        console.print(markup, soft_wrap=True)
 
-    if failing:
-        say(f"[yellow]! launching over failing findings (--force, recorded): {', '.join(failing)}[/]")
+def _note_launch_conditions(record: RunRecord, request: LaunchRequest, say: Narrator) -> None:
+    """What the record must say about how this launch was made: --force, the probe reused, the bytecode cache."""
+    gate = request.gate
+    if request.failing:
+        say(f"[yellow]! launching over failing findings (--force, recorded): {', '.join(request.failing)}[/]")
     if gate.probe_note:
         record.notes.append(gate.probe_note)
     gate.environ, bytecode_note = with_bytecode_cache(gate.environ, gate.findings)
     if bytecode_note:
         record.notes.append(bytecode_note)
         say(f"[dim]{escape(bytecode_note)}[/]")
-    started = time.time()
-    stop_log = store.path(record.id).parent / "stop.log"
-    output_dir = Path(record.output_dir or ".")
+
+
+def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchRequest, say: Narrator) -> None:
+    """Step 1: compile once, in one process, before any worker starts; record the time before torchrun."""
+    gate, plan = request.gate, request.gate.plan
+    drafter_devices = tuple(  # colocated ranks train a drafter too (the warm-up covers their target)
+        dict.fromkeys(
+            r.device
+            for r in plan.roles
+            if r.role in ("drafter", "colocated") and r.node == 0 and r.device != "cpu"
+        )
+    )
+    waiting = (
+        "compile cache: making it warm for this build before any worker starts "
+        "(a cold compile runs once, in one process: a minute or two on CPU)"
+    )
+    say(f"[dim]{waiting}[/]")
+    with say.status("warming the compile cache"):  # animates on a terminal only
+        prep = prepare_compile_cache(
+            gate.context.env,
+            gate.environ,
+            request.training.path,
+            plan.device_type,
+            drafter_devices,
+            tuple(plan.overrides),  # the user's --set and the topology the gate chose
+            local_workers=plan.nproc_per_node,  # what sets the threads torchrun gives each worker
+        )
+    record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
+    say(f"compile cache: {escape(prep.detail)}")
+    before = (
+        f"before torchrun: {time.perf_counter() - request.began:.1f} s (gate {request.gate_s:.1f} s, "
+        f"compile cache {prep.seconds:.1f} s)"
+    )
+    record.notes.append(before)
+    say(f"[dim]{before}[/]")
+    record.last_seen = time.time()
+    store.save(record)
+
+
+def _run_torchrun(
+    record: RunRecord, store: RunStore, request: LaunchRequest, stop_log: Path, say: Narrator
+) -> TorchrunOutcome:
+    """Step 2: torchrun to its end or a stop signal, the record's "last seen" kept fresh meanwhile."""
 
     def heartbeat() -> None:
         record.last_seen = time.time()
@@ -95,59 +154,23 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
             f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
         )
 
-    try:
-        with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
-            drafter_devices = tuple(  # colocated ranks train a drafter too (the warm-up covers their target)
-                dict.fromkeys(
-                    r.device
-                    for r in plan.roles
-                    if r.role in ("drafter", "colocated") and r.node == 0 and r.device != "cpu"
-                )
-            )
-            waiting = (
-                "compile cache: making it warm for this build before any worker starts "
-                "(a cold compile runs once, in one process: a minute or two on CPU)"
-            )
-            say(f"[dim]{waiting}[/]")
-            with console.status("warming the compile cache", spinner="dots"):  # animates on a terminal only
-                prep = prepare_compile_cache(
-                    gate.context.env,
-                    gate.environ,
-                    training.path,
-                    plan.device_type,
-                    drafter_devices,
-                    tuple(plan.overrides),  # the user's --set and the topology the gate chose
-                    local_workers=plan.nproc_per_node,  # what sets the threads torchrun gives each worker
-                )
-            record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
-            say(f"compile cache: {escape(prep.detail)}")
-            before = (
-                f"before torchrun: {time.perf_counter() - began:.1f} s (gate {gate_s:.1f} s, "
-                f"compile cache {prep.seconds:.1f} s)"
-            )
-            record.notes.append(before)
-            say(f"[dim]{before}[/]")
-            record.last_seen = time.time()
-            store.save(record)
-            started = time.time()
-            outcome = run_torchrun(
-                plan.command,
-                gate.environ,
-                stop_log=stop_log,
-                on_heartbeat=heartbeat,
-                on_stopping=stopping,
-                stdout_to_stderr=json_out,
-            )
-    except Stopped as stop:
-        outcome = TorchrunOutcome(stop.exit_code, stop.signum)
-    except BaseException as exc:
-        record.status, record.finished = "failed", time.time()
-        record.notes.append(f"the launcher failed: {type(exc).__name__}: {exc}")
-        store.save(record)
-        raise
+    return run_torchrun(
+        request.gate.plan.command,
+        request.gate.environ,
+        stop_log=stop_log,
+        on_heartbeat=heartbeat,
+        on_stopping=stopping,
+        stdout_to_stderr=request.json_out,
+    )
+
+
+def _close_record(
+    record: RunRecord, request: LaunchRequest, outcome: TorchrunOutcome, stop_log: Path, started: float
+) -> None:
+    """Step 3: the record's end: status, exit code, last metrics, why it failed; the cache snapshot on success."""
     record.exit_code = outcome.exit_code
     record.finished = record.last_seen = time.time()
-    record.metrics = last_metrics(output_dir, started)
+    record.metrics = last_metrics(Path(record.output_dir or "."), started)
     if outcome.interrupted:
         record.status = "interrupted"
         record.notes.append(describe_stop(outcome, stop_log))
@@ -159,9 +182,12 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
         if outcome.killed:
             record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
     if record.status == "succeeded":
-        record.snapshot = snapshot_after_success(gate.context.env, gate.environ)
+        record.snapshot = snapshot_after_success(request.gate.context.env, request.gate.environ)
         record.notes.append(record.snapshot)
-    store.save(record)
+
+
+def _report(record: RunRecord, outcome: TorchrunOutcome, stop_log: Path, began: float, say: Narrator) -> None:
+    """Step 4: one line for how the run ended, and where to look next."""
     took = time.perf_counter() - began  # the whole launch: gate and warm-up included (issue 39 U4)
     style = "green" if record.status == "succeeded" else "red"
     say(

@@ -188,6 +188,11 @@ class RunStore:
 
     def load(self, run_id: str) -> RunRecord:
         """One record by id or unique prefix; a damaged one is a DoctorError naming the file."""
+        if not run_id.strip():
+            raise DoctorError(
+                f"an empty run id ({run_id!r})",
+                hint="give a run id or its first characters: `dflash-doctor runs` lists them",
+            )
         matches = [p for p in self._record_paths() if p.parent.name.startswith(run_id)]
         if not matches:
             raise DoctorError(f"no run {run_id!r}", hint="list runs with `dflash-doctor runs`")

@@ -180,6 +180,14 @@ def run_serve_check(engine_name: str, export: str, python: str | None, timeout: 
             return result
     result.exit_code, result.seconds = child.returncode, child.seconds
     result.verdict = last_json_line(child.stdout)
+    if (
+        child.returncode == EXIT_ENGINE_MISSING
+    ):  # nothing was checked: not a pass (it read as exit 0, "No issues")
+        raise DoctorError(
+            f"{interpreter} has no {engine.title}: the export was not checked "
+            f"({result.verdict.get('error') or 'the engine does not import'})",
+            hint=f"install {engine.title} {engine.verified} there, or pass the python that has it with --python",
+        )
     if child.returncode == EXIT_BAD_INPUT:
         raise DoctorError(
             f"{engine.title}'s loader refused {folder}: {result.verdict.get('error', child.stderr[-400:])}",
@@ -204,15 +212,6 @@ def last_json_line(stdout: str) -> dict[str, Any]:
 def verdict_findings(engine: Engine, code: int, verdict: dict[str, Any], stderr: str) -> list[Finding]:
     """The script's exit code and verdict as `serve.<engine>.load` (and `.config`) findings."""
     load_id, version = f"serve.{engine.key}.load", verdict.get("engine_version")
-    if code == EXIT_ENGINE_MISSING:
-        return [
-            findings.skip(
-                load_id,
-                f"not checked: this python has no {engine.title} "
-                f"(install {engine.title} {engine.verified} or pass its python with --python)",
-                error=verdict.get("error"),
-            )
-        ]
     if code == EXIT_INTERNALS_CHANGED:
         return [
             findings.skip(

@@ -145,6 +145,56 @@ def test_a_stop_signal_ends_torchrun_and_every_worker_and_records_interrupted(
     assert not (out / ".dflash-run.owner.json").exists()  # the output folder was released
 
 
+def test_ctrl_c_on_train_piped_into_tee_is_the_same_clean_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dflash-doctor train ... | tee log`, then Ctrl-C: the terminal signals the whole process group, so `tee`
+    dies with the launcher's stdout pipe while the launcher is stopping. The launcher must still stop every
+    worker, record `interrupted` and exit 130, saying the stop on stderr once stdout has no reader."""
+    out, pids, log = tmp_path / "out", tmp_path / "pids", tmp_path / "log"
+    args = ["train", "--config", "tiny-cpu", "--no-deep", "--set", f"output.dir='{out}'"]
+    env = {**os.environ, "DFLASH_DOCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    tee = subprocess.Popen(
+        ["tee", str(log)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, process_group=0
+    )
+    assert tee.stdin is not None
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(pids), TORCHRUN, WORKER, *args],
+        env=env,
+        stdout=tee.stdin,
+        stderr=subprocess.PIPE,
+        text=True,
+        process_group=tee.pid,  # one pipeline, one process group of its own: what a shell's Ctrl-C reaches
+    )
+    tee.stdin.close()  # the pipe's only writer is the launcher now
+    workers: list[int] = []
+    try:
+        assert wait_for(lambda: pids.is_file() and len(pids.read_text().split()) == 2, 60), "no workers"
+        workers = [int(p) for p in pids.read_text().split()]
+        assert wait_for(lambda: (out / "metrics.jsonl").is_file(), 30)
+        time.sleep(0.5)  # the stubborn worker has installed its SIG_IGN
+        os.killpg(tee.pid, signal.SIGINT)  # Ctrl-C: the launcher and tee at once
+        _, stderr = proc.communicate(timeout=60)
+        tee.wait(timeout=10)
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for child in (proc, tee):
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert tee.returncode == -signal.SIGINT  # the pipe's reader really went away
+    assert proc.returncode == 130, stderr
+    assert not [pid for pid in workers if alive(pid)], "a worker outlived the launch"
+    assert "stopping the run (SIGINT)" in stderr  # said where someone still reads
+    assert "Traceback" not in stderr
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    (record,) = RunStore().all()
+    assert record.status == "interrupted" and record.exit_code == 130, record.notes
+    assert not (out / ".dflash-run.owner.json").exists()
+
+
 def test_a_record_whose_launcher_is_gone_reads_as_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -134,3 +134,35 @@ def test_a_runs_throughput_is_the_steady_figure_and_an_older_record_says_what_it
     from dflash_doctor.commands.runs import METRIC_LABELS
 
     assert "older record" in METRIC_LABELS["mean_tok_s"] and METRIC_LABELS["steady_tok_s"] == "tok/s"
+
+
+@pytest.mark.parametrize(
+    ("status", "notes", "says"),
+    [
+        (
+            "failed",
+            ["the launcher failed: SystemExit: 1"],
+            "no exit code: the launcher failed (SystemExit: 1)",
+        ),
+        ("refused", [], "no exit code: nothing was started"),
+        ("running", [], "no exit code yet: still running"),
+    ],
+)
+def test_runs_show_never_prints_exit_none_but_says_why_there_is_no_exit_code(
+    capsys: pytest.CaptureFixture[str], status: str, notes: list[str], says: str
+) -> None:
+    record = RunStore().create(status, notes=notes)  # no launcher pid: a `running` record stays running
+    assert run(["runs", "show", record.id]) == 0
+    shown = capsys.readouterr().out
+    assert "exit None" not in shown
+    assert says in shown.splitlines()[0], shown
+
+
+def test_an_empty_run_id_is_named_not_called_ambiguous(capsys: pytest.CaptureFixture[str]) -> None:
+    store = RunStore()
+    first, _ = store.create("succeeded"), store.create("succeeded")
+    assert run(["runs", "compare", "", first.id]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" not in err and "an empty run id" in err, err
+    assert run(["runs", "show", ""]) == 2
+    assert "an empty run id" in capsys.readouterr().err

@@ -112,25 +112,32 @@ def test_a_mis_loaded_export_fails_naming_the_parameter_and_the_field(
     assert config["evidence"] == {"mask_token_id": "sglang 5, ours 96"}
 
 
-@pytest.mark.parametrize(
-    ("code", "reason", "says"),
-    [
-        (3, "engine missing", "not checked: this python has no vLLM (install vLLM 0.33.0"),
-        (4, "internals changed", "not checked: vLLM 9.9 differs from vLLM 0.33.0, the version this check"),
-    ],
-)
-def test_no_engine_or_a_changed_one_is_a_plain_skip(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], code: int, reason: str, says: str
-) -> None:
+def test_a_changed_engine_is_a_plain_skip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     export = fake_export(tmp_path / "export")
-    verdict = {"engine": "vllm", "engine_version": "9.9", "ok": False, "reason": reason, "error": "no module"}
-    python = fake_python(tmp_path / "engine", verdict, code)
+    verdict = {"engine": "vllm", "engine_version": "9.9", "ok": False, "reason": "internals changed"}
+    python = fake_python(tmp_path / "engine", {**verdict, "error": "no module"}, 4)
     exit_code, report = serve_check(
         capsys, "--export", str(export), "--engine", "vllm", "--python", str(python)
     )
     load = report["by_id"]["serve.vllm.load"]
+    says = "not checked: vLLM 9.9 differs from vLLM 0.33.0, the version this check"
     assert exit_code == 0 and load["severity"] == "skip" and load["summary"].startswith(says)
     assert load["evidence"]["error"] == "no module"
+
+
+def test_a_python_without_the_engine_is_exit_2_never_no_issues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing was checked: exit 0 with "No issues found (0 ok, 1 skipped)" read as a pass."""
+    export = fake_export(tmp_path / "export")
+    verdict = {"engine": "vllm", "ok": False, "reason": "engine missing", "error": "cannot import vllm"}
+    python = fake_python(tmp_path / "engine", verdict, 3)
+    assert run(["serve-check", "--export", str(export), "--engine", "vllm", "--python", str(python)]) == 2
+    captured = capsys.readouterr()
+    err = " ".join(captured.err.split())
+    assert f"{python} has no vLLM: the export was not checked (cannot import vllm)" in err
+    assert "install vLLM 0.33.0 there, or pass the python that has it with --python" in err
+    assert "No issues found" not in captured.out
 
 
 def test_a_loader_that_runs_past_the_timeout_is_stopped_and_fails(
@@ -188,19 +195,17 @@ def test_the_default_python_is_the_engines_own_and_none_on_path_is_exit_2(
 def test_the_real_scripts_in_a_python_without_the_engine_say_engine_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str
 ) -> None:
-    """Our own python has neither engine: the real script exits 3, and serve-check skips, saying so."""
+    """Our own python has neither engine: the real script exits 3, and serve-check says so, exit 2."""
     if importlib.util.find_spec(engine) is not None:
         pytest.skip(f"this python has {engine}: the engine-missing path needs one without it")
     from tests.trainer.drafter_fixtures import tiny_config, tiny_drafter
     from trainer.model.export import export_drafter
 
     export = export_drafter(tiny_drafter(tiny_config()), tmp_path / "export", target="t")
-    code, report = serve_check(
-        capsys, "--export", str(export), "--engine", engine, "--python", sys.executable
-    )
-    load = report["by_id"][f"serve.{engine}.load"]
-    assert code == 0 and load["severity"] == "skip", load
-    assert f"cannot import {engine}" in load["evidence"]["error"]
+    args = ["serve-check", "--export", str(export), "--engine", engine, "--python", sys.executable]
+    assert run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the export was not checked" in err and f"cannot import {engine}" in err, err
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

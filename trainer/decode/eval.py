@@ -182,6 +182,10 @@ def load_eval_target(setup: EvalSetup) -> Any:  # a Hugging Face causal LM
     from trainer.model.device import resolve_device, target_dtype
     from trainer.target.load import load_target_model
 
+    if setup.device.startswith("cuda") and not torch.cuda.is_available():  # the option, not `run.device`
+        raise ConfigError(
+            f"--device {setup.device}: torch sees no CUDA device here", hint="--device cpu, or --device auto"
+        )
     device = resolve_device(setup.device)
     return load_target_model(setup.target_path, setup.seed, device, target_dtype(setup.dtype, device))
 
@@ -295,7 +299,8 @@ def run_eval(
     if request.config is not None:
         from trainer.spec.config import load_config
 
-        cfg = load_config(request.config, list(request.overrides))
+        # --prompts replaces the held-out sequences: the data file and its split rule apply only without it
+        cfg = load_config(request.config, list(request.overrides), check_data=request.prompts is None)
     target_path = request.target or (cfg.target.path if cfg is not None else None)
     if target_path is None:
         raise ConfigError("--target: name the target (a folder, tiny, random:qwen3-8b) or give --config")

@@ -5,6 +5,7 @@ files, every line of --prompts). No torch here: the CLI imports it to build its 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from trainer.spec.export_files import check_export
 from trainer.spec.messages import messages_problem, text_problem
 
 EVAL_DTYPES = ("auto", "bf16", "fp32")
+EVAL_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # what eval can run on (`tpu` ran on the CPU, exit 0)
 DRAFTERS = ("dflash", "ngram")  # the exported drafter; prompt lookup (vLLM's `ngram` method, training-free)
 # Near-tie tolerances (logits, relative to max(1, |logit|)); why these values: trainer/decode/compare.py.
 TIE_TOLERANCE_LOW_PRECISION = 2.0**-5
@@ -45,6 +47,11 @@ class EvalRequest:
     def check(self) -> None:
         """ConfigError naming the option, before anything loads."""
         check_tie_tolerance(self.tie_tolerance)
+        if not EVAL_DEVICE.fullmatch(self.device):
+            raise ConfigError(
+                f"--device {self.device!r}: eval runs on auto, cpu, cuda or cuda:N",
+                hint="--device cpu, or --device cuda on a GPU machine (auto: CUDA when torch sees one)",
+            )
         if self.dtype not in EVAL_DTYPES:
             raise ConfigError(
                 f'--dtype: "{self.dtype}" is not one of {", ".join(EVAL_DTYPES)} (auto: bf16 on CUDA, fp32 on CPU)'

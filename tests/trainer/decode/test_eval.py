@@ -222,3 +222,33 @@ def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
     assert run([*args, "--dtype", "fp64"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert '--dtype: "fp64" is not one of auto, bf16, fp32' in err
+
+
+def test_cli_refuses_a_device_eval_cannot_run_on_and_names_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--device tpu` ran on the CPU with exit 0; `--device cuda` without CUDA answered about `run.device`."""
+    args = _cli_args(tmp_path)
+    assert run([*args, "--device", "tpu"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--device 'tpu': eval runs on auto, cpu, cuda or cuda:N" in err
+    if not torch.cuda.is_available():
+        assert run([*args, "--device", "cuda"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "--device cuda: torch sees no CUDA device here" in err and "run.device" not in err
+
+
+def test_with_prompts_the_configs_held_out_split_rule_does_not_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--prompts` replaces the held-out sequences: a config whose split holds out fewer than one batch (6 of
+    64) was refused anyway; without --prompts the split is used, and the rule still holds."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": PROMPTS[0]}) + "\n")
+    args = ["eval", "--drafter", "ngram", "--config", "tiny-cpu", "--set", "data.num_samples=64"]
+    assert run([*args, "--prompts", str(prompts), "--max-new-tokens", "4", "--json"]) == 0, (
+        capsys.readouterr()
+    )
+    assert json.loads(capsys.readouterr().out)["prompts"] == 1
+    assert run(args) == 2
+    assert "fewer than one batch" in " ".join(capsys.readouterr().err.split())
