@@ -36,6 +36,7 @@ def session_folders(root: Path) -> dict[str, str]:
         "TRITON_HOME": str(root / "triton-home"),
         "HF_HOME": str(root / "hf"),
         "DFLASH_DOCTOR_HOME": str(root / "home"),
+        "DFLASH_DOCTOR_LOCK_DIR": str(root / "locks"),  # the per-user cache locks (issue 37 G3)
     }
 
 

@@ -83,11 +83,15 @@ def prepare_compile_cache(
         if compatible:
             newest = compatible[-1]
             store = SnapshotStore(snapshots_dir())
-            with store.locked():
-                result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
-            records.adopt(result.manifest.warm_records, newest.name)
-            steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
-            action = "restored"
+            try:  # a launch that can run cold is never stopped by its cache (issue 37 F2)
+                with store.locked():
+                    result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+            except DoctorError as exc:
+                steps.append(f"! snapshot {newest.name} not restored ({exc}); compiling cold")
+            else:
+                records.adopt(result.manifest.warm_records, newest.name)
+                steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
+                action = "restored"
     from trainer.spec.config_file import read_raw
 
     config = _config_with_overrides(config_path, overrides)

@@ -319,3 +319,46 @@ def test_a_restored_snapshot_lets_a_fresh_home_skip_the_warm_up_child(
     detail, _ = on_machine(tmp_path / "b")
     assert "restored snapshot" in detail and "carried by snapshot" in detail and len(children) == 1
     assert "warm-up on cpu" in on_machine(tmp_path / "b", "data.seq_len=64")[0] and len(children) == 2
+
+
+def test_a_snapshot_that_cannot_be_restored_never_stops_the_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37 F2: `train`'s automatic restore fails (a cache it refuses, a full disk): the launch warns and
+    compiles cold instead of stopping."""
+    from dflash_base.errors import DoctorError
+    from trainer.spec.config_file import resolve_config_path
+
+    children: list[list[str]] = []
+
+    def fake_child(command: list[str], environ: dict[str, str]) -> dict:
+        children.append(command)
+        cache_with_files(Path(environ["TORCHINDUCTOR_CACHE_DIR"]))
+        return {"first_call_seconds": 1.0, "counters": {}}
+
+    class Interpreter:
+        executable = "/usr/bin/python3"
+
+    class Env:
+        interpreter = Interpreter()
+
+    monkeypatch.setattr(compile_cache, "run_warm_child", fake_child)
+    monkeypatch.setattr(compile_cache, "current_fingerprint", lambda env: BUILD)
+    config = resolve_config_path("tiny-cpu")
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "a"))
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "a" / "cache" / "inductor")}
+    compile_cache.prepare_compile_cache(Env(), environ, config, "cpu", (), ())  # type: ignore[arg-type]
+    compile_cache.snapshot_after_success(Env(), environ)  # type: ignore[arg-type]
+    (snapshot,) = (tmp_path / "a" / "cache" / "snapshots").glob("*.tar.zst")
+    (tmp_path / "b" / "cache" / "snapshots").mkdir(parents=True)
+    snapshot.rename(tmp_path / "b" / "cache" / "snapshots" / snapshot.name)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise DoctorError("the cache folder is not a compile cache")
+
+    monkeypatch.setattr(compile_cache, "restore_snapshot", refuse)
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "b"))
+    environ = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "b" / "cache" / "inductor")}
+    prep = compile_cache.prepare_compile_cache(Env(), environ, config, "cpu", (), ())  # type: ignore[arg-type]
+    assert "not restored (the cache folder is not a compile cache); compiling cold" in prep.detail
+    assert "warm-up on cpu" in prep.detail and len(children) == 2
