@@ -45,7 +45,7 @@ class RegenerateRequest:
         named = {f.name for f in fields(cls)}
         given = {k: v for k, v in options.items() if k in named}
         if "set_" in options:
-            given["overrides"] = tuple(options["set_"])
+            given["overrides"] = tuple(options["set_"] or ())
         return cls(**given)
 
     def validate(self) -> None:
