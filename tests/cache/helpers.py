@@ -14,7 +14,7 @@ from pathlib import Path
 
 import zstandard
 
-from dflash_doctor.cache.fingerprint import BuildFingerprint
+from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, CacheManifest, FileEntry
 
 CPU_BUILD = BuildFingerprint(
@@ -25,6 +25,15 @@ CPU_BUILD = BuildFingerprint(
     python="3.11",
     gpu_names=None,
 )
+
+
+def live_build() -> BuildFingerprint:
+    """The build the CLI compares snapshots against on this machine (torch, CUDA, Triton as installed):
+    a test that drives `cache` commands makes its archives for this one, so it passes whatever
+    torch or Triton the test environment holds (CPU_BUILD only matches one CPU wheel without Triton)."""
+    from dflash_doctor.env.environment import Environment
+
+    return fingerprint_of(Environment.load(None), read_gpu_names())
 
 
 def inductor_key(*parts: object) -> str:

@@ -20,6 +20,7 @@ import zstandard
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache import restore
 from dflash_doctor.cache.archive import ReadLimits, collect_files, hash_files, read_manifest, write_archive
+from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.folder_lock import LOCK_SUFFIX, folder_lock, lock_path
 from dflash_doctor.cache.inspection import inspect_folder
 from dflash_doctor.cache.manifest import MANIFEST_MEMBER, MARKER_NAME, ArchiveError, CacheManifest
@@ -36,11 +37,11 @@ OTHER_UID = 4242
 
 
 def snapshot_of(
-    tmp_path: Path, name: str = "snap", files: int = 8, seed: int = 3
+    tmp_path: Path, name: str = "snap", files: int = 8, seed: int = 3, build: BuildFingerprint = CPU_BUILD
 ) -> tuple[Path, dict[str, str]]:
     source = tmp_path / f"source-{name}"
     digests = make_tree(source, files=files, seed=seed)
-    return take_snapshot({"inductor": source}, CPU_BUILD, name, tmp_path / f"{name}.tar.zst").path, digests
+    return take_snapshot({"inductor": source}, build, name, tmp_path / f"{name}.tar.zst").path, digests
 
 
 def restore_into(archive: Path, target: Path, **kwargs: object) -> restore.RestoreResult:

@@ -28,7 +28,7 @@ from dflash_doctor.cache.restore import prune_backups
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore
 from dflash_doctor.cli import run
-from tests.cache.helpers import CPU_BUILD, make_tree, tree_digests
+from tests.cache.helpers import CPU_BUILD, live_build, make_tree, tree_digests
 from tests.cache.second_user import OTHER_USER, SecondUser, needs_second_user
 from tests.cache.test_attacks import restore_into, snapshot_of
 from tests.cache.test_hostile import disk_state
@@ -384,7 +384,7 @@ def test_t1_planted_names_and_escape_bytes_are_printed_escaped(
 def test_t1_an_error_naming_an_escaped_path_is_escaped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    archive, _ = snapshot_of(tmp_path)
+    archive, _ = snapshot_of(tmp_path, build=live_build())
     cache = tmp_path / "x\x1b[31m" / "inductor"
     cache.mkdir(parents=True)
     (cache / "thesis.tex").write_text("mine")

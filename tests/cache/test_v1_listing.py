@@ -12,19 +12,20 @@ import pytest
 import zstandard
 
 from dflash_doctor.cache.extract import read_manifest
+from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.frames import walk_frames
 from dflash_doctor.cache.manifest import ArchiveError
 from dflash_doctor.cache.store import SnapshotStore
 from dflash_doctor.cli import run
-from tests.cache.helpers import CPU_BUILD, manifest_for, write_raw_archive
+from tests.cache.helpers import CPU_BUILD, live_build, manifest_for, write_raw_archive
 
 V1_SCHEMA = "dflash-doctor/cache-manifest/v1"
 
 
-def v1_archive(dest: Path, stream: bool = True) -> Path:
+def v1_archive(dest: Path, stream: bool = True, build: BuildFingerprint = CPU_BUILD) -> Path:
     """A v1 snapshot of 2.4 MB of incompressible files (many zstd blocks)."""
     members = {f"inductor/ab/f{i}.so": random.Random(i).randbytes(60_000) for i in range(40)}
-    manifest = manifest_for(members)
+    manifest = manifest_for(members, build)
     manifest.schema = V1_SCHEMA
     return write_raw_archive(dest, manifest, list(members.items()), stream=stream)
 
@@ -101,7 +102,7 @@ def test_cache_list_shows_the_damage_and_the_remedy(
 ) -> None:
     store = SnapshotStore(cache_env["snapshots"])
     store.ensure()
-    whole = v1_archive(store.path_for("whole"))
+    whole = v1_archive(store.path_for("whole"), build=live_build())
     damaged = cut(whole, store.path_for("cut"), whole.stat().st_size // 2)
     capsys.readouterr()
     assert run(["cache", "list", "--json"]) == 0
