@@ -11,7 +11,7 @@
 #           cap it), a small held-out share scored every SCALING_EVAL_EVERY steps (the curve of held-out
 #           acceptance against conversations seen); metrics, summary and the export (in parts) back
 #   eval    `eval` of the export beside prompt lookup on HumanEval's 164 prompts and the 120-prompt chat set,
-#           (the first 72: the call's minutes), bf16, sharded (batch-1 decoding leaves the GPU mostly idle)
+#           (72 of them, 3 in 5: the call's minutes), bf16, sharded (batch-1 decoding leaves the GPU mostly idle)
 #   run(carry=[".whl", ".carry1"], timeout_s=200, command="bash bench/suites/scaling_h200.sh shapes")
 #   run(carry=[".carry2"], timeout_s=600, command="bash bench/suites/scaling_h200.sh data")
 #   run(timeout_s=600, command="bash bench/suites/scaling_h200.sh train")
@@ -101,10 +101,10 @@ PY
     exit 0
 fi
 
-# eval: HumanEval (10 shards) and the chat set's first SCALING_CHAT (72) prompts (6 shards) at once (16 cores)
+# eval: HumanEval (10 shards) and 72 of the chat set's 120 prompts (3 in 5, every kind; 6 shards) at once (16 cores)
 ARGS=(--export "$ROOT/run/export" --config smollm2-135m --max-new-tokens "${SCALING_EVAL_NEW_TOKENS:-128}")
 both() {
-    head -n "${SCALING_CHAT:-72}" "$ROOT/prompts/chat_eval.jsonl" > /tmp/chat_eval.jsonl
+    awk "NR % 5 == 1 || NR % 5 == 2 || NR % 5 == 3" "$ROOT/prompts/chat_eval.jsonl" > /tmp/chat_eval.jsonl  # 72 of 120, every kind
     python3 bench/decode/eval_shards.py --shards 6 --prompts /tmp/chat_eval.jsonl \
         --out "$RES/eval_chat.json" -- "$@" &
     python3 bench/decode/eval_shards.py --shards 10 --prompts "$ROOT/prompts/humaneval.jsonl" \
@@ -112,6 +112,6 @@ both() {
     wait
 }
 stage eval $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20)) bash -c \
-    "$(declare -f both); ROOT=$ROOT RES=$RES SCALING_CHAT=${SCALING_CHAT:-} both \"\$@\"" _ "${ARGS[@]}"
+    "$(declare -f both); ROOT=$ROOT RES=$RES both \"\$@\"" _ "${ARGS[@]}"
 rm -f "$RES"/*.shard*.jsonl
 finish scaling-eval
