@@ -97,6 +97,14 @@ def start_train(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
     return proc, pids, out
 
 
+def interactive_signals() -> None:
+    """A terminal's job has SIGINT and SIGQUIT at their defaults; a child of a shell's background job (`cmd &`,
+    as when the suite itself runs in the background) inherits them ignored, and `tee` would then outlive the
+    Ctrl-C the test sends. Run in the child before exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -155,7 +163,11 @@ def test_ctrl_c_on_train_piped_into_tee_is_the_same_clean_stop(
     args = ["train", "--config", "tiny-cpu", "--no-deep", "--set", f"output.dir='{out}'"]
     env = {**os.environ, "DFLASH_DOCTOR_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
     tee = subprocess.Popen(
-        ["tee", str(log)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, process_group=0
+        ["tee", str(log)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        process_group=0,
+        preexec_fn=interactive_signals,
     )
     assert tee.stdin is not None
     proc = subprocess.Popen(
@@ -165,6 +177,7 @@ def test_ctrl_c_on_train_piped_into_tee_is_the_same_clean_stop(
         stderr=subprocess.PIPE,
         text=True,
         process_group=tee.pid,  # one pipeline, one process group of its own: what a shell's Ctrl-C reaches
+        preexec_fn=interactive_signals,
     )
     tee.stdin.close()  # the pipe's only writer is the launcher now
     workers: list[int] = []
