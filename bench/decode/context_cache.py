@@ -89,8 +89,8 @@ def main() -> int:
     else:
         if not (args.config and args.export and args.prompts):
             parser.error("--config, --export and --prompts (or --tiny)")
-        from trainer.data.sources import load_tokenizer
         from trainer.spec.config import load_config
+        from trainer.target.tokenizer import load_tokenizer
 
         cfg = load_config(args.config, args.overrides)
         setup = EvalSetup(args.export, cfg.target.path, cfg.run.seed, args.device, args.dtype)

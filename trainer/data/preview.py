@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source, load_tokenizer
+from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source
 from trainer.model.batch import real_token_count
 from trainer.spec.config import TrainConfig
 from trainer.spec.target_shapes import is_embedded, target_shapes
+from trainer.target.tokenizer import load_tokenizer
 
 
 @dataclass

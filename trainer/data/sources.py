@@ -31,6 +31,7 @@ from trainer.model.batch import PAD_ID
 from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
 from trainer.spec.data_files import jsonl_records, record_problem
 from trainer.target.load import cache_argument, load_target_model, returned_cache
+from trainer.target.tokenizer import load_tokenizer
 
 
 class SequenceSource(Protocol):
@@ -253,16 +254,6 @@ def build_source(
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)
     model = load_target_model(cfg.target.path, cfg.run.seed, device, torch.float32)  # the tiny target
     return SyntheticSource(model, d, cfg.run.seed, mask_id, eager=eager)
-
-
-def load_tokenizer(target_path: str) -> Any:
-    """The target folder's tokenizer, offline."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(target_path, local_files_only=True)
-    except Exception as exc:  # transformers raises OSError, ValueError or its own errors here
-        raise ConfigError(f"target.path: cannot load the tokenizer of {target_path}: {exc}") from exc
 
 
 @dataclass(frozen=True)

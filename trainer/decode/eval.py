@@ -314,7 +314,7 @@ def run_eval(
 
     tokenizer = None
     if not is_embedded(target_path):
-        from trainer.data.sources import load_tokenizer
+        from trainer.target.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(target_path)
     kwargs = cfg.data.chat_template_kwargs if cfg is not None else {}

@@ -29,8 +29,10 @@ class GenerationSettings:
     top_p: float = 1.0
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    dtype: str = "auto"  # target.dtype: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
 
     def to_json(self) -> dict[str, Any]:
+        """`dtype` is written only when not auto, so that outputs written before it was recorded resume."""
         return {
             "target": self.target,
             "max_new_tokens": self.max_new_tokens,
@@ -38,7 +40,7 @@ class GenerationSettings:
             "top_p": self.top_p,
             "chat_template_kwargs": dict(self.chat_template_kwargs),
             "seed": self.seed,
-        }
+        } | ({"dtype": self.dtype} if self.dtype != "auto" else {})
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class TorchEngine:
 
         self.settings, self.batch_size = settings, batch_size
         self.device = torch.device(device)
-        self.model, self.tokenizer = load_generation_target(settings.target, self.device)
+        self.model, self.tokenizer = load_generation_target(settings.target, self.device, settings.dtype)
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if isinstance(pad, int) else (self.stop_ids[0] if self.stop_ids else 0)
@@ -146,23 +148,23 @@ class TorchEngine:
         pass
 
 
-def load_generation_target(path: str, device: Any) -> tuple[Any, Any]:
-    """(causal LM with its head, tokenizer) from a local folder: bf16 on CUDA, fp32 on CPU."""
-    from transformers import AutoTokenizer
-
+def load_generation_target(path: str, device: Any, dtype: str = "auto") -> tuple[Any, Any]:
+    """(causal LM with its head, tokenizer) from a local folder, in the dtype policy training uses
+    (`target.dtype`; auto: bf16 on CUDA, fp32 on CPU)."""
     from dflash_base.errors import ConfigError
     from trainer.model.device import target_dtype
     from trainer.spec.target_shapes import is_embedded
     from trainer.target.load import load_target_model
+    from trainer.target.tokenizer import load_tokenizer
 
     if is_embedded(path):
         raise ConfigError(
             f'target.path: "{path}" has no tokenizer or chat template; regeneration needs a target folder'
         )
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = load_tokenizer(path)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"target.path: {path}: the tokenizer has no chat template")
-    model = load_target_model(path, 0, device, target_dtype("auto", device))
+    model = load_target_model(path, 0, device, target_dtype(dtype, device))
     return model.eval(), tokenizer
 
 

@@ -55,7 +55,7 @@ class KVEngine:
     def __init__(self, settings: GenerationSettings, device: str = "cpu", slots: int | None = None) -> None:
         self.settings = settings
         self.device = torch.device(device)
-        self.model, self.tokenizer = load_generation_target(settings.target, self.device)
+        self.model, self.tokenizer = load_generation_target(settings.target, self.device, settings.dtype)
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.generation_config)
         self.requested_slots = slots or (MAX_SLOTS if self.device.type == "cuda" else 8)
         self.decoder: KVDecoder | None = None

@@ -83,8 +83,8 @@ def check_supervisable(settings: GenerationSettings) -> None:
     assistant turns it will supervise. A template that writes no assistant header (Mistral's two common ones,
     DeepSeek-R1's as vLLM ships it) was refused by `train` only after the generation had been paid for."""
     from trainer.data.chat import TemplateMarks
-    from trainer.data.sources import load_tokenizer
     from trainer.spec.target_shapes import is_embedded
+    from trainer.target.tokenizer import load_tokenizer
 
     if is_embedded(settings.target):
         return  # no tokenizer, no chat: the engine refuses it, naming why
@@ -103,8 +103,8 @@ def check_prompt_lengths(scan: InputScan, settings: GenerationSettings, on_error
     line (stop: exit 2 naming it; skip: left out), not an allocation failure minutes in (a 10 MB prompt of
     3.5M tokens against a context of 4096). Only a conversation long enough in bytes to be at risk is
     tokenised: the first prompt as the engines render it, plus the later user and tool turns."""
-    from trainer.data.sources import load_tokenizer
     from trainer.spec.target_shapes import target_shapes
+    from trainer.target.tokenizer import load_tokenizer
 
     context = int(target_shapes(settings.target).max_position_embeddings)
     tokenizer = None
@@ -160,9 +160,10 @@ def check_out_is_not_prompts(prompts: Path, out: Path) -> None:
 
 
 def _settings_of(line: dict[str, Any]) -> dict[str, Any]:
+    """The settings a line records, as GenerationSettings.to_json writes them (`dtype` only where recorded)."""
     meta = line.get("generation", {})
     keys = GenerationSettings.__dataclass_fields__.keys()
-    return {k: meta.get(k) for k in keys} if isinstance(meta, dict) else {}
+    return {k: meta.get(k) for k in keys if k != "dtype" or "dtype" in meta} if isinstance(meta, dict) else {}
 
 
 def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[str]:
@@ -441,6 +442,7 @@ def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings
         top_p=request.top_p,
         chat_template_kwargs=dict(getattr(cfg.data, "chat_template_kwargs", None) or {}),
         seed=request.seed,
+        dtype=cfg.target.dtype,
     )
     check_answer_length(settings)
     scan = check_prompt_lengths(scan_input(request.prompts, request.on_error), settings, request.on_error)

@@ -623,9 +623,9 @@ def test_a_template_train_cannot_supervise_is_refused_before_generating(
     `data regenerate` had paid for every answer. Now regenerate refuses first; Mistral's template passes."""
     from dflash_base.errors import ConfigError
     from tests.trainer.chat_fixtures import PLAIN, byte_tokenizer
-    from trainer.data import sources
     from trainer.decode.generation import GenerationSettings
     from trainer.decode.regenerate import check_supervisable
+    from trainer.target import tokenizer
 
     mistral_like = (
         "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
@@ -633,7 +633,7 @@ def test_a_template_train_cannot_supervise_is_refused_before_generating(
     )
     no_end_of_turn = "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
     settings = GenerationSettings(target="/models/x", max_new_tokens=8)
-    monkeypatch.setattr(sources, "load_tokenizer", lambda _path: byte_tokenizer(no_end_of_turn))
+    monkeypatch.setattr(tokenizer, "load_tokenizer", lambda _path: byte_tokenizer(no_end_of_turn))
     with pytest.raises(
         ConfigError, match=r"could not supervise answers rendered by this chat template"
     ) as err:
@@ -641,7 +641,7 @@ def test_a_template_train_cannot_supervise_is_refused_before_generating(
     assert "nothing was generated" in (err.value.hint or "")
     assert "to end its turn" in err.value.message  # the cause, named
     for readable in (PLAIN, mistral_like):  # Mistral's: no assistant header, located by difference (issue 38)
-        monkeypatch.setattr(sources, "load_tokenizer", lambda _path, t=readable: byte_tokenizer(t))
+        monkeypatch.setattr(tokenizer, "load_tokenizer", lambda _path, t=readable: byte_tokenizer(t))
         check_supervisable(settings)
 
 
