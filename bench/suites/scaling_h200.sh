@@ -2,7 +2,7 @@
 # Issue 36 on one H200, four calls of one lease (the machine keeps /tmp and the ignored runs/ folder between
 # calls while it is warm; 30 minutes of device time in all, so every phase is cut to fit):
 #   shapes  the wheels and GGUF part 1 (.carry1) into /tmp; the KV engine against generate at Qwen3-8B's
-#           shapes (random bf16 weights; issue 36's >= 30% of the roofline goal)
+#           shapes (random bf16 weights; issue 36's >= 30% of the roofline goal); SCALING_QWEN3=0 skips it
 #   data    the SmolLM2 target from the GGUF (part 2 and the prompt sets in .carry2); both engines on a few
 #           real chats (rates, identical answers, ties); then `data regenerate` of all 60,374 training prompts
 #           greedy, then one sampled answer each (T 0.8, top-p 0.95, seed 1) for what is left of the call;
@@ -39,7 +39,7 @@ if [ "$PHASE" = shapes ]; then
     stage setup 40 bash -c "python3 -m pip install -q --no-deps --no-index --target $SITE .whl/*.whl || unzip_wheels .whl/*.whl
         python3 -c 'import elftools, zstandard, platformdirs, gguf; print(\"carried wheels: ok\")'"
     mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1 && echo "gguf part 1 in /tmp/gguf"
-    stage qwen3_8b 110 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
+    [ "${SCALING_QWEN3:-1}" = 0 ] || stage qwen3_8b 110 python3 $B --target-config bench/decode/shapes/qwen3-8b.json --prompt-lens 100-450 \
         --num 256 --max-new-tokens 128 --slot-list 256 --baseline-batch 64 --baseline-num 64 \
         --out "$RES/kv_qwen3_8b.json"
     gpu_facts
