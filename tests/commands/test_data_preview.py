@@ -54,3 +54,26 @@ def test_supervised_tokens_are_bracketed_in_a_pipe_under_no_color(
     assert marked == runs
     assert f"supervised tokens between {SUPERVISED_OPEN} and {SUPERVISED_CLOSE}" in out
     assert "in green" not in out
+
+
+def test_a_small_file_is_previewed_though_its_held_out_split_is_under_a_batch(
+    tmp_path: Path, chat_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U7: preview shows the whole file, not a split, yet it refused a 20-line file on the held-out
+    rule ("holds out 1 of 20 sequences, fewer than one batch"); train, which splits, still refuses it."""
+    from dflash_base.errors import ConfigError
+    from trainer.spec.config import load_config
+
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    data = tmp_path / "chat.jsonl"
+    data.write_text((json.dumps({"messages": chat}) + "\n") * 20)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\neval_fraction = 0.05\n'
+        "[optim]\nsteps = 1\nbatch_size = 2\n"
+    )
+    assert run(["data", "preview", "--config", str(config), "--samples", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["sequences"] == 20
+    with pytest.raises(ConfigError, match="holds out 1 of 20 sequences, fewer than one batch"):
+        load_config(config)
