@@ -120,3 +120,16 @@ def test_the_text_summary_says_how_many_answers_end_in_a_loop(
     assert cli_run(argv_for(tmp_path, target_folder, prompts)) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "3 ending in a repetition loop (3 of them at --max-new-tokens)" in out, out
+
+
+def test_a_prompts_line_with_both_prompt_and_messages_is_refused_naming_both(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U14: "messages" was used and "prompt" dropped without a word."""
+    no_target_loads(monkeypatch)
+    chat = [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]
+    both = json.dumps({"prompt": "w3", "messages": chat})
+    assert cli_run(argv_for(tmp_path, target_folder, '{"prompt": "w1"}\n' + both + "\n")) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert 'line 2: gives both "messages" and "prompt"' in err, err
+    assert "jq -c 'del(.prompt)' keeps \"messages\"" in err and not (tmp_path / "out.jsonl").exists()
