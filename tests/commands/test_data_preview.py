@@ -77,3 +77,22 @@ def test_a_small_file_is_previewed_though_its_held_out_split_is_under_a_batch(
     assert json.loads(capsys.readouterr().out)["counts"]["sequences"] == 20
     with pytest.raises(ConfigError, match="holds out 1 of 20 sequences, fewer than one batch"):
         load_config(config)
+
+
+def test_a_data_file_with_a_utf8_byte_order_mark_is_read(
+    tmp_path: Path, chat_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U15: a BOM (Windows editors) made line 1 "not JSON", refusing the file."""
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    data = tmp_path / "chat.jsonl"
+    data.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"messages": chat}) + "\n").encode() * 2)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
+    )
+    assert run(["data", "preview", "--config", str(config), "--samples", "1", "--json"]) == 0, (
+        capsys.readouterr()
+    )
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["counts"]["sequences"] == 2 and shown["samples"][0]["line"] == 1

@@ -133,3 +133,13 @@ def test_a_prompts_line_with_both_prompt_and_messages_is_refused_naming_both(
     err = " ".join(capsys.readouterr().err.split())
     assert 'line 2: gives both "messages" and "prompt"' in err, err
     assert "jq -c 'del(.prompt)' keeps \"messages\"" in err and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_prompts_file_with_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Issue 39 U15: a BOM (Windows editors) made line 1 "not JSON", refusing the file."""
+    from trainer.decode.regenerate import scan_input
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "prompt": "w1"}\n{"prompt": "w2"}\n')
+    scan = scan_input(prompts, "stop")
+    assert [r.id for r in scan.records] == ["a", "line-2"] and not scan.bad

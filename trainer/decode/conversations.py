@@ -78,7 +78,8 @@ def _checked_messages(line: int, value: Any) -> tuple[dict[str, str], ...]:
 def read_records(path: Path) -> Iterator[PromptRecord | RecordError]:
     """Every non-empty line of `path`, in order, parsed; bad lines come out as RecordError (not raised),
     so the caller decides whether to skip or stop."""
-    with open(path, encoding="utf-8", errors="strict") as handle:
+    # utf-8-sig: a byte-order mark (Windows editors) is read past, as in every other JSONL the commands read
+    with open(path, encoding="utf-8-sig", errors="strict") as handle:
         for number, text in enumerate(handle, start=1):
             if not text.strip():
                 continue
