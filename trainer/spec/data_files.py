@@ -171,8 +171,9 @@ def check_data_file(
         raise ConfigError(
             f"{field}: {path}: none of its {scan.records} conversations has an assistant turn: nothing to "
             "supervise (a drafter learns the assistant's turns only)",
-            hint="answer the prompts with the target first: dflash-doctor data regenerate --prompts FILE --out "
-            "FILE (its output is chat data with every assistant turn)",
+            hint=f"answer them with the target first: dflash-doctor data regenerate --config CONFIG --prompts "
+            f"{path} --out ANSWERS.jsonl, then train on it (data.path = ANSWERS.jsonl): its output is chat data "
+            "with every assistant turn",
         )
 
 
