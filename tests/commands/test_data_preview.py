@@ -54,3 +54,89 @@ def test_supervised_tokens_are_bracketed_in_a_pipe_under_no_color(
     assert marked == runs
     assert f"supervised tokens between {SUPERVISED_OPEN} and {SUPERVISED_CLOSE}" in out
     assert "in green" not in out
+
+
+def test_a_small_file_is_previewed_though_its_held_out_split_is_under_a_batch(
+    tmp_path: Path, chat_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U7: preview shows the whole file, not a split, yet it refused a 20-line file on the held-out
+    rule ("holds out 1 of 20 sequences, fewer than one batch"); train, which splits, still refuses it."""
+    from dflash_base.errors import ConfigError
+    from trainer.spec.config import load_config
+
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    data = tmp_path / "chat.jsonl"
+    data.write_text((json.dumps({"messages": chat}) + "\n") * 20)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\neval_fraction = 0.05\n'
+        "[optim]\nsteps = 1\nbatch_size = 2\n"
+    )
+    assert run(["data", "preview", "--config", str(config), "--samples", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["sequences"] == 20
+    with pytest.raises(ConfigError, match="holds out 1 of 20 sequences, fewer than one batch"):
+        load_config(config)
+
+
+def test_a_data_file_with_a_utf8_byte_order_mark_is_read(
+    tmp_path: Path, chat_target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U15: a BOM (Windows editors) made line 1 "not JSON", refusing the file."""
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    data = tmp_path / "chat.jsonl"
+    data.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"messages": chat}) + "\n").encode() * 2)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
+    )
+    assert run(["data", "preview", "--config", str(config), "--samples", "1", "--json"]) == 0, (
+        capsys.readouterr()
+    )
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["counts"]["sequences"] == 2 and shown["samples"][0]["line"] == 1
+
+
+class AnsweringEngine:
+    """Answers every chat at once: the engine seam of `data regenerate`, no target decoding."""
+
+    name = "fake"
+    rows_at_once = 8
+
+    def generate(self, chats: list[object]) -> list[object]:
+        from trainer.decode.generation import Completion
+
+        return [Completion("Hello!", 3, "stop") for _ in chats]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_no_assistant_hint_is_a_command_that_works(
+    tmp_path: Path, chat_target: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U15: the hint for chat data with nothing to supervise was `data regenerate --prompts FILE
+    --out FILE`, without the --config that command needs. Run as the hint says, then previewed."""
+    from dflash_doctor.commands import data as data_command
+
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: AnsweringEngine)
+    data = tmp_path / "questions.jsonl"
+    data.write_text((json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n") * 2)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
+    )
+    assert run(["data", "preview", "--config", str(config)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "has an assistant turn" in err
+    hinted = err.split("dflash-doctor ", 1)[1].split(", then", 1)[0].split()
+    assert hinted[:3] == ["data", "regenerate", "--config"], hinted
+    answers = tmp_path / "answers.jsonl"
+    argv = [{"CONFIG": str(config), "ANSWERS.jsonl": str(answers)}.get(word, word) for word in hinted]
+    assert run(argv) == 0, capsys.readouterr()
+    capsys.readouterr()
+    again = ["data", "preview", "--config", str(config), "--set", f'data.path="{answers}"', "--json"]
+    assert run(again) == 0, capsys.readouterr()
+    assert json.loads(capsys.readouterr().out)["counts"]["answers"] == 2

@@ -120,3 +120,70 @@ def test_the_text_summary_says_how_many_answers_end_in_a_loop(
     assert cli_run(argv_for(tmp_path, target_folder, prompts)) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "3 ending in a repetition loop (3 of them at --max-new-tokens)" in out, out
+
+
+def test_a_prompts_line_with_both_prompt_and_messages_is_refused_naming_both(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U14: "messages" was used and "prompt" dropped without a word."""
+    no_target_loads(monkeypatch)
+    chat = [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2"}]
+    both = json.dumps({"prompt": "w3", "messages": chat})
+    assert cli_run(argv_for(tmp_path, target_folder, '{"prompt": "w1"}\n' + both + "\n")) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert 'line 2: gives both "messages" and "prompt"' in err, err
+    assert "jq -c 'del(.prompt)' keeps \"messages\"" in err and not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_prompts_file_with_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Issue 39 U15: a BOM (Windows editors) made line 1 "not JSON", refusing the file."""
+    from trainer.decode.regenerate import scan_input
+
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "prompt": "w1"}\n{"prompt": "w2"}\n')
+    scan = scan_input(prompts, "stop")
+    assert [r.id for r in scan.records] == ["a", "line-2"] and not scan.bad
+
+
+class AnsweringEngine(LoopingEngine):
+    def generate(self, chats: Sequence[Chat]) -> list[Completion]:
+        return [Completion("an answer", 2, "stop") for _ in chats]
+
+
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux's /proc/version")
+def test_out_that_is_not_a_regenerated_file_hints_another_out_which_works(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U15: `--out /proc/version` hinted --force, which gave the same error."""
+    from dflash_doctor.commands import data as data_command
+
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: AnsweringEngine)
+    argv = argv_for(tmp_path, target_folder)
+    at_proc = [*argv[:-1], "/proc/version"]
+    assert cli_run(at_proc) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "/proc/version line 1 is not a regenerated conversation" in err and "choose another --out" in err
+    assert "pass --force" not in err
+    assert cli_run([*at_proc, "--force"]) == 2  # --force does not move someone's file aside either
+    assert "/proc/version line 1 is not a regenerated conversation" in capsys.readouterr().err
+    assert cli_run([*argv[:-1], str(tmp_path / "new.jsonl")]) == 0  # what the hint says: another --out
+    assert (tmp_path / "new.jsonl").read_text().count("\n") == 1
+
+
+def test_a_damaged_output_hints_force_which_starts_over(
+    target_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U15: a damaged line in a file data regenerate wrote hinted --force, which refused again."""
+    from dflash_doctor.commands import data as data_command
+
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: AnsweringEngine)
+    argv = argv_for(tmp_path, target_folder, '{"id": "a", "prompt": "w1"}\n{"id": "b", "prompt": "w2"}\n')
+    assert cli_run(argv) == 0
+    out = tmp_path / "out.jsonl"
+    out.write_text(out.read_text().replace('{"id": "b"', "{damaged", 1))
+    assert cli_run(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "line 2 is damaged" in err and "pass --force to start over" in err
+    assert cli_run([*argv, "--force"]) == 0, capsys.readouterr()
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b"]
+    assert len(list(tmp_path.glob("out.jsonl.old-*"))) == 1  # the damaged file kept beside

@@ -310,3 +310,34 @@ def test_the_shipped_config_reads_what_prepare_writes_by_default() -> None:
     )
     assert (cfg.optim.lr, cfg.optim.warmup_ratio, cfg.optim.schedule) == (6e-4, 0.04, "cosine")
     assert cfg.optim.epochs is not None and cfg.optim.epochs > 1 and cfg.data.eval_fraction > 0
+
+
+def test_a_refused_or_failed_prepare_removes_the_out_folders_it_made(
+    tmp_path: Path, fake_inputs: dict[str, object], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Issue 39 U15: a disk too small (or a conversion that failed) left an empty --out folder, and the
+    folders above it that the run had made; a --out that was there already (it holds data, runs) stays."""
+    fake_inputs["parameters"] = 134_515_008
+    free = type("usage", (), {"free": 1 << 20})
+    disk_usage = sources.shutil.disk_usage
+    monkeypatch.setattr(sources.shutil, "disk_usage", lambda path: free)
+    out = tmp_path / "new" / "runs" / "smollm2"
+    assert prepare.main(["--out", str(out)]) == 2
+    assert "the target folder needs about 577 MiB" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    (kept / "data").mkdir(parents=True)
+    assert prepare.main(["--out", str(kept)]) == 2
+    assert _listing(kept) == ["data"]
+    monkeypatch.setattr(sources.shutil, "disk_usage", disk_usage)
+    fake_inputs["parameters"] = 10
+
+    def full(gguf: Path, dest: Path, say: object = print) -> None:
+        dest.mkdir()
+        raise OSError(errno.ENOSPC, "No space left on device", str(dest / "model.safetensors"))
+
+    monkeypatch.setattr(convert, "convert_gguf", full)
+    monkeypatch.setattr(sources, "FREE_SPACE_MARGIN", 0)
+    assert prepare.main(["--out", str(out)]) == 2
+    assert not (tmp_path / "new").exists()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.spec.messages import lone_surrogate, messages_problem, text_problem
+from trainer.spec.messages import fields_problem, lone_surrogate, messages_problem, text_problem
 
 
 class RecordError(ValueError):
@@ -52,6 +52,9 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
     odd = lone_surrogate(raw_id, '"id"')
     if odd is not None:  # it is written into --out: it must be text too
         raise RecordError(line_number, f"{odd}: not text")
+    both = fields_problem(record, ("messages", "prompt"))
+    if both is not None:  # was: "messages" used, "prompt" dropped without a word
+        raise RecordError(line_number, both)
     if "messages" in record:
         messages = _checked_messages(line_number, record["messages"])
     elif "prompt" in record:
@@ -75,7 +78,8 @@ def _checked_messages(line: int, value: Any) -> tuple[dict[str, str], ...]:
 def read_records(path: Path) -> Iterator[PromptRecord | RecordError]:
     """Every non-empty line of `path`, in order, parsed; bad lines come out as RecordError (not raised),
     so the caller decides whether to skip or stop."""
-    with open(path, encoding="utf-8", errors="strict") as handle:
+    # utf-8-sig: a byte-order mark (Windows editors) is read past, as in every other JSONL the commands read
+    with open(path, encoding="utf-8-sig", errors="strict") as handle:
         for number, text in enumerate(handle, start=1):
             if not text.strip():
                 continue

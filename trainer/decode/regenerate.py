@@ -166,6 +166,21 @@ def _settings_of(line: dict[str, Any]) -> dict[str, Any]:
     return {k: meta.get(k) for k in keys if k != "dtype" or "dtype" in meta} if isinstance(meta, dict) else {}
 
 
+def _is_conversation(raw: bytes) -> bool:
+    """A line as data regenerate writes them: a JSON object with a string id (the rule resume reads by)."""
+    try:
+        line = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(line, dict) and isinstance(line.get("id"), str)
+
+
+def _start_over(out: Path) -> set[str]:
+    """--force: the old file moved aside to `<out>.old-<time>` (kept), nothing done yet."""
+    os.replace(out, out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
+    return set()
+
+
 def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[str]:
     """Ids already in `out`. A torn last line is cut off; a damaged line elsewhere, or lines made with other
     settings, are refused (with `force`, the old file is moved aside to `<out>.old-<time>` and we start over)."""
@@ -189,10 +204,19 @@ def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[st
         if not ok:
             if not complete:  # a crash mid-write: drop it, the id is generated again
                 break
-            raise RegenerateError(
-                f"--out: {out} line {number} is damaged (not a regenerated conversation)",
-                hint="move the file away, or pass --force to start over (the old file is kept beside)",
-            )
+            if not any(_is_conversation(other) for other in lines):  # /proc/version, notes.txt
+                raise RegenerateError(
+                    f"--out: {out} line {number} is not a regenerated conversation, nor is any line: it is not "
+                    "a file data regenerate wrote",
+                    hint="choose another --out: a new file, or one data regenerate wrote (--force moves only "
+                    "those aside)",
+                )
+            if not force:
+                raise RegenerateError(
+                    f"--out: {out} line {number} is damaged (not a regenerated conversation)",
+                    hint="pass --force to start over (the old file is kept beside), or move the file away",
+                )
+            return _start_over(out)  # was: --force, which the hint named, gave this same error
         if mismatch is None and _settings_of(line) != settings.to_json():
             mismatch = (number, _settings_of(line))
         ids.add(line["id"])
@@ -205,9 +229,7 @@ def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[st
                 f"--out: {out} was made with other settings (line {number}: {json.dumps(diff)})",
                 hint="use another --out, or pass --force to start over (the old file is kept beside)",
             )
-        aside = out.with_name(f"{out.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(out, aside)
-        return set()
+        return _start_over(out)
     if good_end < len(data):
         with open(out, "r+b") as handle:
             handle.truncate(good_end)

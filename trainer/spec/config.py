@@ -364,11 +364,14 @@ def load_config(
     overrides: list[str] | None = None,
     check_data: bool = True,
     drafter: bool = True,
+    split: bool = True,
 ) -> TrainConfig:
     """Read, validate, and complete a config. Raises ConfigError naming the field; starts nothing.
     `check_data=False` for commands that make the data file rather than read it (`data regenerate`);
     `drafter=False` for those that use the target alone (`data regenerate` generates with it): the drafter's
-    defaults that depend on the target (its mask token, its layer ids) are left unresolved."""
+    defaults that depend on the target (its mask token, its layer ids) are left unresolved. `split=False`
+    for those that read the data file but not the training split (`data preview`): the held-out and step
+    rules, which are about the split, are left to the commands that use it."""
     raw = apply_overrides(read_raw(resolve_config_path(name_or_path)), overrides or [])
     cfg = parse_config(raw)
     if cfg.output_dir.exists() and not cfg.output_dir.is_dir():
@@ -389,7 +392,7 @@ def load_config(
             field="data.eval_path",
             template_kwargs=dict(cfg.data.chat_template_kwargs),
         )
-    if check_data:
+    if check_data and split:
         total = num_sequences(completed)
         held = heldout_sequences(completed, total)  # ConfigError: fewer than one batch held out
         check_step_fits(completed, total if cfg.data.eval_path is not None else total - held)

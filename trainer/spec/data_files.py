@@ -26,7 +26,8 @@ RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat":
 def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """(line number, record, None) or (line number, None, what is wrong) for every non-empty line."""
     try:
-        with open(path, encoding="utf-8") as handle:
+        # utf-8-sig: a byte-order mark (Windows editors, PowerShell's Out-File) is read past, not a bad line 1
+        with open(path, encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -170,8 +171,9 @@ def check_data_file(
         raise ConfigError(
             f"{field}: {path}: none of its {scan.records} conversations has an assistant turn: nothing to "
             "supervise (a drafter learns the assistant's turns only)",
-            hint="answer the prompts with the target first: dflash-doctor data regenerate --prompts FILE --out "
-            "FILE (its output is chat data with every assistant turn)",
+            hint=f"answer them with the target first: dflash-doctor data regenerate --config CONFIG --prompts "
+            f"{path} --out ANSWERS.jsonl, then train on it (data.path = ANSWERS.jsonl): its output is chat data "
+            "with every assistant turn",
         )
 
 

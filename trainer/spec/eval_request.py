@@ -13,7 +13,7 @@ from typing import Any
 from dflash_base.errors import ConfigError
 from trainer.spec.data_files import jsonl_records
 from trainer.spec.export_files import check_export
-from trainer.spec.messages import messages_problem, text_problem
+from trainer.spec.messages import fields_problem, messages_problem, text_problem
 
 EVAL_DTYPES = ("auto", "bf16", "fp32")
 EVAL_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # what eval can run on (`tpu` ran on the CPU, exit 0)
@@ -85,6 +85,9 @@ def check_eval_prompts(path: str, vocab_size: int) -> None:
 
 def eval_prompt_problem(record: dict[str, Any], vocab_size: int) -> str | None:
     """What is wrong with one eval prompt record (None: nothing)."""
+    both = fields_problem(record, ("input_ids", "prompt", "messages"))
+    if both is not None:  # was: input_ids, else prompt, used without a word
+        return both
     if "input_ids" in record:
         ids = record["input_ids"]
         if not isinstance(ids, list) or not ids:

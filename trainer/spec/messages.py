@@ -42,6 +42,21 @@ def text_problem(value: Any, where: str) -> str | None:
     return f"{found}: not text a tokenizer can read" if found else None
 
 
+def fields_problem(record: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """A record that gives two of `fields` (each says what to answer: a whole chat, one user turn, token ids)
+    is ambiguous: which one a command used was its own silent choice (`data regenerate` took "messages",
+    `eval` "prompt"), so it is refused, naming both, instead of guessed."""
+    given = [f for f in fields if f in record]
+    if len(given) < 2:
+        return None
+    keep = "messages" if "messages" in given else given[0]
+    drop = ", ".join(f".{f}" for f in given if f != keep)
+    both = " and ".join(f'"{f}"' for f in given)
+    return (
+        f"gives both {both}, which ask for different things: keep one (jq -c 'del({drop})' keeps \"{keep}\")"
+    )
+
+
 def messages_problem(value: Any) -> str | None:
     """What is wrong with a list of chat messages (None: nothing).
 

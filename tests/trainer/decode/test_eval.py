@@ -252,3 +252,29 @@ def test_with_prompts_the_configs_held_out_split_rule_does_not_apply(
     assert json.loads(capsys.readouterr().out)["prompts"] == 1
     assert run(args) == 2
     assert "fewer than one batch" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_prompts_line_with_both_prompt_and_messages_is_refused_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U14: "prompt" was used and "messages" dropped without a word (data regenerate took the
+    other one)."""
+    prompts = tmp_path / "prompts.jsonl"
+    chat = [{"role": "user", "content": "a question"}]
+    lines = [{"input_ids": PROMPTS[0]}, {"prompt": "another", "messages": chat}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = ["eval", "--drafter", "ngram", "--config", "tiny-cpu", "--prompts", str(prompts)]
+    assert run([*args, "--max-new-tokens", "4"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f'{prompts} line 2: gives both "prompt" and "messages"' in err, err
+
+
+def test_a_prompts_file_with_a_utf8_byte_order_mark_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39 U15: a BOM (Windows editors) made line 1 "not JSON", refusing the file."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"input_ids": PROMPTS[0]}) + "\n").encode())
+    args = ["eval", "--drafter", "ngram", "--config", "tiny-cpu", "--prompts", str(prompts)]
+    assert run([*args, "--max-new-tokens", "4", "--json"]) == 0, capsys.readouterr()
+    assert json.loads(capsys.readouterr().out)["prompts"] == 1
