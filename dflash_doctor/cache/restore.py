@@ -18,7 +18,8 @@ writable by others unless sticky):
 5. the journal moves to phase `swapping`; each root is swapped (swap.py): the new cache in place, the
    previous one, checked by device and inode, kept as `<name>.bak-<id>` with its ownership record;
 6. the journal is removed; backups beyond the newest KEEP_BACKUPS of ours go (backups.py).
-On any refusal or failure before step 5, what this restore made is removed and nothing else was written.
+On any refusal or failure before the first root is swapped (the write of phase `swapping` included: a disk
+with no inode left for it; issue 37, B5), what this restore made is removed and nothing else was written.
 """
 
 from __future__ import annotations
@@ -177,13 +178,7 @@ class _Restore:
         except OSError as exc:
             # a full disk while the journal, a staging folder or its marker was written: a message
             self.undo()
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                where = printable(str(exc.filename or "beside the cache"))
-                raise DoctorError(
-                    f"no space left on the device while writing {where}",
-                    hint="free some space, then restore again",
-                ) from None
-            raise
+            raise _out_of_room(exc) from None
         except BaseException as exc:
             self.undo()
             if isinstance(exc, DoctorError):
@@ -196,7 +191,11 @@ class _Restore:
         result.recovered = recovered
         first = self.roots[0]
         self.journal["phase"] = "swapping"
-        write_journal(first.parent, first.target, self.journal)
+        try:
+            write_journal(first.parent, first.target, self.journal)
+        except OSError as exc:  # no inode left for the journal's new copy (issue 37, B5): nothing swapped yet
+            self.undo()
+            raise _out_of_room(exc) from None
         for root in self.roots:
             _pause()
             try:
@@ -323,6 +322,19 @@ class _Restore:
         if self.journal:
             first = self.roots[0]
             first.parent.unlink(journal_path(first.target).name)
+
+
+def _out_of_room(exc: OSError) -> OSError | DoctorError:
+    """A write that failed before the swap, once `undo` removed what this restore made: a full disk (or
+    quota) as a message; any other error as it came (the CLI names its file)."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    where = printable(str(exc.filename or "beside the cache"))
+    return DoctorError(
+        f"no space left on the device while writing {where}: nothing was swapped in, the staging "
+        "folders were removed",
+        hint="free some space (or inodes: df -i), then restore again",
+    )
 
 
 def moved_to(root: SwapRoot) -> str | None:

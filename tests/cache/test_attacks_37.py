@@ -572,3 +572,56 @@ def test_p1_a_parent_renamed_mid_restore_is_said_with_where_the_cache_is(
     result = restore_into(archive, target)
     assert tree_digests(moved / "inductor") == digests
     assert any(f"now {moved / 'inductor'}" in line for line in result.left_alone)
+
+
+# -- B5: no inode left exactly when the journal moves to `swapping`
+
+
+@pytest.mark.parametrize(
+    ("code", "raised"), [(errno.ENOSPC, DoctorError), (errno.EDQUOT, DoctorError), (errno.EIO, OSError)]
+)
+def test_b5_a_failed_swapping_journal_write_removes_the_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, raised: type[Exception]
+) -> None:
+    """The verified staging copy and the journal used to stay on the full disk (only the next restore or
+    snapshot, once there was room, finished them); now whatever the write's error, they go at once."""
+    archive, _ = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    old = make_tree(target, files=3, seed=9)
+    real = fsops.write_atomic_at
+
+    def no_inode_for_swapping(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+        if name == journal_path(target).name and b'"swapping"' in data:
+            raise OSError(code, os.strerror(code))  # the temp file's O_CREAT finds no inode
+        real(folder, name, data, mode)
+
+    monkeypatch.setattr(fsops, "write_atomic_at", no_inode_for_swapping)
+    with pytest.raises(raised) as failed:
+        restore_into(archive, target)
+    if raised is DoctorError:
+        assert "no space left" in str(failed.value) and "staging folders were removed" in str(failed.value)
+    assert tree_digests(target) == old
+    beside = sorted(p.name for p in target.parent.iterdir() if not p.name.endswith(".lock"))
+    assert beside == ["inductor"]  # no staging folder, no journal, no temp file (the folder's lock aside)
+    monkeypatch.undo()
+    restore_into(archive, target)  # once there is room, the next restore simply works
+
+
+def test_b5_no_room_for_the_swapping_journal_of_an_absent_cache_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive, _ = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    target.parent.mkdir(parents=True)
+    real = fsops.write_atomic_at
+
+    def no_inode_for_swapping(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+        if name == journal_path(target).name and b'"swapping"' in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(folder, name, data, mode)
+
+    monkeypatch.setattr(fsops, "write_atomic_at", no_inode_for_swapping)
+    with pytest.raises(DoctorError, match="no space left"):
+        restore_into(archive, target)
+    beside = [p.name for p in target.parent.iterdir() if not p.name.endswith(".lock")]
+    assert beside == []  # not even the empty folder made to hold the cache's name
