@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -625,3 +626,128 @@ def test_b5_no_room_for_the_swapping_journal_of_an_absent_cache_leaves_nothing(
         restore_into(archive, target)
     beside = [p.name for p in target.parent.iterdir() if not p.name.endswith(".lock")]
     assert beside == []  # not even the empty folder made to hold the cache's name
+
+
+# -- D1: a tree 1,200 levels deep
+
+
+DEEP = 1200
+
+
+def _deep_chain(top: Path, levels: int = DEEP) -> str:
+    """`top/0/0/.../0/` `levels` deep (device-index names, which Inductor's layout allows at any depth),
+    a file at the bottom; made through handles (its path nears PATH_MAX). Its archive path from `top`."""
+    top.mkdir(parents=True, exist_ok=True)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("0", dir_fd=fd)
+            inner = os.open("0", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("f" + "a" * 52, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    return "0/" * levels
+
+
+@pytest.fixture
+def deep_cleanup(tmp_path: Path) -> Iterator[None]:
+    """Empties tmp_path afterwards, leaf first, one handle open at a time (shutil.rmtree recurses, and
+    the session's final rmtree would end in a RecursionError)."""
+    yield
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd, names = os.open(tmp_path, flags), []  # names: the path from tmp_path to the folder `fd` is
+    while True:
+        with os.scandir(fd) as found:
+            listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in found]
+        sub = next((name for name, is_dir in listed if is_dir), None)
+        if sub is not None:
+            inner = os.open(sub, flags, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            names.append(sub)
+            continue
+        for name, _ in listed:
+            os.unlink(name, dir_fd=fd)
+        if not names:
+            os.close(fd)
+            return
+        up = os.open("..", flags, dir_fd=fd)
+        os.close(fd)
+        fd = up
+        os.rmdir(names.pop(), dir_fd=fd)
+
+
+def test_d1_cache_status_walks_a_tree_1200_deep(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = cache_env["inductor"]
+    make_tree(cache, files=40)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "status"]) in (0, 1)  # was 3: RecursionError in the walk
+    assert "41 files" in capsys.readouterr().out  # the file 1,200 folders down counted
+
+
+def test_d1_cache_snapshot_of_a_tree_1200_deep_leaves_the_deep_folder_out(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = cache_env["inductor"]
+    digests = make_tree(cache, files=40)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "snapshot", "--name", "deep", "--json"]) == 0  # was 3: RecursionError
+    made = json.loads(capsys.readouterr().out)
+    assert made["files"] == len(digests)
+    assert [s for s in made["skipped"] if s.startswith("inductor/fxgraph/" + "0/" * 31)]  # named, left out
+
+
+def test_d1_cache_restore_over_a_tree_1200_deep_keeps_it(
+    cache_env: dict[str, Path], tmp_path: Path, deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive, digests = snapshot_of(tmp_path, files=40, build=live_build())
+    cache = cache_env["inductor"]
+    make_tree(cache, files=40, seed=9)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "restore", str(archive)]) == 0  # was 3: RecursionError judging the target
+    out = capsys.readouterr().out
+    assert tree_digests(cache) == digests
+    assert "nested more than 32 deep" in out and "never deleted by retention" in out
+
+
+def test_d1_cache_snapshot_of_only_a_deep_tree_is_refused(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _deep_chain(cache_env["inductor"] / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "snapshot", "--name", "deep"]) == 2
+    err = capsys.readouterr().err
+    assert "does not look like a compile cache" in err and "nested more than 32 deep" in err
+    assert not cache_env["snapshots"].exists() or not list(cache_env["snapshots"].glob("*.tar.zst"))
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_d1_cache_restore_of_an_archive_1200_deep_is_refused(
+    cache_env: dict[str, Path], tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tarfile
+
+    from tests.cache.helpers import manifest_for, write_raw_archive
+
+    deep = "inductor/" + "0/" * DEEP
+    if kind == "file":
+        members: dict[str, bytes] = {deep + "f" + "a" * 52: b"x"}
+        extra: list[tarfile.TarInfo | tuple[str, bytes]] = list(members.items())
+    else:  # a folder member, which the manifest does not list
+        members = {"inductor/ab/c" + "a" * 52 + ".py": b"x"}
+        folder = tarfile.TarInfo(deep.rstrip("/"))
+        folder.type = tarfile.DIRTYPE
+        extra = [*members.items(), folder]
+    archive = write_raw_archive(tmp_path / "deep.tar.zst", manifest_for(members, live_build()), extra)
+    capsys.readouterr()
+    assert run(["cache", "restore", str(archive), "--force"]) == 2  # was 3: RecursionError making folders
+    assert "more than 32 folders deep" in capsys.readouterr().err
+    assert not cache_env["inductor"].exists() or not any(cache_env["inductor"].iterdir())
+    assert not list(cache_env["inductor"].parent.glob(".inductor.dflash-staging-*"))
