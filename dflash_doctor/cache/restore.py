@@ -43,7 +43,7 @@ from dflash_doctor.cache.backups import (
 from dflash_doctor.cache.extract import ReadLimits, extract_verified
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
-from dflash_doctor.cache.fsops import fd_path, printable, write_atomic_at
+from dflash_doctor.cache.fsops import fd_path, printable, read_only, write_atomic_at
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, ArchiveError, CacheManifest, marker_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
@@ -162,6 +162,8 @@ class _Restore:
 
     def run(self, force: bool, limits: ReadLimits | None, replace_non_cache: bool) -> RestoreResult:
         start = time.perf_counter()
+        for target, parent in self.parents.items():
+            refuse_read_only(target, parent)
         recovered = [
             action
             for target, parent in self.parents.items()
@@ -322,6 +324,18 @@ class _Restore:
         if self.journal:
             first = self.roots[0]
             first.parent.unlink(journal_path(first.target).name)
+
+
+def refuse_read_only(target: Path, parent: ParentDir) -> None:
+    """A cache whose folder is on a read-only file system is named as such before anything is tried (it
+    used to fail on the lock, with a hint to remove a lock that could not exist; issue 37, B6/B7)."""
+    if read_only(parent.fd):
+        raise DoctorError(
+            f"{printable(str(target), 4096)} is on a read-only file system ({printable(str(parent.path), 4096)} "
+            "is mounted read-only): a restore writes beside the cache and swaps it in; nothing was written",
+            hint="point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) at a folder on a writable disk; "
+            "a read-only cache can still be snapshotted",
+        )
 
 
 def _out_of_room(exc: OSError) -> OSError | DoctorError:

@@ -225,6 +225,8 @@ def snapshot_command(
     console.print(f"  from {shown(', '.join(manifest.origins.values()))}{_where(locations.inductor_source)}")
     if manifest.skipped:
         console.print(f"  [yellow]skipped {len(manifest.skipped)} link(s) or special file(s)[/]")
+    for folder in result.unmarked:
+        console.print(f"  [yellow]note:[/] {shown(folder)} is read-only: archived, no build marker written")
 
 
 @dataclass(frozen=True)
@@ -413,6 +415,8 @@ def prune_command(
         )
     age = parse_duration(older_than) if older_than else None
     store = SnapshotStore(snapshots_dir())
+    if not dry_run:
+        store.check_writable("prune")
     with store.locked():
         ours = [snap for snap in store.snapshots() if snap.ours]  # another user's archive is never deleted
         doomed = choose_prunable(ours, keep, age, time.time())

@@ -751,3 +751,131 @@ def test_d1_cache_restore_of_an_archive_1200_deep_is_refused(
     assert "more than 32 folders deep" in capsys.readouterr().err
     assert not cache_env["inductor"].exists() or not any(cache_env["inductor"].iterdir())
     assert not list(cache_env["inductor"].parent.glob(".inductor.dflash-staging-*"))
+
+
+# -- B6 / B7: a read-only cache and a read-only store (read-only bind mounts, in a mount namespace)
+
+_CLI_IN_CHILD = """
+import contextlib, io
+from pathlib import Path
+from dflash_doctor.cli import run
+T = Path(os.environ["T"])
+
+def read_only(folder):
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+
+def cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(list(args))
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+"""
+
+
+def test_b6_a_cache_on_a_read_only_mount_can_be_snapshotted(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    cache = cache_env["inductor"]
+    digests = make_tree(cache, files=12)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + """
+read_only(T / "caches")
+print(json.dumps(cli("cache", "snapshot", "--name", "from-ro", "--json")))
+""",
+    )
+    assert found["code"] == 0, found["err"]  # was 2: the lock beside the cache could not be created
+    assert json.loads(str(found["out"]))["files"] == 12
+    restored = tmp_path / "restored" / "inductor"
+    restore_into(cache_env["snapshots"] / "from-ro.tar.zst", restored)
+    assert tree_digests(restored) == digests
+    assert not (cache / ".dflash-doctor.json").exists()  # no marker could be written: none claimed
+
+
+def test_b6_the_snapshot_says_the_read_only_cache_got_no_marker(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    make_tree(cache_env["inductor"], files=12)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + """
+read_only(T / "caches" / "inductor")
+print(json.dumps(cli("cache", "snapshot", "--name", "s")))
+""",
+    )
+    assert found["code"] == 0, found["err"]  # was 2: the marker's write failed, read-only file system
+    assert "is read-only: archived, no build marker written" in str(found["out"])
+
+
+def test_b6_a_restore_into_a_read_only_cache_names_it_read_only(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    archive, _ = snapshot_of(tmp_path, build=live_build())
+    old = make_tree(cache_env["inductor"], files=3, seed=9)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+read_only(T / "caches")
+print(json.dumps(cli("cache", "restore", {str(archive)!r})))
+""",
+    )
+    assert found["code"] == 2
+    err = str(found["err"])
+    assert f"{cache_env['inductor']} is on a read-only file system" in err  # was: "the cache lock ... cannot
+    assert "a folder on a writable disk" in err  # be opened", with a hint to remove a lock that cannot exist
+    assert tree_digests(cache_env["inductor"]) == old
+
+
+def test_b7_a_read_only_store_serves_restore_and_list(tmp_path: Path, cache_env: dict[str, Path]) -> None:
+    digests = make_tree(cache_env["inductor"], files=12)
+    assert run(["cache", "snapshot", "--name", "prebuilt"]) == 0
+    shutil.rmtree(cache_env["inductor"])
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+read_only(Path({str(cache_env["snapshots"])!r}))
+print(json.dumps({{"restore": cli("cache", "restore", "prebuilt"), "list": cli("cache", "list")}}))
+""",
+    )
+    restored, listed = found["restore"], found["list"]
+    assert isinstance(restored, dict) and isinstance(listed, dict)
+    assert restored["code"] == 0, restored["err"]  # was 2: the store lock could not be created
+    assert tree_digests(cache_env["inductor"]) == digests
+    assert listed["code"] == 0 and "prebuilt" in listed["out"]
+
+
+def test_b7_snapshot_and_prune_name_a_read_only_store(tmp_path: Path, cache_env: dict[str, Path]) -> None:
+    make_tree(cache_env["inductor"], files=12)
+    assert run(["cache", "snapshot", "--name", "prebuilt"]) == 0
+    store = disk_state(cache_env["snapshots"])
+    (tmp_path / "out").mkdir()
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+read_only(Path({str(cache_env["snapshots"])!r}))
+print(json.dumps({{
+    "snapshot": cli("cache", "snapshot", "--name", "new"),
+    "out": cli("cache", "snapshot", "--name", "new", "--out", str(T / "out")),
+    "prune": cli("cache", "prune", "--keep", "0"),
+    "dry": cli("cache", "prune", "--keep", "0", "--dry-run"),
+}}))
+""",
+    )
+    snapshot, out, prune, dry = (found[k] for k in ("snapshot", "out", "prune", "dry"))
+    assert isinstance(snapshot, dict) and isinstance(out, dict) and isinstance(prune, dict)
+    assert isinstance(dry, dict)
+    assert snapshot["code"] == 2 and "is on a read-only file system: a snapshot cannot be written" in str(
+        snapshot["err"]
+    )
+    assert "--out" in str(snapshot["err"])  # the hint says what to do
+    assert out["code"] == 0, out["err"]  # a snapshot elsewhere does not need the store's lock
+    assert (tmp_path / "out" / "new.tar.zst").is_file()
+    assert prune["code"] == 2 and "read-only file system: prune cannot change it" in str(prune["err"])
+    assert dry["code"] == 0 and "would delete prebuilt" in str(dry["out"])
+    assert disk_state(cache_env["snapshots"]) == store
