@@ -17,7 +17,9 @@ writable by others unless sticky):
    (`/proc/self/fd/<handle>`: whatever the path above them comes to mean), every sha256 verified;
 5. the journal moves to phase `swapping`; each root is swapped (swap.py): the new cache in place, the
    previous one, checked by device and inode, kept as `<name>.bak-<id>` with its ownership record;
-6. the journal is removed; backups beyond the newest KEEP_BACKUPS of ours go (backups.py).
+6. the journal is removed; backups beyond the newest KEEP_BACKUPS of ours go (backups.py). A backup whose
+   ownership record found no room (a full disk) does not stop the other roots: the journal then stays,
+   and the next run writes the record as it does after a kill (issue 37, B5).
 On any refusal or failure before the first root is swapped (the write of phase `swapping` included: a disk
 with no inode left for it; issue 37, B5), what this restore made is removed and nothing else was written.
 """
@@ -37,6 +39,7 @@ from typing import Any
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.backups import (
     KEEP_BACKUPS,
+    RecordNotWritten,
     prune_backups,
     strangers,
 )
@@ -198,10 +201,17 @@ class _Restore:
         except OSError as exc:  # no inode left for the journal's new copy (issue 37, B5): nothing swapped yet
             self.undo()
             raise _out_of_room(exc) from None
+        unrecorded: dict[Path, str] = {}  # backups whose ownership record found no room, with a line
         for root in self.roots:
             _pause()
             try:
                 backup = _swap(root, self.restore_id, lambda: _pause())
+            except RecordNotWritten as exc:  # swapped in; only the previous cache's record found no room
+                backup = exc.backup
+                unrecorded[root.parent.path / backup] = (
+                    f"{printable(str(root.parent.path / backup), 4096)}: no space left for its ownership "
+                    "record; the next restore or snapshot writes it (until then retention leaves it alone)"
+                )
             except OSError as exc:
                 self._roll_back(root, exc)
                 raise
@@ -209,11 +219,18 @@ class _Restore:
                 result.backups[root.label] = root.parent.path / backup
                 if root.kept:
                     result.kept.append(f"{root.parent.path / backup}: kept out of retention ({root.kept})")
-        first.parent.unlink(journal_path(first.target).name)
+        if unrecorded:  # every root swapped, no staging folder left; the journal stays for recovery (B5)
+            result.left_alone.extend(unrecorded.values())
+        else:
+            first.parent.unlink(journal_path(first.target).name)
         for root in self.roots:
             kept = result.backups.get(root.label)
             prune_backups(root.target, current=kept.name if kept else None, parent=root.parent)
-            result.left_alone.extend(strangers(root.parent, root.target, STAGING_TAG))
+            result.left_alone.extend(
+                line
+                for line in strangers(root.parent, root.target, STAGING_TAG)
+                if not any(line.startswith(f"{path}:") for path in unrecorded)  # said above, not a stranger
+            )
         for root in self.roots:
             moved = moved_to(root)
             if moved is not None:

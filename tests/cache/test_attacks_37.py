@@ -879,3 +879,41 @@ print(json.dumps({{
     assert prune["code"] == 2 and "read-only file system: prune cannot change it" in str(prune["err"])
     assert dry["code"] == 0 and "would delete prebuilt" in str(dry["out"])
     assert disk_state(cache_env["snapshots"]) == store
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_b5_no_room_for_a_backup_record_after_the_swap_leaves_no_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """After the first root is swapped, the previous cache's ownership record finds no inode: the code
+    before stopped there with the error, the second root's verified staging copy left on the full disk.
+    Now every root is swapped (a record is what recovery gives later, as after a kill), no staging folder
+    stays, and the journal stays until the next run writes the records."""
+    from dflash_doctor.cache import backups
+    from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME
+    from dflash_doctor.cache.restore import restore_snapshot
+    from tests.cache.test_attacks import _two_root_setup
+
+    archive, targets, _, new = _two_root_setup(tmp_path)
+    real = backups.write_atomic_at
+
+    def no_inode_for_records(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+        if name == BACKUP_OWNER_NAME:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(folder, name, data, mode)
+
+    monkeypatch.setattr(backups, "write_atomic_at", no_inode_for_records)
+    if not exchange:
+        monkeypatch.setattr(fsops, "exchange_at", lambda *args: False)  # a filesystem without RENAME_EXCHANGE
+    result = restore_snapshot(archive, targets, CPU_BUILD)
+    run_folder = tmp_path / "run"
+    assert {label: tree_digests(path) for label, path in targets.items()} == new  # both roots new
+    assert not list(run_folder.glob(".*dflash-staging-*"))  # no verified copy left on the full disk
+    assert sum("no space left for its ownership record" in line for line in result.left_alone) == 2
+    assert not [line for line in result.left_alone if "not a backup this tool made" in line]
+    assert journal_path(targets["inductor"]).exists()
+    monkeypatch.undo()
+    restore.recover_interrupted(targets["inductor"])  # the next run, with room again
+    for label in targets:
+        assert (result.backups[label] / BACKUP_OWNER_NAME).is_file(), label
+    assert not journal_path(targets["inductor"]).exists()
