@@ -223,8 +223,12 @@ def snapshot_command(
     )
     console.print(f"  {shown(str(result.path))}\n  for {shown(manifest.fingerprint.describe())}")
     console.print(f"  from {shown(', '.join(manifest.origins.values()))}{_where(locations.inductor_source)}")
-    if manifest.skipped:
-        console.print(f"  [yellow]skipped {len(manifest.skipped)} link(s) or special file(s)[/]")
+    if manifest.skipped:  # links, special files, names no restore accepts, strays (a folder nested too deep)
+        first = printable(manifest.skipped[0], 120) + (", ..." if len(manifest.skipped) > 1 else "")
+        console.print(
+            f"  [yellow]left out {len(manifest.skipped)} entr{'y' if len(manifest.skipped) == 1 else 'ies'} "
+            f"no compiler wrote or no restore accepts[/] ({shown(first)}; all of them: --json `skipped`)"
+        )
     for folder in result.unmarked:
         console.print(f"  [yellow]note:[/] {shown(folder)} is read-only: archived, no build marker written")
 

@@ -703,6 +703,20 @@ def test_d1_cache_snapshot_of_a_tree_1200_deep_leaves_the_deep_folder_out(
     assert [s for s in made["skipped"] if s.startswith("inductor/fxgraph/" + "0/" * 31)]  # named, left out
 
 
+def test_d1_cache_snapshot_says_what_it_left_out(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "skipped 1 link(s) or special file(s)" of a folder nested 1,200 deep: its path, cut."""
+    cache = cache_env["inductor"]
+    make_tree(cache, files=40)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "snapshot", "--name", "deep"]) == 0
+    out = capsys.readouterr().out
+    assert "left out 1 entry no compiler wrote or no restore accepts (inductor/fxgraph/0/0/0/" in out
+    assert "link(s)" not in out and len(max(out.splitlines(), key=len)) < 400
+
+
 def test_d1_cache_restore_over_a_tree_1200_deep_keeps_it(
     cache_env: dict[str, Path], tmp_path: Path, deep_cleanup: object, capsys: pytest.CaptureFixture[str]
 ) -> None:
