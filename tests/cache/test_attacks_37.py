@@ -931,3 +931,33 @@ def test_b5_no_room_for_a_backup_record_after_the_swap_leaves_no_staging_folder(
     for label in targets:
         assert (result.backups[label] / BACKUP_OWNER_NAME).is_file(), label
     assert not journal_path(targets["inductor"]).exists()
+
+
+# -- G3's lock folder without an account home (what docs/cache.md says of it)
+
+
+@pytest.mark.parametrize("account", ["no password entry", "home missing"])
+def test_g3_without_an_account_home_the_lock_folder_is_the_homes_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, account: str
+) -> None:
+    import pwd
+
+    from dflash_doctor import paths
+
+    monkeypatch.delenv("DFLASH_DOCTOR_LOCK_DIR")
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    real = pwd.getpwuid(os.getuid())
+    if account == "no password entry":  # `docker run -u 1234`
+
+        def no_entry(uid: int) -> pwd.struct_passwd:
+            raise KeyError(uid)
+
+        monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    else:
+        missing = pwd.struct_passwd((*real[:5], str(tmp_path / "no-such-home"), real[6]))
+        monkeypatch.setattr(pwd, "getpwuid", lambda uid: missing)
+    assert paths.lock_root() == tmp_path / "home" / "cache" / "locks"
+    (tmp_path / "account").mkdir()
+    present = pwd.struct_passwd((*real[:5], str(tmp_path / "account"), real[6]))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: present)
+    assert paths.lock_root() == tmp_path / "account" / ".cache" / "dflash-doctor" / "locks"  # every home's
