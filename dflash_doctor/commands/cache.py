@@ -464,6 +464,8 @@ def warm_command(
         raise DoctorError(f"torch is not installed for {env.interpreter.executable}", hint="nothing to warm")
     locations = command_locations(os.environ)
     check_apart(locations.roots())
+    if not no_snapshot:  # a read-only store is named before minutes of compiling, not after (B7)
+        SnapshotStore(snapshots_dir()).check_writable("`cache warm`'s snapshot (--no-snapshot compiles only)")
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
     with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles

@@ -933,6 +933,25 @@ def test_b5_no_room_for_a_backup_record_after_the_swap_leaves_no_staging_folder(
     assert not journal_path(targets["inductor"]).exists()
 
 
+def test_b7_cache_warm_names_a_read_only_store_before_it_compiles(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    cache_env["snapshots"].mkdir(parents=True)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+from dflash_doctor.commands import cache as cache_command
+started = []
+cache_command.run_warm_child = lambda *args: started.append(args) or {{}}
+read_only(Path({str(cache_env["snapshots"])!r}))
+print(json.dumps({{**cli("cache", "warm"), "started": len(started)}}))
+""",
+    )
+    assert found["code"] == 2 and found["started"] == 0  # was: compiled first, then refused at the lock
+    assert "is on a read-only file system: `cache warm`'s snapshot" in str(found["err"])
+
+
 # -- G3's lock folder without an account home (what docs/cache.md says of it)
 
 
