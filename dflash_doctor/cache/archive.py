@@ -77,7 +77,14 @@ def collect_files(
     for label, root in roots.items():
         if root.is_dir():
             strays = {f"{label}/{path.rstrip('/')}" for path in (leave_out or {}).get(label, [])}
-            _collect(str(root), label, True, files, skipped, strays)
+            # a stack of folders, not recursion: a tree 1,200 deep was a RecursionError (issue 37, D1)
+            pending = [(str(root), label, True)]
+            while pending:
+                folder, prefix, top = pending.pop()
+                subfolders = _collect(folder, prefix, top, files, skipped, strays)
+                pending.extend(
+                    (entry.path, f"{prefix}/{entry.name}", False) for entry in reversed(subfolders)
+                )
     return files, skipped
 
 
@@ -100,12 +107,13 @@ def _archivable(name: str) -> bool:
 
 def _collect(
     folder: str, prefix: str, top: bool, files: list[SourceFile], skipped: list[str], strays: set[str]
-) -> None:
+) -> list[os.DirEntry[str]]:
+    """The files of one folder into `files` (links and strays into `skipped`); returns its subfolders."""
     try:
         with os.scandir(folder) as found:
             entries = sorted(found, key=lambda entry: entry.name)
     except OSError:  # unreadable: left out, as os.walk leaves it
-        return
+        return []
     subfolders = []
     for entry in entries:
         name = entry.name
@@ -144,8 +152,7 @@ def _collect(
                 (info.st_ino, info.st_size, info.st_mtime_ns),
             )
         )
-    for entry in subfolders:
-        _collect(entry.path, f"{prefix}/{entry.name}", False, files, skipped, strays)
+    return subfolders
 
 
 def hash_files(files: list[SourceFile], threads: int | None = None) -> list[FileEntry]:

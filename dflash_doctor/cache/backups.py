@@ -20,6 +20,7 @@ A doomed folder with content but no record is not ours to delete: left alone and
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -43,6 +44,14 @@ Identity = tuple[int, int]
 
 class MovedFolderChanged(Exception):
     """What sits at a name is not the folder a restore moved there: nothing is written into it."""
+
+
+class RecordNotWritten(OSError):
+    """The previous cache is at its backup name `backup`, but the disk had no room (no inode) for its
+    ownership record: left as a kill between the rename and the record leaves it, which recovery finishes
+    from the journal (issue 37, B5). An OSError still, for every caller that does not tell it apart."""
+
+    backup: str
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,14 @@ def retire(parent: ParentDir, name: str, expected: Identity | None, record: Back
             backup = backup_name(record.target, f"{record.restore_id}-{secrets.token_hex(4)}")
     if expected is not None and parent.identity(backup) != expected:
         raise MovedFolderChanged(f"{parent.path / backup} is not the folder this restore moved there")
-    give_record(parent, backup, expected, record)
+    try:
+        give_record(parent, backup, expected, record)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        unrecorded = RecordNotWritten(exc.errno, exc.strerror, str(parent.path / backup / BACKUP_OWNER_NAME))
+        unrecorded.backup = backup
+        raise unrecorded from None
     return backup
 
 

@@ -43,6 +43,7 @@ from dflash_doctor.cache.manifest import (
     MANIFEST_MEMBER,
     MANIFEST_SCHEMA,
     MARKER_NAME,
+    MAX_DEPTH,
     ArchiveError,
     CacheManifest,
 )
@@ -197,6 +198,10 @@ def split_member_name(name: str, roots: set[str]) -> tuple[str, str]:
         raise ArchiveError(f"member {name!r}: `..` in the path would climb out of the cache tree")
     if "" in parts or "." in parts:
         raise ArchiveError(f"member {name!r}: not a clean relative path")
+    if len(parts) > MAX_DEPTH + 2:  # the root's label, MAX_DEPTH folders, a file (or one folder more)
+        raise ArchiveError(
+            f"member {printable(name, 120)!r}: more than {MAX_DEPTH} folders deep (no compiler nests so)"
+        )
     label, _, inner = clean.partition("/")
     if label not in roots:
         raise ArchiveError(f"member {name!r}: outside the archive's roots ({', '.join(sorted(roots))})")

@@ -19,7 +19,8 @@ is taken first in this user's lock folder (`paths.lock_root()`: the same for eve
 folder above it judged as a cache's parent is), named by the identity of the cache folder's place: the
 device and inode of its parent and its name (two spellings of one folder, or a bind mount of its parent,
 share it). The lock beside the cache is then taken too while it is ours (older versions wait on it); one
-that is another user's is left alone.
+that is another user's is left alone, and so is one that cannot be created because the parent is on a
+read-only file system (a prebuilt cache on a read-only mount: a snapshot reads it; issue 37, B6).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from dflash_base.errors import DoctorError
 from dflash_doctor import paths
+from dflash_doctor.cache import fsops
 from dflash_doctor.cache.fsops import kind_of
 from dflash_doctor.cache.parent_dir import ParentDir, open_trusted
 
@@ -144,9 +146,12 @@ def folder_lock(folder: Path, timeout: float = TIMEOUT_S) -> Iterator[ParentDir]
     with ParentDir.open(folder.parent) as parent, ExitStack() as stack:
         name = f".{folder.name}{LOCK_SUFFIX}"
         stack.enter_context(identity_lock(parent, folder.name, timeout, busy))  # one no one else can take
-        if parent.shared:  # others can take the name beside the cache
+        beside: int | None
+        if fsops.read_only(parent.fd):  # no one changes the folder through this mount: no lock needed to read
+            beside = None
+        elif parent.shared:  # others can take the name beside the cache
             try:
-                beside: int | None = open_lock(name, "the cache lock", where, hint, dir_fd=parent.fd)
+                beside = open_lock(name, "the cache lock", where, hint, dir_fd=parent.fd)
             except LockRefused:
                 beside = None  # another user's name: left alone
         else:

@@ -126,6 +126,15 @@ def is_mount_point_at(folder: int, name: str) -> bool:
     return info is not None and info.st_dev != os.fstat(folder).st_dev
 
 
+def read_only(where: int | str | os.PathLike[str]) -> bool:
+    """The folder (a handle or a path) is on a file system mounted read-only (a shared read-only store, a
+    cache on a read-only bind mount): nothing can be created there, not even a lock (issue 37, B6/B7)."""
+    try:
+        return bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def identity(info: os.stat_result) -> tuple[int, int]:
     """(device, inode): what a folder is, whatever it is called now (a rename keeps both)."""
     return info.st_dev, info.st_ino

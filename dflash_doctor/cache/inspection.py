@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,23 +172,39 @@ def inspect_folder(
     report.exists = True
     report.owner_uid, report.mode = top.st_uid, stat.S_IMODE(top.st_mode)
     _judge(report, str(path), top, me)
-    for folder, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            full = os.path.join(folder, name)
-            try:
-                info = os.lstat(full)
-            except OSError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                report.files += 1
-                report.size_bytes += info.st_size
-            if not stat.S_ISLNK(info.st_mode):
-                _judge(report, full, info, me)
+    for full, info in _entries(str(path)):
+        if stat.S_ISREG(info.st_mode):
+            report.files += 1
+            report.size_bytes += info.st_size
+        if not stat.S_ISLNK(info.st_mode):
+            _judge(report, full, info, me)
     try:
         report.marker = read_marker((path / MARKER_NAME).read_bytes())
     except OSError:
         report.marker = None
     return report
+
+
+def _entries(top: str) -> Iterator[tuple[str, os.stat_result]]:
+    """Path and lstat of everything under `top`, links not followed, unreadable folders left out; a stack
+    of folders, not recursion: Python 3.11's os.walk recursed, and a tree 1,200 deep ended `cache status`
+    and `check` in a RecursionError (issue 37, D1)."""
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as found:
+                listed = list(found)
+        except OSError:
+            continue
+        for entry in listed:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield entry.path, info
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(entry.path)
 
 
 def _judge(report: FolderReport, full: str, info: os.stat_result, me: int) -> None:

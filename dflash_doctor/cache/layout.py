@@ -25,7 +25,9 @@ the folder holding them is never deleted by retention. Layouts checked against r
 CPU, torch 2.11 with Triton 3.6 on an H200 (tests/cache/layouts/).
 
 The walk goes through handles (`O_NOFOLLOW`, a link is judged by its name and never followed) and stops
-once there are too many entries no compiler writes to be a cache.
+once there are too many entries no compiler writes to be a cache. A folder nested deeper than MAX_DEPTH
+(real caches nest 3) is a stray, not walked: a tree 1,200 deep ended the walk in a RecursionError, with a
+handle open per level (issue 37, D1).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from dflash_doctor.cache.archive import is_our_record
 from dflash_doctor.cache.fsops import open_folder_at, printable
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
+from dflash_doctor.cache.manifest import MAX_DEPTH
 
 SAMPLE = 3  # entries a refusal names
 
@@ -137,6 +140,7 @@ class CacheContent:
 
     strangers: list[str] = field(default_factory=list)
     more_strangers: bool = False
+    too_deep: bool = False  # one of the strangers is a folder nested deeper than MAX_DEPTH
     files: int = 0
     compiled: int = 0
 
@@ -153,7 +157,8 @@ class CacheContent:
     def named(self) -> str:
         """The first few strays, escaped, for a message."""
         shown = ", ".join(printable(name, 80) for name in self.strangers[:SAMPLE])
-        return shown + (", ..." if self.more_strangers or len(self.strangers) > SAMPLE else "")
+        shown += ", ..." if self.more_strangers or len(self.strangers) > SAMPLE else ""
+        return shown + (f"; a folder nested more than {MAX_DEPTH} deep" if self.too_deep else "")
 
 
 def _temp(name: str) -> bool:
@@ -263,6 +268,9 @@ class _Walk:
         return False
 
     def _descend(self, fd: int, name: str, path: str, rule: str, counted: bool) -> bool:
+        if path.count("/") >= MAX_DEPTH:  # `path` is its folder's path from the top: depth = slashes + 1
+            self.content.too_deep = True
+            return self.stranger(path + "/")
         try:
             inner = open_folder_at(fd, name)
         except OSError:

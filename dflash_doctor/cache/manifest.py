@@ -126,6 +126,9 @@ MAX_TIME = 13_569_465_600.0
 MAX_FILE_BYTES = 1 << 44
 MAX_NAME_BYTES = 255  # one path component (NAME_MAX)
 MAX_PATH_BYTES = 3000  # inside the cache folder, leaving room for its own path under PATH_MAX
+# Folders nested inside a cache root: real caches nest 3 (`fxgraph/<2>/f<key>/`, `triton/<device>/<key>/`);
+# a tree 1,200 deep ended `status`, `snapshot` and `restore` in a RecursionError (issue 37, D1).
+MAX_DEPTH = 32
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -187,6 +190,10 @@ def _file_entry(item: object) -> FileEntry:
     encoded = path.encode("utf-8", "surrogateescape")
     if len(encoded) > MAX_PATH_BYTES or any(len(part) > MAX_NAME_BYTES for part in encoded.split(b"/")):
         raise ValueError(f"the path {_shown(path)} is longer than a filesystem allows")
+    if path.count("/") > MAX_DEPTH + 1:  # the root's label, MAX_DEPTH folders, the file
+        raise ValueError(
+            f"the path {_shown(path)} is more than {MAX_DEPTH} folders deep: no compiler nests so"
+        )
     if not isinstance(digest, str) or len(digest) != 64 or not set(digest) <= _HEX:
         raise ValueError(f"the sha256 of {_shown(path)} is not 64 hex digits")
     return FileEntry(

@@ -17,8 +17,11 @@ writable by others unless sticky):
    (`/proc/self/fd/<handle>`: whatever the path above them comes to mean), every sha256 verified;
 5. the journal moves to phase `swapping`; each root is swapped (swap.py): the new cache in place, the
    previous one, checked by device and inode, kept as `<name>.bak-<id>` with its ownership record;
-6. the journal is removed; backups beyond the newest KEEP_BACKUPS of ours go (backups.py).
-On any refusal or failure before step 5, what this restore made is removed and nothing else was written.
+6. the journal is removed; backups beyond the newest KEEP_BACKUPS of ours go (backups.py). A backup whose
+   ownership record found no room (a full disk) does not stop the other roots: the journal then stays,
+   and the next run writes the record as it does after a kill (issue 37, B5).
+On any refusal or failure before the first root is swapped (the write of phase `swapping` included: a disk
+with no inode left for it; issue 37, B5), what this restore made is removed and nothing else was written.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ from typing import Any
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.backups import (
     KEEP_BACKUPS,
+    RecordNotWritten,
     prune_backups,
     strangers,
 )
 from dflash_doctor.cache.extract import ReadLimits, extract_verified
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
-from dflash_doctor.cache.fsops import fd_path, printable, write_atomic_at
+from dflash_doctor.cache.fsops import fd_path, printable, read_only, write_atomic_at
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, ArchiveError, CacheManifest, marker_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
@@ -161,6 +165,8 @@ class _Restore:
 
     def run(self, force: bool, limits: ReadLimits | None, replace_non_cache: bool) -> RestoreResult:
         start = time.perf_counter()
+        for target, parent in self.parents.items():
+            refuse_read_only(target, parent)
         recovered = [
             action
             for target, parent in self.parents.items()
@@ -177,13 +183,7 @@ class _Restore:
         except OSError as exc:
             # a full disk while the journal, a staging folder or its marker was written: a message
             self.undo()
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                where = printable(str(exc.filename or "beside the cache"))
-                raise DoctorError(
-                    f"no space left on the device while writing {where}",
-                    hint="free some space, then restore again",
-                ) from None
-            raise
+            raise _out_of_room(exc) from None
         except BaseException as exc:
             self.undo()
             if isinstance(exc, DoctorError):
@@ -196,11 +196,22 @@ class _Restore:
         result.recovered = recovered
         first = self.roots[0]
         self.journal["phase"] = "swapping"
-        write_journal(first.parent, first.target, self.journal)
+        try:
+            write_journal(first.parent, first.target, self.journal)
+        except OSError as exc:  # no inode left for the journal's new copy (issue 37, B5): nothing swapped yet
+            self.undo()
+            raise _out_of_room(exc) from None
+        unrecorded: dict[Path, str] = {}  # backups whose ownership record found no room, with a line
         for root in self.roots:
             _pause()
             try:
                 backup = _swap(root, self.restore_id, lambda: _pause())
+            except RecordNotWritten as exc:  # swapped in; only the previous cache's record found no room
+                backup = exc.backup
+                unrecorded[root.parent.path / backup] = (
+                    f"{printable(str(root.parent.path / backup), 4096)}: no space left for its ownership "
+                    "record; the next restore or snapshot writes it (until then retention leaves it alone)"
+                )
             except OSError as exc:
                 self._roll_back(root, exc)
                 raise
@@ -208,11 +219,18 @@ class _Restore:
                 result.backups[root.label] = root.parent.path / backup
                 if root.kept:
                     result.kept.append(f"{root.parent.path / backup}: kept out of retention ({root.kept})")
-        first.parent.unlink(journal_path(first.target).name)
+        if unrecorded:  # every root swapped, no staging folder left; the journal stays for recovery (B5)
+            result.left_alone.extend(unrecorded.values())
+        else:
+            first.parent.unlink(journal_path(first.target).name)
         for root in self.roots:
             kept = result.backups.get(root.label)
             prune_backups(root.target, current=kept.name if kept else None, parent=root.parent)
-            result.left_alone.extend(strangers(root.parent, root.target, STAGING_TAG))
+            result.left_alone.extend(
+                line
+                for line in strangers(root.parent, root.target, STAGING_TAG)
+                if not any(line.startswith(f"{path}:") for path in unrecorded)  # said above, not a stranger
+            )
         for root in self.roots:
             moved = moved_to(root)
             if moved is not None:
@@ -323,6 +341,31 @@ class _Restore:
         if self.journal:
             first = self.roots[0]
             first.parent.unlink(journal_path(first.target).name)
+
+
+def refuse_read_only(target: Path, parent: ParentDir) -> None:
+    """A cache whose folder is on a read-only file system is named as such before anything is tried (it
+    used to fail on the lock, with a hint to remove a lock that could not exist; issue 37, B6/B7)."""
+    if read_only(parent.fd):
+        raise DoctorError(
+            f"{printable(str(target), 4096)} is on a read-only file system ({printable(str(parent.path), 4096)} "
+            "is mounted read-only): a restore writes beside the cache and swaps it in; nothing was written",
+            hint="point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) at a folder on a writable disk; "
+            "a read-only cache can still be snapshotted",
+        )
+
+
+def _out_of_room(exc: OSError) -> OSError | DoctorError:
+    """A write that failed before the swap, once `undo` removed what this restore made: a full disk (or
+    quota) as a message; any other error as it came (the CLI names its file)."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    where = printable(str(exc.filename or "beside the cache"))
+    return DoctorError(
+        f"no space left on the device while writing {where}: nothing was swapped in, the staging "
+        "folders were removed",
+        hint="free some space (or inodes: df -i), then restore again",
+    )
 
 
 def moved_to(root: SwapRoot) -> str | None:

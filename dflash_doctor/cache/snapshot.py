@@ -21,7 +21,7 @@ from dflash_doctor.cache.archive import (
 from dflash_doctor.cache.backups import remove_torn_records_at
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
-from dflash_doctor.cache.fsops import fd_path, kind_of, write_atomic_at
+from dflash_doctor.cache.fsops import fd_path, kind_of, read_only, write_atomic_at
 from dflash_doctor.cache.layout import examine
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, marker_bytes
@@ -37,6 +37,7 @@ class SnapshotResult:
     manifest: CacheManifest
     archive_bytes: int
     seconds: float
+    unmarked: tuple[str, ...] = ()  # roots on a read-only file system: read, but no marker written
 
 
 def write_marker(folder: Path, fingerprint: BuildFingerprint, origin: str, snapshot: str | None) -> None:
@@ -67,6 +68,13 @@ def archive_destination(store_root: Path, name: str, out: Path | None) -> Path:
         raise DoctorError(f"{dest} already exists", hint="choose another --name, or prune the old one first")
     if not dest.parent.is_dir():
         raise DoctorError(f"--out: folder {dest.parent} does not exist")
+    if read_only(dest.parent):  # a prebuilt store on a read-only mount (issue 37, B7)
+        raise DoctorError(
+            f"{dest.parent} is on a read-only file system: a snapshot cannot be written there; nothing was "
+            "written",
+            hint="give --out a folder on a writable disk, or set DFLASH_DOCTOR_HOME to one "
+            "(a read-only store still serves `cache list` and `cache restore`)",
+        )
     if not os.access(dest.parent, os.W_OK | os.X_OK):
         raise DoctorError(f"--out: folder {dest.parent} is not writable by you")
     return dest
@@ -173,7 +181,10 @@ def _snapshot_locked(
     except DoctorError as exc:
         name_paths(exc, fd_paths)
         raise
+    unmarked = []
     for label, fd in opened.items():
-        if os.fstat(fd).st_uid == os.getuid():
+        if read_only(fd):  # a prebuilt cache on a read-only mount: archived, its marker cannot be written
+            unmarked.append(str(roots[label]))
+        elif os.fstat(fd).st_uid == os.getuid():
             write_atomic_at(fd, MARKER_NAME, marker_bytes(fingerprint, str(roots[label]), name, None))
-    return SnapshotResult(dest, manifest, size, time.perf_counter() - start)
+    return SnapshotResult(dest, manifest, size, time.perf_counter() - start, tuple(unmarked))

@@ -26,7 +26,7 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, PARTIAL_TAG, read_manifest
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
-from dflash_doctor.cache.fsops import printable
+from dflash_doctor.cache.fsops import printable, read_only
 from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
 from dflash_doctor.paths import HOME_ENV, check_folder_path, make_private_dirs
 
@@ -197,11 +197,29 @@ class SnapshotStore:
         if not self.root.is_dir():
             raise DoctorError(f"the snapshot store {self.root} is not a folder", hint="move it away")
 
+    def read_only(self) -> bool:
+        """The store is on a read-only file system (prebuilt snapshots on a shared read-only mount)."""
+        return self.root.is_dir() and read_only(self.root)
+
+    def check_writable(self, what: str) -> None:
+        """A DoctorError naming a read-only store before `what` tries to change it (issue 37, B7)."""
+        if self.read_only():
+            raise DoctorError(
+                f"the snapshot store {self.root} is on a read-only file system: {what} cannot change it; "
+                "nothing was changed",
+                hint=f"set {HOME_ENV} to a folder on a writable disk for a store of your own "
+                "(a read-only store still serves `cache list` and `cache restore`)",
+            )
+
     @contextmanager
     def locked(self, timeout: float = 600.0) -> Iterator[None]:
         """Hold the store lock (opened like a cache folder's lock: folder_lock.py); a clear error, not a
-        hang, when another operation holds it too long."""
+        hang, when another operation holds it too long. A store on a read-only file system is read without
+        it: the lock cannot be created there, and nothing can change the store through that mount (B7)."""
         self.ensure()
+        if self.read_only():
+            yield
+            return
         lock_file = self.root / LOCK_NAME
         busy = DoctorError(
             f"another dflash-doctor cache operation holds {lock_file}",
@@ -282,7 +300,9 @@ class SnapshotStore:
 
     def remove_partials(self) -> list[Path]:
         """Archives a crashed snapshot left half-written (never visible under their final name)."""
-        removed = []
+        removed: list[Path] = []
+        if self.read_only():
+            return removed
         for path in self.root.glob(f".*{ARCHIVE_SUFFIX}{PARTIAL_TAG}*"):
             try:
                 info = os.lstat(path)

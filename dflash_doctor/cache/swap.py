@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import DoctorError
-from dflash_doctor.cache.backups import BackupRecord, Identity, MovedFolderChanged, retire
+from dflash_doctor.cache.backups import BackupRecord, Identity, MovedFolderChanged, RecordNotWritten, retire
 from dflash_doctor.cache.fsops import is_mount_point_at, kind_of, printable
 from dflash_doctor.cache.layout import CacheContent, examine
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, read_marker
@@ -149,7 +149,11 @@ def swap(root: SwapRoot, restore_id: str, pause: Callable[[], None]) -> str | No
     if parent.exchange(root.staging, name):
         pause()
         return retire_previous(root, root.staging, restore_id)
-    backup = retire_previous(root, name, restore_id)  # two renames: target -> backup first
+    unrecorded: RecordNotWritten | None = None
+    try:
+        backup = retire_previous(root, name, restore_id)  # two renames: target -> backup first
+    except RecordNotWritten as exc:  # moved aside, its record found no room: the new cache still goes in
+        backup, unrecorded = exc.backup, exc
     pause()
     try:
         parent.rename_noreplace(root.staging, name)
@@ -163,6 +167,8 @@ def swap(root: SwapRoot, restore_id: str, pause: Callable[[], None]) -> str | No
             hint="if you did not make it, another user did: point TORCHINDUCTOR_CACHE_DIR at a folder "
             "only you can write",
         ) from None
+    if unrecorded is not None:
+        raise unrecorded
     return backup
 
 

@@ -223,8 +223,14 @@ def snapshot_command(
     )
     console.print(f"  {shown(str(result.path))}\n  for {shown(manifest.fingerprint.describe())}")
     console.print(f"  from {shown(', '.join(manifest.origins.values()))}{_where(locations.inductor_source)}")
-    if manifest.skipped:
-        console.print(f"  [yellow]skipped {len(manifest.skipped)} link(s) or special file(s)[/]")
+    if manifest.skipped:  # links, special files, names no restore accepts, strays (a folder nested too deep)
+        first = printable(manifest.skipped[0], 120) + (", ..." if len(manifest.skipped) > 1 else "")
+        console.print(
+            f"  [yellow]left out {len(manifest.skipped)} entr{'y' if len(manifest.skipped) == 1 else 'ies'} "
+            f"no compiler wrote or no restore accepts[/] ({shown(first)}; all of them: --json `skipped`)"
+        )
+    for folder in result.unmarked:
+        console.print(f"  [yellow]note:[/] {shown(folder)} is read-only: archived, no build marker written")
 
 
 @dataclass(frozen=True)
@@ -413,6 +419,8 @@ def prune_command(
         )
     age = parse_duration(older_than) if older_than else None
     store = SnapshotStore(snapshots_dir())
+    if not dry_run:
+        store.check_writable("prune")
     with store.locked():
         ours = [snap for snap in store.snapshots() if snap.ours]  # another user's archive is never deleted
         doomed = choose_prunable(ours, keep, age, time.time())
@@ -456,6 +464,8 @@ def warm_command(
         raise DoctorError(f"torch is not installed for {env.interpreter.executable}", hint="nothing to warm")
     locations = command_locations(os.environ)
     check_apart(locations.roots())
+    if not no_snapshot:  # a read-only store is named before minutes of compiling, not after (B7)
+        SnapshotStore(snapshots_dir()).check_writable("`cache warm`'s snapshot (--no-snapshot compiles only)")
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
     with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles

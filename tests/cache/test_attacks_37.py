@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -572,3 +573,410 @@ def test_p1_a_parent_renamed_mid_restore_is_said_with_where_the_cache_is(
     result = restore_into(archive, target)
     assert tree_digests(moved / "inductor") == digests
     assert any(f"now {moved / 'inductor'}" in line for line in result.left_alone)
+
+
+# -- B5: no inode left exactly when the journal moves to `swapping`
+
+
+@pytest.mark.parametrize(
+    ("code", "raised"), [(errno.ENOSPC, DoctorError), (errno.EDQUOT, DoctorError), (errno.EIO, OSError)]
+)
+def test_b5_a_failed_swapping_journal_write_removes_the_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, raised: type[Exception]
+) -> None:
+    """The verified staging copy and the journal used to stay on the full disk (only the next restore or
+    snapshot, once there was room, finished them); now whatever the write's error, they go at once."""
+    archive, _ = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    old = make_tree(target, files=3, seed=9)
+    real = fsops.write_atomic_at
+
+    def no_inode_for_swapping(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+        if name == journal_path(target).name and b'"swapping"' in data:
+            raise OSError(code, os.strerror(code))  # the temp file's O_CREAT finds no inode
+        real(folder, name, data, mode)
+
+    monkeypatch.setattr(fsops, "write_atomic_at", no_inode_for_swapping)
+    with pytest.raises(raised) as failed:
+        restore_into(archive, target)
+    if raised is DoctorError:
+        assert "no space left" in str(failed.value) and "staging folders were removed" in str(failed.value)
+    assert tree_digests(target) == old
+    beside = sorted(p.name for p in target.parent.iterdir() if not p.name.endswith(".lock"))
+    assert beside == ["inductor"]  # no staging folder, no journal, no temp file (the folder's lock aside)
+    monkeypatch.undo()
+    restore_into(archive, target)  # once there is room, the next restore simply works
+
+
+def test_b5_no_room_for_the_swapping_journal_of_an_absent_cache_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive, _ = snapshot_of(tmp_path)
+    target = tmp_path / "caches" / "inductor"
+    target.parent.mkdir(parents=True)
+    real = fsops.write_atomic_at
+
+    def no_inode_for_swapping(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+        if name == journal_path(target).name and b'"swapping"' in data:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(folder, name, data, mode)
+
+    monkeypatch.setattr(fsops, "write_atomic_at", no_inode_for_swapping)
+    with pytest.raises(DoctorError, match="no space left"):
+        restore_into(archive, target)
+    beside = [p.name for p in target.parent.iterdir() if not p.name.endswith(".lock")]
+    assert beside == []  # not even the empty folder made to hold the cache's name
+
+
+# -- D1: a tree 1,200 levels deep
+
+
+DEEP = 1200
+
+
+def _deep_chain(top: Path, levels: int = DEEP) -> str:
+    """`top/0/0/.../0/` `levels` deep (device-index names, which Inductor's layout allows at any depth),
+    a file at the bottom; made through handles (its path nears PATH_MAX). Its archive path from `top`."""
+    top.mkdir(parents=True, exist_ok=True)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir("0", dir_fd=fd)
+            inner = os.open("0", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        os.close(os.open("f" + "a" * 52, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    return "0/" * levels
+
+
+@pytest.fixture
+def deep_cleanup(tmp_path: Path) -> Iterator[None]:
+    """Empties tmp_path afterwards, leaf first, one handle open at a time (shutil.rmtree recurses, and
+    the session's final rmtree would end in a RecursionError)."""
+    yield
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd, names = os.open(tmp_path, flags), []  # names: the path from tmp_path to the folder `fd` is
+    while True:
+        with os.scandir(fd) as found:
+            listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in found]
+        sub = next((name for name, is_dir in listed if is_dir), None)
+        if sub is not None:
+            inner = os.open(sub, flags, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            names.append(sub)
+            continue
+        for name, _ in listed:
+            os.unlink(name, dir_fd=fd)
+        if not names:
+            os.close(fd)
+            return
+        up = os.open("..", flags, dir_fd=fd)
+        os.close(fd)
+        fd = up
+        os.rmdir(names.pop(), dir_fd=fd)
+
+
+def test_d1_cache_status_walks_a_tree_1200_deep(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = cache_env["inductor"]
+    make_tree(cache, files=40)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "status"]) in (0, 1)  # was 3: RecursionError in the walk
+    assert "41 files" in capsys.readouterr().out  # the file 1,200 folders down counted
+
+
+def test_d1_cache_snapshot_of_a_tree_1200_deep_leaves_the_deep_folder_out(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = cache_env["inductor"]
+    digests = make_tree(cache, files=40)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "snapshot", "--name", "deep", "--json"]) == 0  # was 3: RecursionError
+    made = json.loads(capsys.readouterr().out)
+    assert made["files"] == len(digests)
+    assert [s for s in made["skipped"] if s.startswith("inductor/fxgraph/" + "0/" * 31)]  # named, left out
+
+
+def test_d1_cache_snapshot_says_what_it_left_out(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "skipped 1 link(s) or special file(s)" of a folder nested 1,200 deep: its path, cut."""
+    cache = cache_env["inductor"]
+    make_tree(cache, files=40)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "snapshot", "--name", "deep"]) == 0
+    out = capsys.readouterr().out
+    assert "left out 1 entry no compiler wrote or no restore accepts (inductor/fxgraph/0/0/0/" in out
+    assert "link(s)" not in out and len(max(out.splitlines(), key=len)) < 400
+
+
+def test_d1_cache_restore_over_a_tree_1200_deep_keeps_it(
+    cache_env: dict[str, Path], tmp_path: Path, deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive, digests = snapshot_of(tmp_path, files=40, build=live_build())
+    cache = cache_env["inductor"]
+    make_tree(cache, files=40, seed=9)
+    _deep_chain(cache / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "restore", str(archive)]) == 0  # was 3: RecursionError judging the target
+    out = capsys.readouterr().out
+    assert tree_digests(cache) == digests
+    assert "nested more than 32 deep" in out and "never deleted by retention" in out
+
+
+def test_d1_cache_snapshot_of_only_a_deep_tree_is_refused(
+    cache_env: dict[str, Path], deep_cleanup: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _deep_chain(cache_env["inductor"] / "fxgraph")
+    capsys.readouterr()
+    assert run(["cache", "snapshot", "--name", "deep"]) == 2
+    err = capsys.readouterr().err
+    assert "does not look like a compile cache" in err and "nested more than 32 deep" in err
+    assert not cache_env["snapshots"].exists() or not list(cache_env["snapshots"].glob("*.tar.zst"))
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_d1_cache_restore_of_an_archive_1200_deep_is_refused(
+    cache_env: dict[str, Path], tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tarfile
+
+    from tests.cache.helpers import manifest_for, write_raw_archive
+
+    deep = "inductor/" + "0/" * DEEP
+    if kind == "file":
+        members: dict[str, bytes] = {deep + "f" + "a" * 52: b"x"}
+        extra: list[tarfile.TarInfo | tuple[str, bytes]] = list(members.items())
+    else:  # a folder member, which the manifest does not list
+        members = {"inductor/ab/c" + "a" * 52 + ".py": b"x"}
+        folder = tarfile.TarInfo(deep.rstrip("/"))
+        folder.type = tarfile.DIRTYPE
+        extra = [*members.items(), folder]
+    archive = write_raw_archive(tmp_path / "deep.tar.zst", manifest_for(members, live_build()), extra)
+    capsys.readouterr()
+    assert run(["cache", "restore", str(archive), "--force"]) == 2  # was 3: RecursionError making folders
+    assert "more than 32 folders deep" in capsys.readouterr().err
+    assert not cache_env["inductor"].exists() or not any(cache_env["inductor"].iterdir())
+    assert not list(cache_env["inductor"].parent.glob(".inductor.dflash-staging-*"))
+
+
+# -- B6 / B7: a read-only cache and a read-only store (read-only bind mounts, in a mount namespace)
+
+_CLI_IN_CHILD = """
+import contextlib, io
+from pathlib import Path
+from dflash_doctor.cli import run
+T = Path(os.environ["T"])
+
+def read_only(folder):
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+
+def cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(list(args))
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+"""
+
+
+def test_b6_a_cache_on_a_read_only_mount_can_be_snapshotted(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    cache = cache_env["inductor"]
+    digests = make_tree(cache, files=12)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + """
+read_only(T / "caches")
+print(json.dumps(cli("cache", "snapshot", "--name", "from-ro", "--json")))
+""",
+    )
+    assert found["code"] == 0, found["err"]  # was 2: the lock beside the cache could not be created
+    assert json.loads(str(found["out"]))["files"] == 12
+    restored = tmp_path / "restored" / "inductor"
+    restore_into(cache_env["snapshots"] / "from-ro.tar.zst", restored)
+    assert tree_digests(restored) == digests
+    assert not (cache / ".dflash-doctor.json").exists()  # no marker could be written: none claimed
+
+
+def test_b6_the_snapshot_says_the_read_only_cache_got_no_marker(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    make_tree(cache_env["inductor"], files=12)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + """
+read_only(T / "caches" / "inductor")
+print(json.dumps(cli("cache", "snapshot", "--name", "s")))
+""",
+    )
+    assert found["code"] == 0, found["err"]  # was 2: the marker's write failed, read-only file system
+    assert "is read-only: archived, no build marker written" in str(found["out"])
+
+
+def test_b6_a_restore_into_a_read_only_cache_names_it_read_only(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    archive, _ = snapshot_of(tmp_path, build=live_build())
+    old = make_tree(cache_env["inductor"], files=3, seed=9)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+read_only(T / "caches")
+print(json.dumps(cli("cache", "restore", {str(archive)!r})))
+""",
+    )
+    assert found["code"] == 2
+    err = str(found["err"])
+    assert f"{cache_env['inductor']} is on a read-only file system" in err  # was: "the cache lock ... cannot
+    assert "a folder on a writable disk" in err  # be opened", with a hint to remove a lock that cannot exist
+    assert tree_digests(cache_env["inductor"]) == old
+
+
+def test_b7_a_read_only_store_serves_restore_and_list(tmp_path: Path, cache_env: dict[str, Path]) -> None:
+    digests = make_tree(cache_env["inductor"], files=12)
+    assert run(["cache", "snapshot", "--name", "prebuilt"]) == 0
+    shutil.rmtree(cache_env["inductor"])
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+read_only(Path({str(cache_env["snapshots"])!r}))
+print(json.dumps({{"restore": cli("cache", "restore", "prebuilt"), "list": cli("cache", "list")}}))
+""",
+    )
+    restored, listed = found["restore"], found["list"]
+    assert isinstance(restored, dict) and isinstance(listed, dict)
+    assert restored["code"] == 0, restored["err"]  # was 2: the store lock could not be created
+    assert tree_digests(cache_env["inductor"]) == digests
+    assert listed["code"] == 0 and "prebuilt" in listed["out"]
+
+
+def test_b7_snapshot_and_prune_name_a_read_only_store(tmp_path: Path, cache_env: dict[str, Path]) -> None:
+    make_tree(cache_env["inductor"], files=12)
+    assert run(["cache", "snapshot", "--name", "prebuilt"]) == 0
+    store = disk_state(cache_env["snapshots"])
+    (tmp_path / "out").mkdir()
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+read_only(Path({str(cache_env["snapshots"])!r}))
+print(json.dumps({{
+    "snapshot": cli("cache", "snapshot", "--name", "new"),
+    "out": cli("cache", "snapshot", "--name", "new", "--out", str(T / "out")),
+    "prune": cli("cache", "prune", "--keep", "0"),
+    "dry": cli("cache", "prune", "--keep", "0", "--dry-run"),
+}}))
+""",
+    )
+    snapshot, out, prune, dry = (found[k] for k in ("snapshot", "out", "prune", "dry"))
+    assert isinstance(snapshot, dict) and isinstance(out, dict) and isinstance(prune, dict)
+    assert isinstance(dry, dict)
+    assert snapshot["code"] == 2 and "is on a read-only file system: a snapshot cannot be written" in str(
+        snapshot["err"]
+    )
+    assert "--out" in str(snapshot["err"])  # the hint says what to do
+    assert out["code"] == 0, out["err"]  # a snapshot elsewhere does not need the store's lock
+    assert (tmp_path / "out" / "new.tar.zst").is_file()
+    assert prune["code"] == 2 and "read-only file system: prune cannot change it" in str(prune["err"])
+    assert dry["code"] == 0 and "would delete prebuilt" in str(dry["out"])
+    assert disk_state(cache_env["snapshots"]) == store
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_b5_no_room_for_a_backup_record_after_the_swap_leaves_no_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """After the first root is swapped, the previous cache's ownership record finds no inode: the code
+    before stopped there with the error, the second root's verified staging copy left on the full disk.
+    Now every root is swapped (a record is what recovery gives later, as after a kill), no staging folder
+    stays, and the journal stays until the next run writes the records."""
+    from dflash_doctor.cache import backups
+    from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME
+    from dflash_doctor.cache.restore import restore_snapshot
+    from tests.cache.test_attacks import _two_root_setup
+
+    archive, targets, _, new = _two_root_setup(tmp_path)
+    real = backups.write_atomic_at
+
+    def no_inode_for_records(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+        if name == BACKUP_OWNER_NAME:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(folder, name, data, mode)
+
+    monkeypatch.setattr(backups, "write_atomic_at", no_inode_for_records)
+    if not exchange:
+        monkeypatch.setattr(fsops, "exchange_at", lambda *args: False)  # a filesystem without RENAME_EXCHANGE
+    result = restore_snapshot(archive, targets, CPU_BUILD)
+    run_folder = tmp_path / "run"
+    assert {label: tree_digests(path) for label, path in targets.items()} == new  # both roots new
+    assert not list(run_folder.glob(".*dflash-staging-*"))  # no verified copy left on the full disk
+    assert sum("no space left for its ownership record" in line for line in result.left_alone) == 2
+    assert not [line for line in result.left_alone if "not a backup this tool made" in line]
+    assert journal_path(targets["inductor"]).exists()
+    monkeypatch.undo()
+    restore.recover_interrupted(targets["inductor"])  # the next run, with room again
+    for label in targets:
+        assert (result.backups[label] / BACKUP_OWNER_NAME).is_file(), label
+    assert not journal_path(targets["inductor"]).exists()
+
+
+def test_b7_cache_warm_names_a_read_only_store_before_it_compiles(
+    tmp_path: Path, cache_env: dict[str, Path]
+) -> None:
+    cache_env["snapshots"].mkdir(parents=True)
+    found = _in_mount_namespace(
+        tmp_path,
+        _CLI_IN_CHILD
+        + f"""
+from dflash_doctor.commands import cache as cache_command
+started = []
+cache_command.run_warm_child = lambda *args: started.append(args) or {{}}
+read_only(Path({str(cache_env["snapshots"])!r}))
+print(json.dumps({{**cli("cache", "warm"), "started": len(started)}}))
+""",
+    )
+    assert found["code"] == 2 and found["started"] == 0  # was: compiled first, then refused at the lock
+    assert "is on a read-only file system: `cache warm`'s snapshot" in str(found["err"])
+
+
+# -- G3's lock folder without an account home (what docs/cache.md says of it)
+
+
+@pytest.mark.parametrize("account", ["no password entry", "home missing"])
+def test_g3_without_an_account_home_the_lock_folder_is_the_homes_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, account: str
+) -> None:
+    import pwd
+
+    from dflash_doctor import paths
+
+    monkeypatch.delenv("DFLASH_DOCTOR_LOCK_DIR")
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    real = pwd.getpwuid(os.getuid())
+    if account == "no password entry":  # `docker run -u 1234`
+
+        def no_entry(uid: int) -> pwd.struct_passwd:
+            raise KeyError(uid)
+
+        monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    else:
+        missing = pwd.struct_passwd((*real[:5], str(tmp_path / "no-such-home"), real[6]))
+        monkeypatch.setattr(pwd, "getpwuid", lambda uid: missing)
+    assert paths.lock_root() == tmp_path / "home" / "cache" / "locks"
+    (tmp_path / "account").mkdir()
+    present = pwd.struct_passwd((*real[:5], str(tmp_path / "account"), real[6]))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: present)
+    assert paths.lock_root() == tmp_path / "account" / ".cache" / "dflash-doctor" / "locks"  # every home's
