@@ -75,6 +75,8 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
             for w in plan.disk
         )
         console.print(f"[dim]disk at the peak: {escape(writes)}[/]", soft_wrap=True)
+    if plan.time is not None:  # steps x a measured, projected or declared step time (launch/time_plan.py)
+        console.print(escape(plan.time.line()), soft_wrap=True)
     console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)
