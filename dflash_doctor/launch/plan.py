@@ -18,6 +18,7 @@ from dflash_doctor.launch.memory_plan import (
     ModelShape,
     PlanInputs,
     RoleEstimate,
+    is_floor,
     plan,
 )
 from dflash_doctor.launch.split import RoleRates
@@ -105,6 +106,11 @@ class LaunchPlan:
     time: TimeEstimate | None = None  # steps x one step's seconds, and where that figure came from
 
     @property
+    def memory_is_floor(self) -> bool:
+        """On CPU the memory plan is a lower bound, not a peak (memory_plan.CPU_FLOOR_NOTE)."""
+        return self.memory_inputs is not None and is_floor(self.memory_inputs)
+
+    @property
     def mode(self) -> str:
         return self.choice.topology.mode if self.choice else "split"
 
@@ -135,6 +141,7 @@ class LaunchPlan:
             "command": self.command,
             "environ": self.environ,
             "memory": {k: v.to_json() for k, v in self.memory.items()},
+            "memory_is_floor": self.memory_is_floor,
             "disk": [w.to_json() for w in self.disk],
             "time": self.time.to_json() if self.time else None,
         }
