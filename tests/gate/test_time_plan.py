@@ -160,3 +160,28 @@ def test_dry_run_prints_the_estimate_beside_the_plans(launches, capsys) -> None:
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--dry-run", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["plan"]["time"]["source"] == "measured" and document["plan"]["time"]["step_s"] == 0.25
+
+
+def test_the_shipped_recipe_finds_its_declared_step_on_cpu_and_gpu(tmp_path: Path) -> None:
+    """smollm2-135m's declared figures (step_times.json) match the shipped config at SmolLM2-135M's shapes, so a
+    CPU user's dry-run of the recipe says days before the first step, not nothing."""
+    from dflash_doctor.launch.plan import plan_inputs
+    from dflash_doctor.launch.time_plan import estimate_time
+
+    shapes = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "vocab_size": 49152, "max_position_embeddings": 8192, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
+        "bos_token_id": 1, "eos_token_id": 2,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(shapes))
+    cfg = load_config(
+        "smollm2-135m",
+        [f"target.path={json.dumps(str(tmp_path))}", "optim.steps=100", "drafter.mask_token_id=3"],
+        check_data=False,
+    )
+    for device, per_sequence in (("cpu", 8.1), ("cuda", 0.00503)):
+        inputs = plan_inputs(cfg, target_shapes(cfg.target.path), device)
+        estimate = estimate_time(cfg, inputs, device, None, "", [], [])
+        assert estimate.source == "declared", (device, estimate)
+        assert estimate.step_s == pytest.approx(16 * 2 * per_sequence)  # the recipe's 16 x 2 a step
