@@ -68,10 +68,25 @@ def elapsed_text(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def regenerate_estimate(written: int, seconds: float, todo: int) -> str | None:
+    """After the first commit: the conversations left times the seconds each took so far, said once so that a
+    CPU user learns in a minute that the whole set is hours (was: `0/12459 0 tok/s` for minutes, issue 39 U2)."""
+    left = todo - written
+    if written <= 0 or seconds <= 0 or left <= 0:
+        return None
+    each = seconds / written
+    return (
+        f"estimate: {left:,} conversations left x {each:,.1f} s each (the pace of the {written:,} written so far "
+        f"on this device) = about {elapsed_text(left * each)}; --limit N answers fewer"
+    )
+
+
 class RegenerateProgress:
-    """`data regenerate`'s progress: a bar in a terminal (conversations, generated tok/s, time left), else
-    `ProgressLines` (a line per chunk written and at least every EVERY_S seconds). `show(summary, todo)` is
-    the job's `on_progress`: its first call only counts the work, each later one follows a written chunk."""
+    """`data regenerate`'s progress: a bar in a terminal (conversations, generated tokens and tok/s, time
+    left), else `ProgressLines` (a line per chunk written and at least every EVERY_S seconds). `show(summary,
+    todo)` is the job's `on_progress`: its first call only counts the work, each later one follows a written
+    chunk (the first of them also prints the time estimate). `tokens(summary)` is its `on_tokens`: the tokens
+    counted while a chunk is answered, so neither the bar nor the lines sit at 0 until a chunk ends."""
 
     def __init__(self, console: Any, quiet: bool) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -84,20 +99,37 @@ class RegenerateProgress:
             TimeRemainingColumn(), console=console, disable=quiet or not console.is_terminal,
         )  # fmt: skip
         self.task = self.bar.add_task("", total=None, rate="")
+        self.console, self.quiet, self.estimated = console, quiet, False
         write = lambda line: console.print(line, soft_wrap=True)  # noqa: E731
         self.lines = None if console.is_terminal else ProgressLines(self.describe, write)
 
     @staticmethod
-    def _rate(summary: Any) -> float:
-        return float(summary.generated_tokens / summary.seconds) if summary.seconds else 0.0
+    def _tokens(summary: Any) -> int:
+        return int(getattr(summary, "tokens_so_far", summary.generated_tokens))
+
+    @classmethod
+    def _rate(cls, summary: Any) -> float:
+        return float(cls._tokens(summary) / summary.seconds) if summary.seconds else 0.0
+
+    def _rate_text(self, summary: Any) -> str:
+        return f"{self._tokens(summary):,} tokens, {self._rate(summary):,.0f} tok/s"
 
     def show(self, summary: Any, todo: int) -> None:
-        rate = f"{self._rate(summary):,.0f} tok/s"
-        self.bar.update(self.task, total=todo, completed=summary.written, rate=rate)
+        self.bar.update(self.task, total=todo, completed=summary.written, rate=self._rate_text(summary))
         first = self.summary is None
         self.summary, self.todo = summary, todo
+        if not first and not self.estimated and not self.quiet:
+            self.estimated = True
+            line = regenerate_estimate(summary.written, summary.seconds, todo)
+            if line is not None:
+                self.console.print(line, soft_wrap=True)
         if self.lines is not None and not first:
             self.lines.moved()
+
+    def tokens(self, summary: Any) -> None:
+        """Tokens made for the chunk in flight: the bar's count and rate move (a pipe's next line says them)."""
+        self.summary = summary
+        self.bar.update(self.task, rate=self._rate_text(summary))
 
     def describe(self) -> str:
         when = elapsed_text(time.monotonic() - self.began)
@@ -106,7 +138,7 @@ class RegenerateProgress:
             return f"regenerating: reading the input and loading the target, {when} in"
         return (
             f"regenerating: {s.written:,} of {self.todo:,} conversations written, {s.answers:,} answers, "
-            f"{s.generated_tokens:,} tokens ({self._rate(s):,.0f} tok/s), {when} in"
+            f"{self._tokens(s):,} tokens ({self._rate(s):,.0f} tok/s), {when} in"
         )
 
     def __enter__(self) -> RegenerateProgress:

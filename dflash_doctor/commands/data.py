@@ -97,7 +97,7 @@ def regenerate_command(
             summary = regenerate(
                 scan, request.out, settings, factory, limit=request.limit, force=request.force,
                 commit_every_s=request.commit_every, on_progress=progress.show,
-                samples_per_prompt=request.samples_per_prompt,
+                samples_per_prompt=request.samples_per_prompt, on_tokens=progress.tokens,
             )  # fmt: skip
     except KeyboardInterrupt:
         err.print(f"stopped: every line in {request.out} is whole; run the same command again to resume")

@@ -32,7 +32,7 @@ from dflash_doctor.commands.options import (
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.lifecycle import LaunchRequest, launch_run
-from dflash_doctor.launch.memory_plan import GIB
+from dflash_doctor.launch.memory_plan import CPU_FLOOR_NOTE, GIB
 from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
 from dflash_doctor.launch.runs import RunRecord, RunStore
 from dflash_doctor.lock.lockfile import current_lock
@@ -56,17 +56,20 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
             table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "")
             continue
         estimate = plan.memory.get(role.role)
+        floor = ">= " if plan.memory_is_floor else ""  # on CPU a lower bound (memory_plan.CPU_FLOOR_NOTE)
         table.add_row(
             str(role.rank),
             role.role,
             str(role.node),
             role.device,
-            f"{estimate.total / GIB:.1f} GiB" if estimate else "-",
+            f"{floor}{estimate.total / GIB:.1f} GiB" if estimate else "-",
         )
     console.print(table)
     for name, estimate in plan.memory.items():
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in estimate.parts.items())
         console.print(f"[dim]{name} memory (GiB): {parts}[/]", soft_wrap=True)
+    if plan.memory_is_floor:
+        console.print(f"memory: {escape(CPU_FLOOR_NOTE)}", soft_wrap=True)
     if plan.disk:  # what the run writes, at its peak (launch.disk compares it with the free space)
         writes = "; ".join(
             f"{w.what} {size_text(w.bytes)}"
@@ -75,6 +78,8 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
             for w in plan.disk
         )
         console.print(f"[dim]disk at the peak: {escape(writes)}[/]", soft_wrap=True)
+    if plan.time is not None:  # steps x a measured, projected or declared step time (launch/time_plan.py)
+        console.print(escape(plan.time.line()), soft_wrap=True)
     console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)

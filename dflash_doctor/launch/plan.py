@@ -1,7 +1,7 @@
 """The plan for one launch: the topology (`topology.py`: split, colocated, or auto's pick), which rank
 plays which role on which device, the torchrun command, the environment it gets, the memory each role
-will need and what the run will write to disk (`disk_plan.py`). Built before anything starts, shown by
-`train --dry-run`, checked by `checks/launch.py`, recorded with the run.
+will need, what the run will write to disk (`disk_plan.py`) and how long it will train (`time_plan.py`).
+Built before anything starts, shown by `train --dry-run`, checked by `checks/launch.py`, recorded with the run.
 """
 
 from __future__ import annotations
@@ -18,15 +18,18 @@ from dflash_doctor.launch.memory_plan import (
     ModelShape,
     PlanInputs,
     RoleEstimate,
+    is_floor,
     plan,
 )
 from dflash_doctor.launch.split import RoleRates
+from dflash_doctor.launch.time_plan import TimeEstimate, estimate_time
 from dflash_doctor.launch.topology import TopologyChoice, choose_topology
 from trainer.spec.topology import overlap_mode
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
     from transformers import PretrainedConfig
 
+    from dflash_doctor.launch.runs import RunRecord
     from trainer.spec.config import TrainConfig
     from trainer.spec.target_shapes import TargetShapes
 
@@ -100,6 +103,12 @@ class LaunchPlan:
     choice: TopologyChoice | None = None
     overrides: list[str] = field(default_factory=list)  # every `--set` the workers get, the topology's too
     disk: list[DiskWrite] = field(default_factory=list)  # what the run writes, at its peak
+    time: TimeEstimate | None = None  # steps x one step's seconds, and where that figure came from
+
+    @property
+    def memory_is_floor(self) -> bool:
+        """On CPU the memory plan is a lower bound, not a peak (memory_plan.CPU_FLOOR_NOTE)."""
+        return self.memory_inputs is not None and is_floor(self.memory_inputs)
 
     @property
     def mode(self) -> str:
@@ -132,7 +141,9 @@ class LaunchPlan:
             "command": self.command,
             "environ": self.environ,
             "memory": {k: v.to_json() for k, v in self.memory.items()},
+            "memory_is_floor": self.memory_is_floor,
             "disk": [w.to_json() for w in self.disk],
+            "time": self.time.to_json() if self.time else None,
         }
 
 
@@ -245,10 +256,14 @@ def build_launch_plan(
     overrides: list[str] | None = None,
     rates: dict[str, RoleRates] | None = None,
     store_dir: Path | None = None,
+    records: list[RunRecord] | None = None,
+    config_text: str | None = None,
 ) -> LaunchPlan:
     """`node`: this node's GPUs, their least free memory, the CUDA context's size and what is on disk
     (`auto` keeps only what fits); `rates`: the per-role rates table (default: the shipped one); `store_dir`:
-    where the snapshot after a success goes (default: the store under DFLASH_DOCTOR_HOME)."""
+    where the snapshot after a success goes (default: the store under DFLASH_DOCTOR_HOME); `records`: the
+    past runs a measured step time may come from (default: the run store's); `config_text`: the config as
+    launched (default: read from `config_path`), which a past run must share."""
     options = options or TorchrunOptions()
     device_type = choose_device_type(cfg.run.device, node.gpu_count)
     inputs = plan_inputs(cfg, target_config, device_type, node.cuda_context_bytes)
@@ -259,6 +274,7 @@ def build_launch_plan(
     world = topology.world_size
     nproc = world // options.nnodes if world % options.nnodes == 0 else world
     sets = [*(overrides or []), *choice.overrides]
+    command = torchrun_command(python, config_path, options, nproc, sets)
     return LaunchPlan(
         config_path=os.fspath(config_path),
         device_type=device_type,
@@ -273,7 +289,7 @@ def build_launch_plan(
             device_type,
             topology.colocated,
         ),
-        command=torchrun_command(python, config_path, options, nproc, sets),
+        command=command,
         environ=dict(environ or {}),
         memory=plan(inputs, topology.colocated),
         memory_inputs=inputs,
@@ -289,4 +305,28 @@ def build_launch_plan(
             store_dir or snapshots_dir(),
             cfg.optim.steps,
         ),
+        time=estimate_time(
+            cfg,
+            inputs,
+            device_type,
+            choice,
+            _config_text(config_path) if config_text is None else config_text,
+            command,
+            _past_runs() if records is None else records,
+        ),
     )
+
+
+def _config_text(config_path: Path) -> str:
+    """The config file as the gate read it (a path that cannot be read matches no past run)."""
+    try:
+        return Path(config_path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _past_runs() -> list[RunRecord]:
+    """The run store's readable records (damaged ones are skipped, as `runs` skips them)."""
+    from dflash_doctor.launch.runs import RunStore
+
+    return RunStore().all()

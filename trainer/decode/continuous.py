@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,12 +65,17 @@ def decode_all(
     keys: Sequence[int] | None = None,
     prefill_tokens: int = PREFILL_TOKENS,
     sync_every: int = SYNC_EVERY,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> tuple[list[list[int]], DecodeStats]:
     """The new token ids of every prompt (its stop token included when it stopped), in input order.
 
     The device does each step's bookkeeping (KVDecoder._advance); the host looks every `sync_every` steps:
     it collects the answers that ended and refills their slots. A row that ends between looks idles until
-    the next one (a few steps of a few hundred), which is what the host's absence from the other steps buys."""
+    the next one (a few steps of a few hundred), which is what the host's absence from the other steps buys.
+
+    `on_tokens(n)`: the tokens generated since the last call, at each look. Counted from what a look copies
+    anyway (live rows' positions, ended rows' answers), so it adds no host sync to the decode loop: a
+    progress bar moves every `sync_every` steps instead of when the whole call ends (issue 39 U3)."""
     if any(len(p) + max_new_tokens > decoder.max_len for p in prompts):
         raise ValueError("a prompt and its answer do not fit the decoder's max_len")
     slots, device = decoder.slots, decoder.device
@@ -80,11 +85,14 @@ def decode_all(
     results: list[list[int]] = [[] for _ in prompts]
     job = np.full(slots, -1, dtype=np.int64)  # the prompt each slot answers (-1: free)
     position = np.zeros(slots, dtype=np.int64)  # an upper bound on each slot's position (the SDPA bucket)
+    prompt_len = np.zeros(slots, dtype=np.int64)  # the prompt length of the row each slot answers
+    reported = finished = 0  # tokens already passed to on_tokens; tokens of the answers collected
     key_of = list(keys) if keys is not None else [0] * len(prompts)
     refill_at = max(1, slots // 16)
 
     def collect() -> None:
         """Take the answers of rows that ended since the last look; their slots become free."""
+        nonlocal finished
         live = decoder.live.cpu().numpy()
         position[:] = decoder.positions.cpu().numpy()
         ended = np.flatnonzero((job >= 0) & ~live)
@@ -95,6 +103,20 @@ def decode_all(
             for row, count, answer in zip(ended.tolist(), counts, answers, strict=True):
                 results[job[row]] = answer[:count]
             job[ended] = -1
+            finished += sum(counts)
+        if on_tokens is not None:
+            tell(live)
+
+    def tell(live: np.ndarray) -> None:
+        """Pass on the tokens made since the last look: ended rows' answers, plus each live row's so far (a
+        live row's `produced` is its position past the prompt, plus the first token the prefill chose)."""
+        nonlocal reported
+        assert on_tokens is not None
+        running = (job >= 0) & live
+        made = finished + int((position[running] - prompt_len[running] + 1).sum())
+        if made > reported:
+            on_tokens(made - reported)
+            reported = made
 
     def refill() -> None:
         free = np.flatnonzero(job < 0)
@@ -113,6 +135,7 @@ def decode_all(
             decoder.start_rows([list(prompts[j]) for j in group], where.tolist(), [key_of[j] for j in group])
             job[where] = group
             position[where] = [len(prompts[j]) for j in group]
+            prompt_len[where] = position[where]
             stats.prefill_tokens += sum(len(prompts[j]) for j in group)
             start = end
         _sync(device)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 Chat = list[dict[str, str]]
 
@@ -62,6 +62,15 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class CountsTokens(Protocol):
+    """An engine that counts its tokens as it makes them: `on_tokens` (None until the caller sets it) is told
+    the tokens made since its last call, so progress moves while a call runs (the KV engine every SYNC_EVERY
+    steps, `generate` every step, a device pool every TOKENS_EVERY_S); vLLM's engine has none."""
+
+    on_tokens: Callable[[int], None] | None
+
+
 # ---------------------------------------------------------------- our own engine
 
 
@@ -102,6 +111,9 @@ class TorchEngine:
         self.pad_id = pad if isinstance(pad, int) else (self.stop_ids[0] if self.stop_ids else 0)
         self.calls = 0
         self.rows_at_once = batch_size if self.device.type == "cuda" else 1
+        # On a CPU one batch is the first commit (about a minute at 8 rows, not 64 conversations' ~9 minutes).
+        self.first_chunk = batch_size if self.device.type == "cpu" else None
+        self.on_tokens: Callable[[int], None] | None = None
         # Small batches on a GPU are bound by Python and kernel launches: a static cache lets `generate` replay
         # one compiled step per token instead (H200, Qwen3-8B shapes: 34 -> 126 tok/s at batch 1, 409 -> 1235 at
         # 16, 1642 -> 2145 at 64). From 128 rows eager decoding is faster (3048 vs 2475 tok/s): the compiled
@@ -134,6 +146,7 @@ class TorchEngine:
             self.stop_ids,
             seed=self.settings.seed + self.calls,
             static_cache=self.static_cache,
+            on_tokens=self.on_tokens,
         )
         return [self._completion(row) for row in rows]
 
@@ -176,6 +189,7 @@ def generate_token_batch(
     stop_ids: list[int],
     seed: int,
     static_cache: bool = False,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> list[list[int]]:
     """New token ids for each prompt (left-padded into one batch; KV cache; greedy when temperature is 0).
     Rows that stop early are padded after their stop token, which the caller cuts at.
@@ -183,6 +197,8 @@ def generate_token_batch(
     `static_cache`: a preallocated cache, which transformers' `generate` pairs with a compiled decode step
     (CUDA graphs) on a GPU; the padded width is rounded up to a multiple of WIDTH_BUCKET so that a job's
     batches share a few compiled shapes instead of compiling one per batch.
+
+    `on_tokens(n)`: after each decode step, the rows that made a token in it (`TokenCounter`).
     """
     import torch
 
@@ -198,6 +214,10 @@ def generate_token_batch(
     sample = settings.temperature > 0
     torch.manual_seed(seed)
     extra: dict[str, Any] = {"cache_implementation": "static"} if static_cache else {}
+    if on_tokens is not None:
+        from transformers import StoppingCriteriaList
+
+        extra["stopping_criteria"] = StoppingCriteriaList([TokenCounter(on_tokens, width, stop_ids, device)])
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids.to(device),
@@ -214,6 +234,37 @@ def generate_token_batch(
     return [row[width:].tolist() for row in out.cpu()]
 
 
+class TokenCounter:
+    """A stopping criterion that never stops: it tells `on_tokens` how many rows made a token each step.
+
+    On a CPU it reads the step's last column (host memory: free) and stops counting a row after its stop token.
+    On a GPU that read would be a host sync per step, so it counts every row until the batch ends: an upper
+    bound by the padding after the rows that stopped, corrected when the batch's answers are committed."""
+
+    def __init__(
+        self, on_tokens: Callable[[int], None], width: int, stop_ids: list[int], device: Any
+    ) -> None:
+        self.on_tokens, self.width, self.stops = on_tokens, width, set(stop_ids)
+        self.exact = getattr(device, "type", "cpu") == "cpu"
+        self.ended: list[bool] = []
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        rows = int(input_ids.shape[0])
+        if input_ids.shape[1] > self.width:  # the call after the prefill's first token, and each step's
+            if self.exact:
+                last = input_ids[:, -1].tolist()
+                self.ended = self.ended or [False] * rows
+                made = sum(1 for row in range(rows) if not self.ended[row])
+                self.ended = [e or t in self.stops for e, t in zip(self.ended, last, strict=True)]
+            else:
+                made = rows
+            if made:
+                self.on_tokens(made)
+        return torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+
+
 def _worker(
     settings: GenerationSettings, device: str, batch_size: int | None, jobs: Any, results: Any
 ) -> None:
@@ -226,6 +277,7 @@ def _worker(
         results.put(("error", repr(exc)))
         return
     results.put(("ready", device))
+    engine.on_tokens = _forwarded_tokens(results)
     while True:
         job = jobs.get()
         if job is None:
@@ -240,6 +292,26 @@ def _worker(
             return
 
 
+# A device process passes its token counts to the parent at most this often (a message per step would be
+# thousands a second from the `generate` engine's steps).
+TOKENS_EVERY_S = 0.5
+
+
+def _forwarded_tokens(results: Any) -> Callable[[int], None]:
+    """An engine's `on_tokens` in a device process: the counts summed, sent as ("tokens", n) every TOKENS_EVERY_S."""
+    import time
+
+    pending, last = [0], [time.monotonic()]
+
+    def tell(count: int) -> None:
+        pending[0] += count
+        if time.monotonic() - last[0] >= TOKENS_EVERY_S:
+            results.put(("tokens", pending[0]))
+            pending[0], last[0] = 0, time.monotonic()
+
+    return tell
+
+
 class DevicePool:
     """TorchEngine on several devices at once, one process each; a call's chats are split across them."""
 
@@ -247,6 +319,7 @@ class DevicePool:
 
     def __init__(self, settings: GenerationSettings, devices: list[str], batch_size: int | None = 8) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be used in a forked child
+        self.on_tokens: Callable[[int], None] | None = None  # the device processes' counts, passed on
         self.results: Any = ctx.Queue()
         self.jobs: list[Any] = []
         self.procs: list[Any] = []
@@ -263,6 +336,8 @@ class DevicePool:
         on_gpus = all(d.startswith("cuda") for d in devices)
         # a call's chats go to every device; the KV engine's time follows its rows (batch_size None)
         self.rows_at_once = batch_size * len(devices) if on_gpus and batch_size else 1
+        # CPU processes: one fill of each one's rows first, as a single CPU engine's (about a minute)
+        self.first_chunk = None if on_gpus else (batch_size or 8) * len(devices)
 
     def _receive(self, kind: str) -> tuple[Any, ...]:
         while True:
@@ -275,6 +350,10 @@ class DevicePool:
                 continue
             if message[0] == "error":
                 raise RuntimeError(f"a generation worker failed: {message[1]}")
+            if message[0] == "tokens":
+                if self.on_tokens is not None:
+                    self.on_tokens(int(message[1]))
+                continue
             if message[0] == kind:
                 return tuple(message)
 

@@ -8,7 +8,7 @@ to near-ties, which `eval` classifies). Sampled answers are drawn with per-answe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -62,8 +62,11 @@ class KVEngine:
         self.stats = DecodeStats()
         self.rows_at_once = 1  # time follows the rows: a commit's chunk is not held to whole batches
         # ... but a commit of fewer conversations than a few times the slots is mostly its own tail (the last
-        # rows decoding alone): the first commit fills the slots four times over.
-        self.first_chunk = 4 * self.requested_slots if self.device.type == "cuda" else None
+        # rows decoding alone): on a GPU the first commit fills the slots four times over. On a CPU it is one
+        # fill of the slots: 8 answers at SmolLM2-135M's ~60 tok/s on a 2-core box are about a minute, where
+        # 64 conversations were ~9 minutes a Ctrl-C could lose (issue 39 U3); the pace takes over from there.
+        self.first_chunk = self.requested_slots * (4 if self.device.type == "cuda" else 1)
+        self.on_tokens: Callable[[int], None] | None = None  # told the tokens made, every SYNC_EVERY steps
 
     def _decoder_for(self, longest_prompt: int) -> KVDecoder:
         """The decoder, made (again) when a prompt and its answer would not fit the cache."""
@@ -93,6 +96,7 @@ class KVEngine:
             self.settings.temperature,
             self.settings.top_p,
             keys,
+            on_tokens=self.on_tokens,
         )
         self.stats.add(stats)
         return [self._completion(r) for r in rows]

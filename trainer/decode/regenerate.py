@@ -22,7 +22,7 @@ from dflash_base.disk import writing
 from dflash_base.errors import ConfigError, DoctorError
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
 from trainer.decode.degenerate import ends_in_loop_text
-from trainer.decode.generation import Engine, GenerationSettings, prompt_ids
+from trainer.decode.generation import CountsTokens, Engine, GenerationSettings, prompt_ids
 from trainer.decode.sampling import row_key
 from trainer.spec.regenerate_request import RegenerateRequest
 
@@ -265,6 +265,13 @@ class Summary:
     ended_in_loop: int = 0  # answers whose text ends repeating itself (trainer.decode.degenerate)
     loops_at_length: int = 0  # of those, cut at --max-new-tokens: a loop the target would not have left
     seconds: float = 0.0
+    # Tokens the engine has made for the chunk in flight, not yet committed (engines that count them)
+    in_flight_tokens: int = 0
+
+    @property
+    def tokens_so_far(self) -> int:
+        """Committed and in-flight generated tokens: what a progress bar shows while a chunk is answered."""
+        return self.generated_tokens + self.in_flight_tokens
 
     def count(self, walks: list[Regeneration]) -> None:
         """Add one committed chunk's conversations."""
@@ -369,8 +376,12 @@ def regenerate(
     on_progress: Callable[[Summary, int], None] | None = None,
     chunk_size: int | None = None,
     samples_per_prompt: int = 1,
+    on_tokens: Callable[[Summary], None] | None = None,
 ) -> Summary:
-    """Write the regenerated conversations of `scan` to `out`, resuming what an earlier run wrote."""
+    """Write the regenerated conversations of `scan` to `out`, resuming what an earlier run wrote.
+
+    `on_progress(summary, todo)`: once before the work, then after each commit. `on_tokens(summary)`: while a
+    chunk is answered, each time the engine counts tokens (`summary.in_flight_tokens`, `summary.seconds`)."""
     if scan.source is not None:
         check_out_is_not_prompts(scan.source, out)  # before `force` could move the input aside
     done = resume_state(out, settings, force)
@@ -393,6 +404,14 @@ def regenerate(
             batch=getattr(engine, "rows_at_once", 1),
         )
     )
+    if on_tokens is not None and isinstance(engine, CountsTokens):
+
+        def made(count: int) -> None:
+            summary.in_flight_tokens += count
+            summary.seconds = time.perf_counter() - start
+            on_tokens(summary)
+
+        engine.on_tokens = made
     try:
         for chunk in chunks(todo, pace):
             chunk_began = time.perf_counter()
@@ -400,6 +419,7 @@ def regenerate(
             pace.record(len(answered), time.perf_counter() - chunk_began)
             append_whole(out, "".join(output_line(w, settings, engine.name) for w in answered).encode())
             summary.count(answered)
+            summary.in_flight_tokens = 0
             summary.seconds = time.perf_counter() - start
             if on_progress:
                 on_progress(summary, len(todo))
