@@ -121,6 +121,12 @@ def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:
         f"repetition loop ({summary.loops_at_length} of them at --max-new-tokens); "
         f"{report['generated_tokens_per_s']:,.0f} generated tok/s"
     )
+    roofline = (report.get("engine") or {}).get("roofline")
+    if roofline:  # the KV engine on a GPU whose peaks are known
+        text += (
+            f" (decode alone {roofline['decode_tok_s']:,.0f} tok/s, {roofline['share_of_roofline']:.0%} of what its"
+            f" bytes and FLOPs allow at this GPU's peaks: {roofline['roofline_tok_s']:,.0f} tok/s)"
+        )
     if summary.written or summary.skipped_done:
         text += f'\ntrain on it with: data.kind = "chat", data.path = "{os.path.abspath(out)}"'
     return text

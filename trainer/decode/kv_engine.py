@@ -24,6 +24,7 @@ from trainer.decode.generation import (
     stop_token_ids,
 )
 from trainer.decode.kv_decoder import KVDecoder, kv_bytes_per_token, unsupported_reason
+from trainer.decode.roofline import decode_roofline, peaks_of
 
 MAX_SLOTS = 2048  # rows decoded at once by default on a GPU (a 135M target's step still gains at 2,048)
 CONTEXT_ROUND = (
@@ -121,7 +122,19 @@ class KVEngine:
             "decode_s": round(s.decode_s, 3),
             "generated_tokens": s.generated,
             "graphs": s.graphs,
+            "roofline": self.roofline(
+                torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+            ),
         }
+
+    def roofline(self, device_name: str) -> dict[str, Any] | None:
+        """The decode's rate beside what its bytes and FLOPs allow at this GPU's peaks (issue 36: the rate in
+        --json beside its roofline); None where the peaks are unknown (a CPU, a GPU not in the table)."""
+        peaks = peaks_of(device_name) if device_name else None
+        if peaks is None or not self.stats.steps:
+            return None
+        kv = kv_bytes_per_token(self.model.config, next(self.model.parameters()).dtype)
+        return decode_roofline(self.model, self.stats, kv, peaks).to_json()
 
     def close(self) -> None:
         self.decoder = None

@@ -267,6 +267,7 @@ class Summary:
     seconds: float = 0.0
     # Tokens the engine has made for the chunk in flight, not yet committed (engines that count them)
     in_flight_tokens: int = 0
+    engine: dict[str, Any] | None = None  # the engine's own figures (the KV engine: decode rate, roofline)
 
     @property
     def tokens_so_far(self) -> int:
@@ -300,6 +301,7 @@ class Summary:
             "generated_tokens": self.generated_tokens,
             "seconds": round(self.seconds, 3),
             "generated_tokens_per_s": round(tok_s, 1),
+            "engine": self.engine,
         }
 
 
@@ -425,6 +427,8 @@ def regenerate(
                 on_progress(summary, len(todo))
     finally:
         summary.seconds = time.perf_counter() - start
+        report = getattr(engine, "report", None)
+        summary.engine = report() if callable(report) else None
         engine.close()
     return summary
 
