@@ -275,25 +275,17 @@ class DataSplit:
 
     @property
     def eval_batches(self) -> int:
-        return len(self.eval_ids) // self.batch_size
-
-    @property
-    def eval_unscored(self) -> int:
-        """Held-out sequences past the last whole batch: neither trained on nor scored (scoring runs whole
-        batches, at the shapes the warm-up compiled)."""
-        return len(self.eval_ids) - self.eval_batches * self.batch_size
+        """Batches of held-out sequences, the last one partial where the count is not a multiple of the batch
+        size (it is padded with unsupervised rows to the compiled shape: every held-out sequence is scored)."""
+        return -(-len(self.eval_ids) // self.batch_size)
 
     def describe_heldout(self) -> str:
-        """What held-out evaluation scores, and what it leaves out, in one line."""
+        """What held-out evaluation scores, in one line."""
         if not self.eval_ids:
             return "no held-out data"
-        scored = self.eval_batches * self.batch_size
-        left = (
-            f"; {self.eval_unscored} left over (less than a batch): neither trained on nor scored"
-            if self.eval_unscored
-            else ""
-        )
-        return f"held-out: {len(self.eval_ids)} sequences, {scored} scored in {self.eval_batches} batches of {self.batch_size}{left}"
+        partial = len(self.eval_ids) % self.batch_size
+        last = f", the last of {partial}" if partial else ""
+        return f"held-out: {len(self.eval_ids)} sequences, all scored in {self.eval_batches} batches of {self.batch_size}{last}"
 
     def eval_sequence_ids(self, eval_index: int) -> list[int]:
         b = self.batch_size

@@ -48,6 +48,7 @@ class HeldoutSums:
     walk_forwards: float = 0.0  # verify forwards those walks took
     accept_labels: float = 0.0  # sum over every anchor of its acceptance length against the data labels
     anchors: float = 0.0
+    # held-out sequences with a supervised token (a padding row of the last batch has none)
     sequences: int = 0
 
     def add(self, other: HeldoutSums) -> None:
@@ -181,7 +182,7 @@ def score_batch(model: DFlashDrafter, batch: CapturedBatch, anchors_per_seq: int
         walk_forwards=float(walk_forwards),
         accept_labels=float((accept_labels * weight).sum()),
         anchors=float(weight.sum()),
-        sequences=batch.batch_size,
+        sequences=int(batch.loss_mask.bool().any(dim=1).sum()),
     )
 
 
@@ -231,7 +232,7 @@ class HeldoutEvaluator:
         device: torch.device,
     ) -> None:
         """`anchors`: `optim.anchors` (training's compiled shapes); `batches`: the held-out batches of the
-        run (`DataSplit.eval_batches`, 0 without held-out data)."""
+        run (`DataSplit.eval_batches`, the last one padded; 0 without held-out data)."""
         self.every, self.precision, self.anchors = section.every, precision, anchors
         self.batches, self.total_steps = batches, total_steps
         self.index, self.group, self.device = index, group, device

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
-from trainer.data.order import BatchOrder, make_batch
+from trainer.data.order import BatchOrder, make_batch, make_padded_batch
 from trainer.data.sources import DataSplit, SequenceSource, build_source, split_data
 from trainer.model.anchors import sample_anchors
 from trainer.model.batch import CapturedBatch, real_tokens
@@ -203,8 +203,10 @@ class TargetSide:
         return self.target.capture(to_device(input_ids, device), to_device(loss_mask, device), index)
 
     def capture_heldout(self, split: DataSplit, eval_index: int, device: torch.device) -> CapturedBatch:
-        """Held-out batch `eval_index`, with the target's own greedy next tokens."""
-        input_ids, loss_mask = make_batch(self.eval_source, split.eval_sequence_ids(eval_index))
+        """Held-out batch `eval_index`, with the target's own greedy next tokens (the last one padded to the
+        batch size with unsupervised rows)."""
+        ids = split.eval_sequence_ids(eval_index)
+        input_ids, loss_mask = make_padded_batch(self.eval_source, ids, split.batch_size)
         return self.target.capture_with_greedy(
             to_device(input_ids, device), to_device(loss_mask, device), eval_index
         )
@@ -468,8 +470,6 @@ class DrafterLoop:
                 resumed_from=run.resume_step,
                 total_steps=run.plan.total_steps,
                 sequences_per_step=cfg.optim.batch_size * run.plan.accum * run.topology.drafters,
-                heldout_sequences=run.split.eval_batches * cfg.optim.batch_size,
-                heldout_unscored=run.split.eval_unscored,
                 warmup=self.warmup,
                 topology=run.topology.to_json(),
             ),
