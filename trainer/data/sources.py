@@ -123,6 +123,31 @@ class TokenizedSource:
         return fit_to_length(ids, mask, self.seq_len)
 
 
+# Records the start-of-run census renders: each costs 1 + 4 renders per answer (trainer.data.chat), a few ms
+# for a 3-answer chat, so a bounded sample keeps a large file's start quick; `data preview` counts them all.
+CENSUS_RECORDS = 256
+
+
+def out_of_context_warning(source: SequenceSource, limit: int = CENSUS_RECORDS) -> str | None:
+    """One line, with the count, when chat answers are left unsupervised because the template renders them in
+    the later history differently from the context the target wrote them in (issue 38, Q1); else None."""
+    if not isinstance(source, TokenizedSource) or source.kind != "chat":
+        return None
+    checked = min(len(source), limit)
+    answers = left = 0
+    for j in range(checked):
+        chat = source.chat(j)
+        answers, left = answers + chat.answers, left + chat.out_of_context
+    if not left:
+        return None
+    scope = f"{checked}" if checked == len(source) else f"the first {checked} of {len(source)}"
+    return (
+        f"warning: {left} of {answers} answers in {scope} chat records are not supervised: the chat template "
+        "renders them in the later history differently from the context the target wrote them in "
+        "(`data preview --json` counts them all: answers_out_of_context)"
+    )
+
+
 class RandomSource:
     """Uniform random ids (never the mask token); everything after the prompt supervised. For throughput."""
 

@@ -38,7 +38,13 @@ from torch.nn.parallel import DistributedDataParallel
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer.data.order import BatchOrder, make_batch, make_padded_batch
-from trainer.data.sources import DataSplit, SequenceSource, build_source, split_data
+from trainer.data.sources import (
+    DataSplit,
+    SequenceSource,
+    build_source,
+    out_of_context_warning,
+    split_data,
+)
 from trainer.model.anchors import sample_anchors
 from trainer.model.batch import CapturedBatch, real_tokens
 from trainer.model.build import build_drafter
@@ -230,6 +236,8 @@ def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
         run.clock.mark("compile target" if colocated else "compile")
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
+    if run.rank == 0 and (unsupervised := out_of_context_warning(source)) is not None:
+        print(f"dflash trainer: {unsupervised}", flush=True)
     eval_source = source
     if cfg.data.eval_path is not None and split.eval_batches:
         eval_source = build_source(cfg, device, vocab, cfg.data.eval_path, "data.eval_path")
