@@ -216,9 +216,8 @@ def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
 def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]) -> list[list[int]]:
     """A JSONL of {"input_ids": [...]}, {"prompt": "..."} or {"messages": [...]} records. A chat (and a
     prompt, as one user turn, the way `data regenerate` reads it) is rendered with the chat template's
-    generation prompt; a prompt goes in as plain text only where the tokenizer has no chat template."""
-    from trainer.decode.generation import prompt_ids
-
+    generation prompt (with the record's `tools`, as a server renders them); a prompt goes in as plain text
+    only where the tokenizer has no chat template."""
     chat = getattr(tokenizer, "chat_template", None) is not None
     out = []
     for number, record in jsonl_records(Path(path), "--prompts"):
@@ -231,11 +230,12 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
         if isinstance(record.get("prompt"), str) and not chat:
             out.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
         elif isinstance(record.get("prompt"), str):
-            out.append(
-                prompt_ids(tokenizer, [{"role": "user", "content": record["prompt"]}], template_kwargs)
-            )
+            user = [{"role": "user", "content": record["prompt"]}]
+            out.append(render_prompt(tokenizer, user, template_kwargs, record.get("tools"), where))
         elif isinstance(record.get("messages"), list):
-            out.append(prompt_ids(tokenizer, record["messages"], template_kwargs))
+            out.append(
+                render_prompt(tokenizer, record["messages"], template_kwargs, record.get("tools"), where)
+            )
         else:
             raise ConfigError(f'{where}: needs "prompt", "messages" or "input_ids"')
     return out
@@ -268,9 +268,7 @@ def chat_prompts(
     path: Path, field_name: str, ids: list[int], tokenizer: Any, template_kwargs: dict[str, Any]
 ) -> list[list[int]]:
     """Records `ids` of a chat file, each up to (not including) its last assistant turn, with the template's
-    generation prompt: where a server starts generating that answer."""
-    from trainer.decode.generation import prompt_ids
-
+    generation prompt (and the record's `tools`): where a server starts generating that answer."""
     records = jsonl_records(path, field_name)
     prompts = []
     for j in ids:
@@ -278,8 +276,22 @@ def chat_prompts(
         before = before_last_answer(record["messages"])
         if not before:
             raise ConfigError(f"{field_name}: {path} line {number}: no turn before the answer to prompt with")
-        prompts.append(prompt_ids(tokenizer, before, template_kwargs))
+        where = f"{field_name}: {path} line {number}"
+        prompts.append(render_prompt(tokenizer, before, template_kwargs, record.get("tools"), where))
     return prompts
+
+
+def render_prompt(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any], tools: Any, where: str
+) -> list[int]:
+    """A chat's generation prompt as a server renders it: a record's `tools` go to the template as `tools=`
+    (vLLM's and SGLang's chat endpoints pass the request's tools the same way; issue 38, Q6), so the target
+    continues from the tool definitions `train` renders for it too."""
+    from trainer.data.chat import check_tools
+    from trainer.decode.generation import prompt_ids
+
+    checked = check_tools(tools, where)
+    return prompt_ids(tokenizer, messages, {**template_kwargs, **({"tools": checked} if checked else {})})
 
 
 def before_last_answer(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
