@@ -68,6 +68,11 @@ class EvalReport:
     accept_by_position: list[float] = field(default_factory=list)
     accept_length_histogram: list[int] = field(default_factory=list)
     baseline: EvalReport | None = None  # prompt lookup on the same prompts and target, when asked for
+    # The figure as vLLM logs it ("Mean acceptance length": 1 + accepted / drafts, a draft counted only when
+    # it proposed a token): tau over the verify forwards that proposed something; None when none did. Equal
+    # to tau for the drafter (it always proposes); above it for prompt lookup, whose empty proposals tau counts.
+    mean_accept_len_proposed: float | None = None
+    forwards_without_proposal: int = 0  # verify forwards that proposed nothing (one plain decoding step each)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +110,7 @@ def evaluate(
     proposers = [proposer, *([baseline] if baseline is not None else [])]
     rows: dict[str, list[PromptReport]] = {p.name: [] for p in proposers}
     accepted: dict[str, list[int]] = {p.name: [] for p in proposers}
+    proposed: dict[str, list[int]] = {p.name: [] for p in proposers}
     seconds: dict[str, float] = {p.name: 0.0 for p in proposers}
     base_s = 0.0
     for number, prompt in enumerate(prompts, start=1):
@@ -113,6 +119,7 @@ def evaluate(
         for p in proposers:
             spec = speculative_decode(target, p, prompt, max_new, eos)
             accepted[p.name].extend(spec.accepted)
+            proposed[p.name].extend(spec.proposed)
             seconds[p.name] += spec.seconds
             rows[p.name].append(
                 PromptReport(
@@ -135,6 +142,7 @@ def evaluate(
         new_tokens = sum(r.new_tokens for r in mine)
         block = p.max_draft + 1
         by_position, histogram = acceptance_shape(accepted[p.name], block)
+        drafted = [a for a, n in zip(accepted[p.name], proposed[p.name], strict=True) if n]
         return EvalReport(
             prompts=len(prompts),
             mean_accept_len=sum(accepted[p.name]) / max(len(accepted[p.name]), 1),
@@ -155,6 +163,8 @@ def evaluate(
             drafter=p.name,
             accept_by_position=[round(x, 4) for x in by_position],
             accept_length_histogram=histogram,
+            mean_accept_len_proposed=sum(drafted) / len(drafted) if drafted else None,
+            forwards_without_proposal=len(accepted[p.name]) - len(drafted),
         )
 
     primary = report(proposer)
