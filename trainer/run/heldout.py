@@ -16,7 +16,8 @@ shapes are training's), and the headline walks each answer the way decoding does
 emit A(a) tokens (at most to the answer's end), move to a + A(a), repeat; tokens / forwards. Decoding lands
 on positions with a bias: a long accepted run is crossed in one forward, so its many easy positions are
 never anchors. A mean of A over uniformly sampled anchors counts them all and ran 26-37% above real decoding
-on chat data; the walk is what `dflash-doctor eval` measures on these sequences.
+on chat data. The walk follows `dflash-doctor eval`'s rule, but over every supervised answer of each held-out
+sequence, where `eval`'s default prompts decode each conversation's last answer (docs/eval.md).
 """
 
 from __future__ import annotations
