@@ -34,3 +34,16 @@ def make_batch(source: SequenceSource, ids: list[int]) -> tuple[torch.Tensor, to
     """(B, S) input_ids and loss_mask for the given sequence ids."""
     rows = [source.get(j) for j in ids]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+
+def make_padded_batch(source: SequenceSource, ids: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`make_batch` grown to `rows` rows by copies of the first with nothing supervised: the held-out
+    remainder past the last whole batch is scored at the compiled batch shape, and a row with no supervised
+    token adds no anchor, no walk and no sequence to the held-out sums (issue 38, D8)."""
+    input_ids, loss_mask = make_batch(source, ids)
+    missing = rows - input_ids.shape[0]
+    if missing <= 0:
+        return input_ids, loss_mask
+    pad_ids = input_ids[:1].expand(missing, -1)
+    pad_mask = torch.zeros(missing, loss_mask.shape[1], dtype=loss_mask.dtype)
+    return torch.cat([input_ids, pad_ids]), torch.cat([loss_mask, pad_mask])

@@ -124,6 +124,31 @@ class TokenizedSource:
         return fit_to_length(ids, mask, self.seq_len)
 
 
+# Records the start-of-run census renders: each costs 1 + 4 renders per answer (trainer.data.chat), a few ms
+# for a 3-answer chat, so a bounded sample keeps a large file's start quick; `data preview` counts them all.
+CENSUS_RECORDS = 256
+
+
+def out_of_context_warning(source: SequenceSource, limit: int = CENSUS_RECORDS) -> str | None:
+    """One line, with the count, when chat answers are left unsupervised because the template renders them in
+    the later history differently from the context the target wrote them in (issue 38, Q1); else None."""
+    if not isinstance(source, TokenizedSource) or source.kind != "chat":
+        return None
+    checked = min(len(source), limit)
+    answers = left = 0
+    for j in range(checked):
+        chat = source.chat(j)
+        answers, left = answers + chat.answers, left + chat.out_of_context
+    if not left:
+        return None
+    scope = f"{checked}" if checked == len(source) else f"the first {checked} of {len(source)}"
+    return (
+        f"warning: {left} of {answers} answers in {scope} chat records are not supervised: the chat template "
+        "renders them in the later history differently from the context the target wrote them in "
+        "(`data preview --json` counts them all: answers_out_of_context)"
+    )
+
+
 class RandomSource:
     """Uniform random ids (never the mask token); everything after the prompt supervised. For throughput."""
 
@@ -266,25 +291,17 @@ class DataSplit:
 
     @property
     def eval_batches(self) -> int:
-        return len(self.eval_ids) // self.batch_size
-
-    @property
-    def eval_unscored(self) -> int:
-        """Held-out sequences past the last whole batch: neither trained on nor scored (scoring runs whole
-        batches, at the shapes the warm-up compiled)."""
-        return len(self.eval_ids) - self.eval_batches * self.batch_size
+        """Batches of held-out sequences, the last one partial where the count is not a multiple of the batch
+        size (it is padded with unsupervised rows to the compiled shape: every held-out sequence is scored)."""
+        return -(-len(self.eval_ids) // self.batch_size)
 
     def describe_heldout(self) -> str:
-        """What held-out evaluation scores, and what it leaves out, in one line."""
+        """What held-out evaluation scores, in one line."""
         if not self.eval_ids:
             return "no held-out data"
-        scored = self.eval_batches * self.batch_size
-        left = (
-            f"; {self.eval_unscored} left over (less than a batch): neither trained on nor scored"
-            if self.eval_unscored
-            else ""
-        )
-        return f"held-out: {len(self.eval_ids)} sequences, {scored} scored in {self.eval_batches} batches of {self.batch_size}{left}"
+        partial = len(self.eval_ids) % self.batch_size
+        last = f", the last of {partial}" if partial else ""
+        return f"held-out: {len(self.eval_ids)} sequences, all scored in {self.eval_batches} batches of {self.batch_size}{last}"
 
     def eval_sequence_ids(self, eval_index: int) -> list[int]:
         b = self.batch_size

@@ -15,6 +15,15 @@ from typing import Any
 
 from trainer.spec.messages import fields_problem, lone_surrogate, messages_problem, text_problem
 
+# Issue 38, Q6: the engines take messages only, so a record's tool definitions would be left out of the
+# prompt a server renders with them (`tools=` to the template): its answers would be the target's answers
+# to another prompt. Refused rather than generated wrong.
+TOOLS_REFUSED = (
+    '"tools": data regenerate does not render tool definitions (a server passes them to the chat template), '
+    'so its answers would not be the ones the target writes with them; drop the line\'s "tools" to answer '
+    "without them, or leave the line out (--on-error skip)"
+)
+
 
 class RecordError(ValueError):
     """One input line that cannot be used; `line` is 1-based."""
@@ -55,6 +64,8 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
     both = fields_problem(record, ("messages", "prompt"))
     if both is not None:  # was: "messages" used, "prompt" dropped without a word
         raise RecordError(line_number, both)
+    if record.get("tools"):
+        raise RecordError(line_number, TOOLS_REFUSED)
     if "messages" in record:
         messages = _checked_messages(line_number, record["messages"])
     elif "prompt" in record:

@@ -68,6 +68,11 @@ class EvalReport:
     accept_by_position: list[float] = field(default_factory=list)
     accept_length_histogram: list[int] = field(default_factory=list)
     baseline: EvalReport | None = None  # prompt lookup on the same prompts and target, when asked for
+    # The figure as vLLM logs it ("Mean acceptance length": 1 + accepted / drafts, a draft counted only when
+    # it proposed a token): tau over the verify forwards that proposed something; None when none did. Equal
+    # to tau for the drafter (it always proposes); above it for prompt lookup, whose empty proposals tau counts.
+    mean_accept_len_proposed: float | None = None
+    forwards_without_proposal: int = 0  # verify forwards that proposed nothing (one plain decoding step each)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +110,7 @@ def evaluate(
     proposers = [proposer, *([baseline] if baseline is not None else [])]
     rows: dict[str, list[PromptReport]] = {p.name: [] for p in proposers}
     accepted: dict[str, list[int]] = {p.name: [] for p in proposers}
+    proposed: dict[str, list[int]] = {p.name: [] for p in proposers}
     seconds: dict[str, float] = {p.name: 0.0 for p in proposers}
     base_s = 0.0
     for number, prompt in enumerate(prompts, start=1):
@@ -113,6 +119,7 @@ def evaluate(
         for p in proposers:
             spec = speculative_decode(target, p, prompt, max_new, eos)
             accepted[p.name].extend(spec.accepted)
+            proposed[p.name].extend(spec.proposed)
             seconds[p.name] += spec.seconds
             rows[p.name].append(
                 PromptReport(
@@ -135,6 +142,7 @@ def evaluate(
         new_tokens = sum(r.new_tokens for r in mine)
         block = p.max_draft + 1
         by_position, histogram = acceptance_shape(accepted[p.name], block)
+        drafted = [a for a, n in zip(accepted[p.name], proposed[p.name], strict=True) if n]
         return EvalReport(
             prompts=len(prompts),
             mean_accept_len=sum(accepted[p.name]) / max(len(accepted[p.name]), 1),
@@ -155,6 +163,8 @@ def evaluate(
             drafter=p.name,
             accept_by_position=[round(x, 4) for x in by_position],
             accept_length_histogram=histogram,
+            mean_accept_len_proposed=sum(drafted) / len(drafted) if drafted else None,
+            forwards_without_proposal=len(accepted[p.name]) - len(drafted),
         )
 
     primary = report(proposer)
@@ -216,9 +226,8 @@ def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
 def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]) -> list[list[int]]:
     """A JSONL of {"input_ids": [...]}, {"prompt": "..."} or {"messages": [...]} records. A chat (and a
     prompt, as one user turn, the way `data regenerate` reads it) is rendered with the chat template's
-    generation prompt; a prompt goes in as plain text only where the tokenizer has no chat template."""
-    from trainer.decode.generation import prompt_ids
-
+    generation prompt (with the record's `tools`, as a server renders them); a prompt goes in as plain text
+    only where the tokenizer has no chat template."""
     chat = getattr(tokenizer, "chat_template", None) is not None
     out = []
     for number, record in jsonl_records(Path(path), "--prompts"):
@@ -231,11 +240,12 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
         if isinstance(record.get("prompt"), str) and not chat:
             out.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
         elif isinstance(record.get("prompt"), str):
-            out.append(
-                prompt_ids(tokenizer, [{"role": "user", "content": record["prompt"]}], template_kwargs)
-            )
+            user = [{"role": "user", "content": record["prompt"]}]
+            out.append(render_prompt(tokenizer, user, template_kwargs, record.get("tools"), where))
         elif isinstance(record.get("messages"), list):
-            out.append(prompt_ids(tokenizer, record["messages"], template_kwargs))
+            out.append(
+                render_prompt(tokenizer, record["messages"], template_kwargs, record.get("tools"), where)
+            )
         else:
             raise ConfigError(f'{where}: needs "prompt", "messages" or "input_ids"')
     return out
@@ -268,9 +278,7 @@ def chat_prompts(
     path: Path, field_name: str, ids: list[int], tokenizer: Any, template_kwargs: dict[str, Any]
 ) -> list[list[int]]:
     """Records `ids` of a chat file, each up to (not including) its last assistant turn, with the template's
-    generation prompt: where a server starts generating that answer."""
-    from trainer.decode.generation import prompt_ids
-
+    generation prompt (and the record's `tools`): where a server starts generating that answer."""
     records = jsonl_records(path, field_name)
     prompts = []
     for j in ids:
@@ -278,8 +286,22 @@ def chat_prompts(
         before = before_last_answer(record["messages"])
         if not before:
             raise ConfigError(f"{field_name}: {path} line {number}: no turn before the answer to prompt with")
-        prompts.append(prompt_ids(tokenizer, before, template_kwargs))
+        where = f"{field_name}: {path} line {number}"
+        prompts.append(render_prompt(tokenizer, before, template_kwargs, record.get("tools"), where))
     return prompts
+
+
+def render_prompt(
+    tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any], tools: Any, where: str
+) -> list[int]:
+    """A chat's generation prompt as a server renders it: a record's `tools` go to the template as `tools=`
+    (vLLM's and SGLang's chat endpoints pass the request's tools the same way; issue 38, Q6), so the target
+    continues from the tool definitions `train` renders for it too."""
+    from trainer.data.chat import check_tools
+    from trainer.decode.generation import prompt_ids
+
+    checked = check_tools(tools, where)
+    return prompt_ids(tokenizer, messages, {**template_kwargs, **({"tools": checked} if checked else {})})
 
 
 def before_last_answer(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

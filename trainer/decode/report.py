@@ -64,9 +64,15 @@ def _proposer_lines(report: EvalReport) -> list[str]:
     name = NAMES.get(report.drafter, report.drafter)
     by_position = " ".join(f"{i}:{share:.2f}" for i, share in enumerate(report.accept_by_position, 1))
     lengths = " ".join(f"{i}:{count}" for i, count in enumerate(report.accept_length_histogram, 1) if count)
+    vllm = (
+        f"; {report.mean_accept_len_proposed:.3f} over the forwards that proposed something, as vLLM logs it "
+        f"({report.forwards_without_proposal} proposed nothing)"
+        if report.forwards_without_proposal and report.mean_accept_len_proposed is not None
+        else ""
+    )
     return [
         f"{name} ({report.drafter}, block {report.block_size}): mean acceptance length "
-        f"{report.mean_accept_len:.3f} tokens per target forward",
+        f"{report.mean_accept_len:.3f} tokens per target forward{vllm}",
         f"  target forwards {report.target_forwards} (target-only greedy: {report.baseline_forwards}; "
         f"{FORWARDS_RULE}); "
         f"{report.tok_s:,.1f} tok/s vs {report.baseline_tok_s:,.1f} target-only: speed-up {report.speedup:.2f}x",

@@ -45,6 +45,7 @@ class Decoded:
         default_factory=list
     )  # per verify forward: tokens it emitted (1..B), cut at the end
     top: list[TopChoices] = field(default_factory=list)  # per token: the target's top-k where it chose it
+    proposed: list[int] = field(default_factory=list)  # per verify forward (as `accepted`): tokens drafted
 
 
 @dataclass
@@ -162,7 +163,7 @@ def speculative_decode(
     step = target.forward(torch.tensor([prompt], device=device), None)
     features, cache = step.features, step.cache
     ids, top = [*prompt, int(step.greedy[-1])], step.top(slice(-1, None))
-    forwards, accepted = 1, []
+    forwards, accepted, proposed = 1, [], []
     stops = _stops(eos)
     ended = ids[-1] in stops
     while len(ids) - len(prompt) < max_new and not ended:
@@ -182,10 +183,12 @@ def speculative_decode(
         keep_first(cache, n + k)
         forwards += 1
         accepted.append(k + 1)
+        proposed.append(len(draft))
     _sync(device)
     tokens = ids[len(prompt) :]
     n = _finish(tokens, max_new, eos)
-    return Decoded(tokens[:n], forwards, time.perf_counter() - began, emitted(accepted, n - 1), top[:n])
+    kept = emitted(accepted, n - 1)
+    return Decoded(tokens[:n], forwards, time.perf_counter() - began, kept, top[:n], proposed[: len(kept)])
 
 
 def emitted(accepted: list[int], kept: int) -> list[int]:

@@ -16,7 +16,8 @@ shapes are training's), and the headline walks each answer the way decoding does
 emit A(a) tokens (at most to the answer's end), move to a + A(a), repeat; tokens / forwards. Decoding lands
 on positions with a bias: a long accepted run is crossed in one forward, so its many easy positions are
 never anchors. A mean of A over uniformly sampled anchors counts them all and ran 26-37% above real decoding
-on chat data; the walk is what `dflash-doctor eval` measures on these sequences.
+on chat data. The walk follows `dflash-doctor eval`'s rule, but over every supervised answer of each held-out
+sequence, where `eval`'s default prompts decode each conversation's last answer (docs/eval.md).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class HeldoutSums:
     walk_forwards: float = 0.0  # verify forwards those walks took
     accept_labels: float = 0.0  # sum over every anchor of its acceptance length against the data labels
     anchors: float = 0.0
+    # held-out sequences with a supervised token (a padding row of the last batch has none)
     sequences: int = 0
 
     def add(self, other: HeldoutSums) -> None:
@@ -181,7 +183,7 @@ def score_batch(model: DFlashDrafter, batch: CapturedBatch, anchors_per_seq: int
         walk_forwards=float(walk_forwards),
         accept_labels=float((accept_labels * weight).sum()),
         anchors=float(weight.sum()),
-        sequences=batch.batch_size,
+        sequences=int(batch.loss_mask.bool().any(dim=1).sum()),
     )
 
 
@@ -231,7 +233,7 @@ class HeldoutEvaluator:
         device: torch.device,
     ) -> None:
         """`anchors`: `optim.anchors` (training's compiled shapes); `batches`: the held-out batches of the
-        run (`DataSplit.eval_batches`, 0 without held-out data)."""
+        run (`DataSplit.eval_batches`, the last one padded; 0 without held-out data)."""
         self.every, self.precision, self.anchors = section.every, precision, anchors
         self.batches, self.total_steps = batches, total_steps
         self.index, self.group, self.device = index, group, device

@@ -47,6 +47,7 @@ class StepMetrics:
     heldout_accept_len: float | None = None  # held-out, against the target's greedy tokens
     heldout_accept_len_labels: float | None = None  # held-out, against the data labels
     heldout_s: float | None = None  # seconds the held-out evaluation took (not in step_time_s)
+    heldout_sequences: int | None = None  # held-out sequences that evaluation scored (every one held out)
     tokens: float = (
         0.0  # real (non-padding) tokens of this step (all drafters): throughput = sum / sum of times
     )
@@ -196,6 +197,7 @@ def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra
         "heldout_accept_len": evals[-1]["heldout_accept_len"] if evals else None,
         "heldout_accept_len_labels": evals[-1]["heldout_accept_len_labels"] if evals else None,
         "heldout_evals": len(evals),
+        "heldout_sequences": evals[-1].get("heldout_sequences") if evals else 0,
         "heldout_share_of_time": (
             sum(r["heldout_s"] for r in evals) / (step_s + sum(r["heldout_s"] for r in evals))
             if evals

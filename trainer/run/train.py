@@ -37,8 +37,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
-from trainer.data.order import BatchOrder, make_batch
-from trainer.data.sources import DataSplit, SequenceSource, build_source, split_data
+from trainer.data.order import BatchOrder, make_batch, make_padded_batch
+from trainer.data.sources import (
+    DataSplit,
+    SequenceSource,
+    build_source,
+    out_of_context_warning,
+    split_data,
+)
 from trainer.model.anchors import sample_anchors
 from trainer.model.batch import CapturedBatch, real_tokens
 from trainer.model.build import build_drafter
@@ -203,8 +209,10 @@ class TargetSide:
         return self.target.capture(to_device(input_ids, device), to_device(loss_mask, device), index)
 
     def capture_heldout(self, split: DataSplit, eval_index: int, device: torch.device) -> CapturedBatch:
-        """Held-out batch `eval_index`, with the target's own greedy next tokens."""
-        input_ids, loss_mask = make_batch(self.eval_source, split.eval_sequence_ids(eval_index))
+        """Held-out batch `eval_index`, with the target's own greedy next tokens (the last one padded to the
+        batch size with unsupervised rows)."""
+        ids = split.eval_sequence_ids(eval_index)
+        input_ids, loss_mask = make_padded_batch(self.eval_source, ids, split.batch_size)
         return self.target.capture_with_greedy(
             to_device(input_ids, device), to_device(loss_mask, device), eval_index
         )
@@ -228,6 +236,8 @@ def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
         run.clock.mark("compile target" if colocated else "compile")
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
+    if run.rank == 0 and (unsupervised := out_of_context_warning(source)) is not None:
+        print(f"dflash trainer: {unsupervised}", flush=True)
     eval_source = source
     if cfg.data.eval_path is not None and split.eval_batches:
         eval_source = build_source(cfg, device, vocab, cfg.data.eval_path, "data.eval_path")
@@ -468,8 +478,6 @@ class DrafterLoop:
                 resumed_from=run.resume_step,
                 total_steps=run.plan.total_steps,
                 sequences_per_step=cfg.optim.batch_size * run.plan.accum * run.topology.drafters,
-                heldout_sequences=run.split.eval_batches * cfg.optim.batch_size,
-                heldout_unscored=run.split.eval_unscored,
                 warmup=self.warmup,
                 topology=run.topology.to_json(),
             ),

@@ -176,16 +176,15 @@ def test_chat_loss_mask_covers_assistant_turns_only(tmp_path: Path) -> None:
     assert got_ids[: len(ids)].tolist() == ids and got_mask.sum() == len(supervised)
 
 
-def test_the_split_says_which_held_out_sequences_are_left_out() -> None:
-    """tiny-cpu holds out 51 sequences and scores whole batches of 8: 48 scored, 3 neither trained on nor
-    scored; the trainer's first line and summary.json say so."""
+def test_the_split_scores_every_held_out_sequence() -> None:
+    """tiny-cpu holds out 51 sequences in batches of 8: all 51 scored, the seventh batch holding the last 3
+    (issue 38, D8: the 3 were neither trained on nor scored); the trainer's first line says so."""
     from trainer.data.sources import DataSplit
 
     split = DataSplit(list(range(461)), list(range(51)), 8)
-    assert (split.eval_batches, split.eval_unscored) == (6, 3)
-    assert split.describe_heldout() == (
-        "held-out: 51 sequences, 48 scored in 6 batches of 8; 3 left over (less than a batch): "
-        "neither trained on nor scored"
+    assert split.eval_batches == 7 and split.eval_sequence_ids(6) == [48, 49, 50]
+    assert split.describe_heldout() == "held-out: 51 sequences, all scored in 7 batches of 8, the last of 3"
+    assert DataSplit([0], list(range(16)), 8).describe_heldout() == (
+        "held-out: 16 sequences, all scored in 2 batches of 8"
     )
-    assert "left over" not in DataSplit([0], list(range(16)), 8).describe_heldout()
     assert DataSplit([0], [], 8).describe_heldout() == "no held-out data"

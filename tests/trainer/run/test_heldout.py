@@ -6,8 +6,18 @@ import pytest
 import torch
 
 from dflash_base.errors import ConfigError
+from tests.trainer.drafter_fixtures import tiny_config, tiny_drafter
+from trainer.data.order import make_padded_batch
 from trainer.data.sources import split_data
-from trainer.run.heldout import HeldoutEvaluator, acceptance_hits, decoding_walk, every_anchor, leading_run
+from trainer.model.batch import CapturedBatch
+from trainer.run.heldout import (
+    HeldoutEvaluator,
+    acceptance_hits,
+    decoding_walk,
+    every_anchor,
+    leading_run,
+    score_batch,
+)
 from trainer.run.schedule import RunPlan, evaluates_after, target_work
 from trainer.spec.config import EvalSection, PrecisionSection, parse_config
 from trainer.target.capture import CaptureTarget
@@ -23,7 +33,7 @@ def test_eval_fraction_holds_out_a_fixed_disjoint_share() -> None:
     assert len(split.eval_ids) == 10 and len(split.train_ids) == 90
     assert not set(split.eval_ids) & set(split.train_ids)
     assert split_data(_cfg(eval_fraction=0.1)).eval_ids == split.eval_ids  # a function of the seed
-    assert split.eval_batches == 2 and split.eval_sequence_ids(1) == split.eval_ids[4:8]
+    assert split.eval_batches == 3 and split.eval_sequence_ids(2) == split.eval_ids[8:10]  # all scored (D8)
     assert split_data(_cfg()).eval_ids == []  # no held-out data: no evaluation
     with pytest.raises(
         ConfigError, match=r"data\.eval_fraction: holds out 2 of 100 sequences, fewer than one"
@@ -127,3 +137,42 @@ def test_every_anchor_is_scored_in_chunks_of_the_training_count() -> None:
     anchors, valid = every_anchor(mask, chunk=3)
     assert anchors.shape == (2, 6)  # 4 valid anchors in row 0: two chunks of 3
     assert anchors[0][valid[0]].tolist() == [1, 2, 3, 4] and anchors[1][valid[1]].tolist() == [3, 4, 5]
+
+
+class _Rows:
+    """A sequence source of fixed rows (what `make_padded_batch` reads)."""
+
+    def __init__(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        self.ids, self.mask = ids, mask
+
+    def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.ids[j], self.mask[j]
+
+
+def test_the_last_partial_held_out_batch_is_scored_at_the_compiled_shape() -> None:
+    """Issue 38, D8: 3 held-out sequences past the last whole batch of 8 were neither trained on nor scored.
+    Padded to 8 rows with unsupervised copies, they score exactly as the 3 alone, and the padding adds no
+    sequence, anchor or forward."""
+    cfg = tiny_config(block_size=4)
+    model = tiny_drafter(cfg).eval()
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, cfg.vocab_size - 1, (3, 24), generator=gen)
+    mask = torch.ones(3, 24, dtype=torch.bool)
+    mask[:, :5] = False
+    input_ids, loss_mask = make_padded_batch(_Rows(ids, mask), [0, 1, 2], rows=8)
+    assert input_ids.shape == (8, 24) and not loss_mask[3:].any() and torch.equal(input_ids[:3], ids)
+    width = cfg.num_context_features * cfg.hidden_size
+    hidden = torch.randn(3, 24, width, generator=gen)
+    greedy = torch.roll(ids, -1, dims=1)  # the data follow the target's greedy path
+    alone = CapturedBatch(ids, mask, hidden, target_ids=greedy)
+    padded = CapturedBatch(
+        input_ids,
+        loss_mask,
+        torch.cat([hidden, hidden[:1].expand(5, -1, -1)]),
+        target_ids=torch.cat([greedy, greedy[:1].expand(5, -1)]),
+    )
+    with torch.no_grad():
+        a, b = score_batch(model, alone, 8), score_batch(model, padded, 8)
+    assert b.sequences == a.sequences == 3
+    assert (b.walk_tokens, b.walk_forwards, b.anchors) == (a.walk_tokens, a.walk_forwards, a.anchors)
+    assert a.walk_forwards > 0 and b.accept_labels == pytest.approx(a.accept_labels)

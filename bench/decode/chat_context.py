@@ -1,0 +1,230 @@
+"""Issue 38, Q1, on a tiny Qwen3-template chat pipeline on CPU: the run's held-out estimate against `eval`'s
+real decoding, with the code before and after "each answer trained in its generation context".
+
+Everything goes through the CLI, so an older checkout (`--before`, e.g. `git archive 23dabad~1`, the commit
+before the Q1 fix) runs exactly the commands this one does:
+
+1. a target folder: the tiny random Qwen3 target with an ASCII byte-level tokenizer (filled to 512 ids) and
+   Qwen3's published chat template (`tests/trainer/data/templates/qwen3.jinja`);
+2. `--conversations` prompts of 3 user turns -> `data regenerate --engine torch` (greedy), with this checkout;
+3. per checkout: `train` (held-out data) then `eval --dtype fp32 --strict --json` on the held-out
+   conversations; the estimate (`summary.json`'s `heldout_accept_len`) against eval's tau.
+
+    .venv/bin/python bench/decode/chat_context.py --before .tmp/before [--kwargs '{"enable_thinking": false}']
+
+Prints a table, writes bench/results/chat_context[-TAG].json (and each eval report in the work folder, for
+`bench/decode/estimate_vs_eval.py` to walk the same conversations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.lib.roles import RESULTS, print_rows, write_result
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "tests" / "trainer" / "data" / "templates" / "qwen3.jinja"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+COLUMNS = ("code", "kwargs", "heldout_estimate", "eval_tau", "estimate_vs_eval", "identical", "train_s")
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (what the ByteLevel pre-tokenizer writes for each byte)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = dict(zip(printable, printable, strict=True)), 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = 256 + extra, extra + 1
+    return {b: chr(c) for b, c in chars.items()}
+
+
+def make_target(folder: Path) -> None:
+    """The tiny target and a byte-level tokenizer of the 128 ASCII bytes, the chat's special tokens and
+    fillers up to the target's 512 rows: every id the random target writes decodes to text that tokenises
+    back to that id (a lone byte >= 0x80 would decode to U+FFFD, three other tokens)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.target.tiny import build_embedded_target
+
+    model = build_embedded_target("tiny", 0, torch.device("cpu"))
+    chars = _byte_chars()
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(128)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=TEMPLATE.read_text(),
+    )
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL})
+    fast.add_tokens([f"<|f{i}|>" for i in range(model.config.vocab_size - len(fast))])
+    assert len(fast) == model.config.vocab_size
+    eos = fast.convert_tokens_to_ids("<|im_end|>")
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = fast.pad_token_id
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+
+
+def make_prompts(path: Path, count: int, seed: int) -> None:
+    """Conversations of 3 user turns of 3 short random words (answers regenerated after each)."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(3)) for _ in range(40)]
+    lines = []
+    for j in range(count):
+        turns: list[dict[str, str]] = []
+        for _ in range(3):
+            turns += [
+                {"role": "user", "content": " ".join(rng.choice(words) for _ in range(3))},
+                {"role": "assistant", "content": ""},
+            ]
+        lines.append(json.dumps({"id": f"c{j}", "messages": turns}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_config(path: Path, target: Path, data: Path, out: Path, kwargs: dict[str, Any], steps: int) -> None:
+    kw = ", ".join(f"{k} = {json.dumps(v)}" for k, v in kwargs.items())
+    path.write_text(
+        f"""[target]
+path = {json.dumps(str(target))}
+
+[drafter]
+layers = 1
+block_size = 8
+mask_token_id = 511
+
+[data]
+kind = "chat"
+path = {json.dumps(str(data))}
+seq_len = 320
+eval_fraction = 0.25
+chat_template_kwargs = {{ {kw} }}
+
+[eval]
+every = 0
+
+[topology]
+mode = "colocated"
+
+[optim]
+lr = 5e-3
+steps = {steps}
+batch_size = 8
+anchors = 32
+
+[checkpoint]
+every = 0
+
+[output]
+dir = {json.dumps(str(out))}
+
+[run]
+seed = 0
+device = "cpu"
+log_every = 50
+timeout_s = 600
+"""
+    )
+
+
+def cli(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m dflash_doctor ARGS` with `checkout`'s code (its folder first on the path)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "2", "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash_doctor", *args], cwd=checkout, env=env, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(args[:2])} ({checkout}) exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
+    return proc
+
+
+def measure(
+    code: str, checkout: Path, work: Path, target: Path, data: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Train and eval with one checkout on the same data; the estimate against eval's decoding."""
+    kwargs = json.loads(args.kwargs)
+    config, out = work / f"{code}.toml", work / f"run-{code}"
+    write_config(config, target, data, out, kwargs, args.steps)
+    began = time.monotonic()
+    trained = cli(checkout, "train", "--config", str(config), "--no-deep")
+    train_s = time.monotonic() - began
+    said = [line for line in (trained.stdout + trained.stderr).splitlines() if "are not supervised" in line]
+    summary = json.loads((out / "summary.json").read_text())
+    evaluated = cli(
+        checkout, "eval", "--export", str(out / "export"), "--config", str(config), "--num-prompts",
+        str(args.eval_prompts), "--max-new-tokens", str(args.max_new_tokens), "--dtype", "fp32", "--strict",
+        "--no-baseline", "--json",
+    )  # fmt: skip
+    report = json.loads(evaluated.stdout)
+    (work / f"eval-{code}.json").write_text(evaluated.stdout)  # for bench/decode/estimate_vs_eval.py
+    estimate, tau = summary["heldout_accept_len"], report["mean_accept_len"]
+    return {
+        "code": code, "checkout": str(checkout), "kwargs": args.kwargs, "heldout_estimate": round(estimate, 3),
+        "eval_tau": round(tau, 3), "estimate_vs_eval": f"{100 * (estimate / tau - 1):+.1f}%",
+        "identical": report["identical"], "train_s": round(train_s, 1), "eval_prompts": report["prompts"],
+        "eval_new_tokens": report["new_tokens"], "final_loss": summary.get("final_loss"),
+        "heldout_sequences": summary.get("heldout_sequences"), "train_warning": said[0].strip() if said else None,
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, help="a checkout of the code to compare with (run first)")
+    parser.add_argument("--kwargs", default="{}", help="data.chat_template_kwargs as JSON")
+    parser.add_argument("--conversations", type=int, default=80)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--eval-prompts", type=int, default=20)
+    parser.add_argument("--work", type=Path, default=REPO / ".tmp" / "chat_context")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    work = args.work / (args.tag or "default")
+    work.mkdir(parents=True, exist_ok=True)
+    target, prompts, data = work / "target", work / "prompts.jsonl", work / "data.jsonl"
+    if not (target / "config.json").is_file():
+        make_target(target)
+    make_prompts(prompts, args.conversations, 0)
+    regen_config = work / "regenerate.toml"
+    write_config(regen_config, target, data, work / "unused", json.loads(args.kwargs), 1)
+    if not data.is_file():
+        cli(REPO, "data", "regenerate", "--config", str(regen_config), "--prompts", str(prompts), "--out",
+            str(data), "--engine", "torch", "--max-new-tokens", str(args.max_new_tokens))  # fmt: skip
+    preview = json.loads(cli(REPO, "data", "preview", "--config", str(regen_config), "--json").stdout)
+    rows = []
+    if args.before is not None:
+        rows.append(measure("before", args.before.resolve(), work, target, data, args))
+    rows.append(measure("after", REPO, work, target, data, args))
+    print_rows(
+        f"held-out estimate against eval, tiny Qwen3-template chats, kwargs {args.kwargs}", COLUMNS, rows
+    )
+    name = f"chat_context{'-' + args.tag if args.tag else ''}.json"
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "preview_counts": preview.get("counts"),
+        "rows": rows,
+    }
+    print(f"wrote {write_result(RESULTS / name, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
