@@ -35,6 +35,7 @@ from dflash_doctor.launch.lifecycle import LaunchRequest, launch_run
 from dflash_doctor.launch.memory_plan import GIB
 from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
 from dflash_doctor.launch.runs import RunRecord, RunStore
+from dflash_doctor.launch.timeline import LaunchTimeline
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
 
@@ -100,6 +101,7 @@ def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
 
 
 def train_command(
+    context: typer.Context,
     config: ConfigOption,
     force: bool = typer.Option(
         False, "--force", metavar=FLAG, help="Launch even over failing findings (recorded)."
@@ -129,6 +131,7 @@ def train_command(
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
     console = make_console(stderr=json_out)
     began = time.perf_counter()  # the launcher's share of time to first step: gate + compile cache
+    timeline = LaunchTimeline.from_process_start()  # where each second to the first step goes (--json, -v)
     training = load_training_config(config, overrides or [])
     torchrun = TorchrunOptions(
         nnodes=nnodes,
@@ -139,7 +142,9 @@ def train_command(
         master_addr=master_addr,
         master_port=master_port,
     )
-    gate = run_gate(training, python, torchrun, deep=deep, lock_path=default_lock(None, False))
+    gate = run_gate(
+        training, python, torchrun, deep=deep, lock_path=default_lock(None, False), timeline=timeline
+    )
     gate_s = time.perf_counter() - began
     failing = [f.id for f in gate.failing]
     _show_gate(console, gate, training, dry_run, json_out)  # --dry-run ends there
@@ -152,6 +157,8 @@ def train_command(
         node_rank=node_rank or 0,
         nnodes=nnodes,
         json_out=json_out,
+        timeline=timeline,
+        verbose=bool(context.find_root().params.get("verbose")),
     )
     record = _launch_or_refuse(request, force, console)
     _print_json(record, failing, json_out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from dflash_doctor.launch.output_lock import OutputLock
 from dflash_doctor.launch.run_outputs import last_metrics
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
 from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
+from dflash_doctor.launch.timeline import LaunchTimeline, timeline_rows
 
 
 @dataclass
@@ -38,6 +39,8 @@ class LaunchRequest:
     node_rank: int
     nnodes: int
     json_out: bool  # torchrun's output goes to stderr, stdout carries the JSON document
+    timeline: LaunchTimeline = field(default_factory=LaunchTimeline)  # the gate's marks, then ours
+    verbose: bool = False  # `-v`: the timeline as a table at the end
 
 
 def launch_run(
@@ -82,11 +85,15 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
     except BaseException as exc:
         record.status, record.finished = "failed", time.time()
         record.notes.append(f"the launcher failed: {type(exc).__name__}: {exc}")
+        record.timeline = request.timeline.to_json()
         store.save(record)
         raise
     _close_record(record, request, outcome, stop_log, started)
+    record.timeline = request.timeline.to_json()
     store.save(record)
     _report(record, outcome, stop_log, request.began, say)
+    if request.verbose:
+        _print_timeline(record.timeline, console)
 
 
 def _note_launch_conditions(record: RunRecord, request: LaunchRequest, say: Narrator) -> None:
@@ -135,6 +142,7 @@ def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchReque
     )
     record.notes.append(before)
     say(f"[dim]{before}[/]")
+    request.timeline.mark("warm-up")
     record.last_seen = time.time()
     store.save(record)
 
@@ -154,9 +162,11 @@ def _run_torchrun(
             f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
         )
 
+    # The first drafter appends its phases (torchrun start .. first step) to a file in the run's folder.
+    environ = request.timeline.worker_environ(request.gate.environ, store.path(record.id).parent)
     return run_torchrun(
         request.gate.plan.command,
-        request.gate.environ,
+        environ,
         stop_log=stop_log,
         on_heartbeat=heartbeat,
         on_stopping=stopping,
@@ -201,6 +211,18 @@ def _report(record: RunRecord, outcome: TorchrunOutcome, stop_log: Path, began: 
             say(f"[dim]  the other processes' output after that error: {escape(str(stop_log))}[/]")
     elif record.status != "succeeded":
         say(f"  see what changed since the last good run: dflash-doctor runs show {record.id}")
+
+
+def _print_timeline(data: dict[str, Any], console: Console) -> None:
+    """`train -v`: where each second to the first step went (the same numbers as the record's `timeline`)."""
+    from rich.table import Table
+
+    table = Table(title="timeline (seconds from the command's start)", title_justify="left")
+    for column in ("phase", "seconds", "ends at"):
+        table.add_column(column)
+    for row in timeline_rows(data):
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table)
 
 
 def _summary_error(metrics: dict[str, Any]) -> str | None:
