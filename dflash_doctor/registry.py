@@ -94,11 +94,11 @@ def run_checks(
     ctx: CheckContext,
     only: Iterable[str] = (),
     defer: Iterable[str] = (),
-    between: Callable[[], None] | None = None,
+    between: Callable[[list[CheckRun]], None] | None = None,
 ) -> list[CheckRun]:
     """Every selected check, reported in registry order. `defer` (selectors): run those last, after
-    `between()`: the gate runs the static checks while the deep probe's child runs beside them, and only
-    then the checks that judge its report."""
+    `between(runs so far)`: the gate runs the static checks while the deep probe's child runs beside them,
+    and only then the checks that judge its report."""
     selectors = [s.strip() for s in only if s.strip()]
     later = [s.strip() for s in defer if s.strip()]
     have = available(ctx)
@@ -109,7 +109,7 @@ def run_checks(
     for chk in order:
         done[chk.id] = _run_one(ctx, chk)
     if between is not None:
-        between()
+        between([done[c.id] for c in order])
     for chk in deferred:
         done[chk.id] = _run_one(ctx, chk)
     return one_command_per_remedy([done[c.id] for c in chosen])

@@ -31,7 +31,7 @@ from dflash_doctor.commands.options import (
 )
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
-from dflash_doctor.launch.lifecycle import LaunchRequest, launch_run
+from dflash_doctor.launch.lifecycle import EarlyWarmUp, LaunchRequest, launch_run
 from dflash_doctor.launch.memory_plan import GIB
 from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
 from dflash_doctor.launch.runs import RunRecord, RunStore
@@ -142,26 +142,37 @@ def train_command(
         master_addr=master_addr,
         master_port=master_port,
     )
-    gate = run_gate(
-        training, python, torchrun, deep=deep, lock_path=default_lock(None, False), timeline=timeline
-    )
-    gate_s = time.perf_counter() - began
-    failing = [f.id for f in gate.failing]
-    _show_gate(console, gate, training, dry_run, json_out)  # --dry-run ends there
-    request = LaunchRequest(
-        training=training,
-        gate=gate,
-        failing=failing,
-        began=began,
-        gate_s=gate_s,
-        node_rank=node_rank or 0,
-        nnodes=nnodes,
-        json_out=json_out,
-        timeline=timeline,
-        verbose=bool(context.find_root().params.get("verbose")),
-    )
-    record = _launch_or_refuse(request, force, console)
-    _print_json(record, failing, json_out)
+    early = EarlyWarmUp()  # the compile cache warmed beside the deep probe, once the static checks pass
+    try:
+        gate = run_gate(
+            training,
+            python,
+            torchrun,
+            deep=deep,
+            lock_path=default_lock(None, False),
+            timeline=timeline,
+            on_static=None if dry_run else lambda static: early.start(static, training.path, force),
+        )
+        if gate.failing and not force:
+            early.stop()  # refused: stopped before anything is recorded
+        request = LaunchRequest(
+            training=training,
+            gate=gate,
+            failing=[f.id for f in gate.failing],
+            began=began,
+            gate_s=time.perf_counter() - began,
+            node_rank=node_rank or 0,
+            nnodes=nnodes,
+            json_out=json_out,
+            timeline=timeline,
+            verbose=bool(context.find_root().params.get("verbose")),
+            early=early,
+        )
+        _show_gate(console, gate, training, dry_run, json_out)  # --dry-run ends there
+        record = _launch_or_refuse(request, force, console)
+        _print_json(record, request.failing, json_out)
+    finally:
+        early.stop()  # a refusal, an output folder another run holds, our own unwinding: nothing left running
     raise typer.Exit(_exit_code(record))
 
 

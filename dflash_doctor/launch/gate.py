@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,9 +135,12 @@ def run_gate(
     deep: bool | None = None,
     lock_path: Path | None = None,
     timeline: LaunchTimeline | None = None,
+    on_static: Callable[[GateResult], None] | None = None,
 ) -> GateResult:
     """`deep`: None reuses a passed probe of this exact environment (else probes), True always probes,
-    False runs no probe. `timeline` gets the gate's marks: the static checks' end, then the probe's."""
+    False runs no probe. `timeline` gets the gate's marks: the static checks' end, then the probe's.
+    `on_static(static)`: called once the static checks are done, the probe perhaps still running, with a
+    GateResult of the static findings only."""
     env = Environment.load(python)
     environ = launch_environment()
     options = CheckOptions(
@@ -177,8 +181,14 @@ def run_gate(
         probe = Beside(probe_of(ctx), "deep-probe").start()
         ctx.pending("deep.report", probe.result)
     timeline = timeline or LaunchTimeline()
+
+    def static_done(static: list[CheckRun]) -> None:
+        timeline.mark("gate")
+        if on_static is not None:  # e.g. the launch's warm-up, started while the probe still runs
+            on_static(GateResult(ctx, static, plan, environ))
+
     try:
-        runs = run_checks(ctx, defer=PROBE_JUDGES, between=lambda: timeline.mark("gate"))
+        runs = run_checks(ctx, defer=PROBE_JUDGES, between=static_done)
     finally:
         if probe is not None:
             probe.stop()  # done by now, unless we are unwinding: then its child is stopped, not left

@@ -1,4 +1,5 @@
-"""The gate's deep probe runs beside the static checks (issue 40 §2), and is never left behind."""
+"""The gate's deep probe runs beside the static checks and the launch's warm-up beside the probe (issue 40 §2);
+neither is ever left behind, and a failing probe still refuses."""
 
 from __future__ import annotations
 
@@ -65,3 +66,70 @@ def test_stopping_a_probe_beside_stops_its_child(tmp_path: Path) -> None:
     assert not psutil.pid_exists(pid)
     with pytest.raises(ChildCancelled):
         beside.result()
+
+
+def test_the_warm_up_runs_while_the_probe_runs(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dflash_doctor.launch import lifecycle
+    from dflash_doctor.launch.compile_cache import CachePreparation
+
+    warming = threading.Event()
+
+    def prepare(*args: object, **kwargs: object) -> CachePreparation:
+        warming.set()
+        return CachePreparation("warm", "test", 0.0)
+
+    saw: list[bool] = []
+
+    def probe(*args: object, **kwargs: object) -> ProbeReport:
+        saw.append(warming.wait(timeout=15))  # the warm-up started before the probe ended
+        return ProbeReport(raw=dict(PASSING), seconds=0.2)
+
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", probe)
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
+    assert saw == [True] and len(launches) == 1
+
+
+def test_a_failing_probe_still_refuses_and_stops_the_warm_up_beside_it(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dflash_doctor.launch import lifecycle
+    from dflash_doctor.launch.compile_cache import CachePreparation
+
+    warming = threading.Event()
+    cancelled: list[bool] = []
+
+    def prepare(*args: object, cancel: threading.Event | None = None, **kwargs: object) -> CachePreparation:
+        warming.set()
+        assert cancel is not None
+        cancelled.append(cancel.wait(timeout=15))  # a long compile, stopped by the refusal
+        return CachePreparation("warm", "test", 0.0)
+
+    def probe(*args: object, **kwargs: object) -> ProbeReport:
+        warming.wait(timeout=15)
+        return ProbeReport(error="the probe crashed (killed by signal 11) before printing its report")
+
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", probe)
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 1 and launches == []
+    assert cancelled == [True]
+    assert "launch refused" in capsys.readouterr().out
+
+
+def test_a_dry_run_warms_nothing(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dflash_doctor.launch import lifecycle
+
+    def prepare(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a dry run warmed the compile cache")
+
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
+    assert run(["train", "--config", "tiny-cpu", "--deep", "--dry-run"]) == 0
