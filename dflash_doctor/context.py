@@ -40,5 +40,17 @@ class CheckContext:
         """Compute an analysis once per run and hand the same object to every check that asks."""
         if name not in self._shared:
             self._shared[name] = factory()
-        value: T = self._shared[name]
-        return value
+        value = self._shared[name]
+        if isinstance(value, _Pending):  # computed elsewhere (a thread beside the checks): wait for it once
+            value = self._shared[name] = value.get()
+        result: T = value
+        return result
+
+    def pending(self, name: str, get: Callable[[], Any]) -> None:
+        """`shared(name)` will be `get()`, called by the first check that asks (it may wait for a thread)."""
+        self._shared[name] = _Pending(get)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    get: Callable[[], Any]

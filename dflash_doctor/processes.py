@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,10 @@ class ChildResult:
     seconds: float
 
 
+class ChildCancelled(Exception):
+    """The caller gave up on a child running beside it (`cancel` set); it and its descendants were stopped."""
+
+
 class ChildTimedOut(DoctorError):
     """A child did not finish in time; it and everything it started were stopped. Carries what it wrote."""
 
@@ -105,12 +110,14 @@ def run_child(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     hint: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> ChildResult:
     """Run `args` to the end, within `timeout` seconds, and return its exit code and output.
 
     Whatever happens (normal end, timeout, KeyboardInterrupt or `Stopped` while waiting) the child's process
     group and every descendant seen are stopped and the child is reaped before this returns or raises.
-    Timeout: `ChildTimedOut` ("<what> did not finish within N s"). OSError when it cannot start.
+    Timeout: `ChildTimedOut` ("<what> did not finish within N s"). OSError when it cannot start. `cancel`
+    (a child run from a thread beside other work): once set, the child is stopped and `ChildCancelled` raised.
     """
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -125,7 +132,7 @@ def run_child(
         )
         tree = ProcessTree(proc.pid)
         try:
-            code = _wait(proc, tree, start + timeout)
+            code = _wait(proc, tree, start + timeout, cancel)
         finally:
             stop_group(proc, tree)  # also on our own interruption: nothing outlives the call
         stdout, stderr = _read_tail(out), _read_tail(err)
@@ -140,10 +147,14 @@ def run_child(
     return ChildResult(code, stdout, stderr, seconds)
 
 
-def _wait(proc: subprocess.Popen[bytes], tree: ProcessTree, deadline: float) -> int | None:
+def _wait(
+    proc: subprocess.Popen[bytes], tree: ProcessTree, deadline: float, cancel: threading.Event | None = None
+) -> int | None:
     """The child's exit code, or None at the deadline; its descendants are remembered meanwhile."""
     while True:
         tree.refresh()
+        if cancel is not None and cancel.is_set():
+            raise ChildCancelled("cancelled by the caller")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None

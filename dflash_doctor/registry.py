@@ -90,28 +90,46 @@ class CheckRun:
     seconds: float
 
 
-def run_checks(ctx: CheckContext, only: Iterable[str] = ()) -> list[CheckRun]:
+def run_checks(
+    ctx: CheckContext,
+    only: Iterable[str] = (),
+    defer: Iterable[str] = (),
+    between: Callable[[list[CheckRun]], None] | None = None,
+) -> list[CheckRun]:
+    """Every selected check, reported in registry order. `defer` (selectors): run those last, after
+    `between(runs so far)`: the gate runs the static checks while the deep probe's child runs beside them,
+    and only then the checks that judge its report."""
     selectors = [s.strip() for s in only if s.strip()]
+    later = [s.strip() for s in defer if s.strip()]
     have = available(ctx)
-    runs: list[CheckRun] = []
-    for chk in all_checks():
-        if not matches(chk.id, selectors) or not chk.requires <= have:
-            continue
-        start = time.perf_counter()
-        try:
-            findings = list(chk.fn(ctx))
-        except Exception as exc:  # a crashing check is a bug, reported, never a silent pass
-            findings = [
-                Finding(
-                    f"{chk.id}.crashed",
-                    Severity.FAIL,
-                    f"check {chk.id} crashed: {type(exc).__name__}: {exc}",
-                    {"traceback": traceback.format_exc().splitlines()[-6:]},
-                    "please report this with `dflash-doctor check --json` attached",
-                )
-            ]
-        runs.append(CheckRun(chk, findings, time.perf_counter() - start))
-    return one_command_per_remedy(runs)
+    chosen = [c for c in all_checks() if matches(c.id, selectors) and c.requires <= have]
+    order = [c for c in chosen if not (later and matches(c.id, later))]
+    deferred = [c for c in chosen if later and matches(c.id, later)]
+    done: dict[str, CheckRun] = {}
+    for chk in order:
+        done[chk.id] = _run_one(ctx, chk)
+    if between is not None:
+        between([done[c.id] for c in order])
+    for chk in deferred:
+        done[chk.id] = _run_one(ctx, chk)
+    return one_command_per_remedy([done[c.id] for c in chosen])
+
+
+def _run_one(ctx: CheckContext, chk: Check) -> CheckRun:
+    start = time.perf_counter()
+    try:
+        findings = list(chk.fn(ctx))
+    except Exception as exc:  # a crashing check is a bug, reported, never a silent pass
+        findings = [
+            Finding(
+                f"{chk.id}.crashed",
+                Severity.FAIL,
+                f"check {chk.id} crashed: {type(exc).__name__}: {exc}",
+                {"traceback": traceback.format_exc().splitlines()[-6:]},
+                "please report this with `dflash-doctor check --json` attached",
+            )
+        ]
+    return CheckRun(chk, findings, time.perf_counter() - start)
 
 
 def one_command_per_remedy(runs: list[CheckRun]) -> list[CheckRun]:

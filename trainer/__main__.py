@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from dflash_base import timeline
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
 
@@ -55,6 +56,7 @@ def relaunch_under_torchrun(world_size: int, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    timeline.remember("torchrun start")  # torchrun's own start-up and this interpreter's, before our code
     args = parse_args(argv)
     if under_torchrun():
         # Before torch is imported: a stop while importing is one line, not a KeyboardInterrupt traceback.
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         if not under_torchrun():
             relaunch_under_torchrun(cfg.world_size, argv)
+        timeline.remember("worker start")  # the config validated in the worker
         from trainer.run.train import main as train_main
 
         return train_main(cfg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,12 @@ def compile_count(result: Mapping[str, Any]) -> tuple[int, int]:
     return int(inductor.get("fxgraph_cache_miss", 0)), int(inductor.get("fxgraph_cache_hit", 0))
 
 
-def run_warm_child(command: list[str], environ: Mapping[str, str], timeout: float = 3600.0) -> dict[str, Any]:
+def run_warm_child(
+    command: list[str],
+    environ: Mapping[str, str],
+    timeout: float = 3600.0,
+    cancel: threading.Event | None = None,
+) -> dict[str, Any]:
     """Run the warm-up child; a DoctorError with the child's last words when it fails or times out. Its
     compile workers are stopped with it, whatever happens (`dflash_doctor.processes.run_child`). It runs in
     this process's working directory, as the workers do: a config's relative paths (target.path, data.path)
@@ -112,6 +118,7 @@ def run_warm_child(command: list[str], environ: Mapping[str, str], timeout: floa
             env=environ,
             cwd=os.getcwd(),
             hint="run it alone, or with smaller shapes",
+            cancel=cancel,
         )
     except OSError as exc:
         raise DoctorError(f"could not start {command[0]}: {exc}") from exc

@@ -31,10 +31,11 @@ from dflash_doctor.commands.options import (
 )
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
-from dflash_doctor.launch.lifecycle import LaunchRequest, launch_run
+from dflash_doctor.launch.lifecycle import EarlyWarmUp, LaunchRequest, launch_run
 from dflash_doctor.launch.memory_plan import CPU_FLOOR_NOTE, GIB
 from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
 from dflash_doctor.launch.runs import RunRecord, RunStore
+from dflash_doctor.launch.timeline import LaunchTimeline
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
 
@@ -105,6 +106,7 @@ def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
 
 
 def train_command(
+    context: typer.Context,
     config: ConfigOption,
     force: bool = typer.Option(
         False, "--force", metavar=FLAG, help="Launch even over failing findings (recorded)."
@@ -134,6 +136,7 @@ def train_command(
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
     console = make_console(stderr=json_out)
     began = time.perf_counter()  # the launcher's share of time to first step: gate + compile cache
+    timeline = LaunchTimeline.from_process_start()  # where each second to the first step goes (--json, -v)
     training = load_training_config(config, overrides or [])
     torchrun = TorchrunOptions(
         nnodes=nnodes,
@@ -144,22 +147,37 @@ def train_command(
         master_addr=master_addr,
         master_port=master_port,
     )
-    gate = run_gate(training, python, torchrun, deep=deep, lock_path=default_lock(None, False))
-    gate_s = time.perf_counter() - began
-    failing = [f.id for f in gate.failing]
-    _show_gate(console, gate, training, dry_run, json_out)  # --dry-run ends there
-    request = LaunchRequest(
-        training=training,
-        gate=gate,
-        failing=failing,
-        began=began,
-        gate_s=gate_s,
-        node_rank=node_rank or 0,
-        nnodes=nnodes,
-        json_out=json_out,
-    )
-    record = _launch_or_refuse(request, force, console)
-    _print_json(record, failing, json_out)
+    early = EarlyWarmUp()  # the compile cache warmed beside the deep probe, once the static checks pass
+    try:
+        gate = run_gate(
+            training,
+            python,
+            torchrun,
+            deep=deep,
+            lock_path=default_lock(None, False),
+            timeline=timeline,
+            on_static=None if dry_run else lambda static: early.start(static, training.path, force),
+        )
+        if gate.failing and not force:
+            early.stop()  # refused: stopped before anything is recorded
+        request = LaunchRequest(
+            training=training,
+            gate=gate,
+            failing=[f.id for f in gate.failing],
+            began=began,
+            gate_s=time.perf_counter() - began,
+            node_rank=node_rank or 0,
+            nnodes=nnodes,
+            json_out=json_out,
+            timeline=timeline,
+            verbose=bool(context.find_root().params.get("verbose")),
+            early=early,
+        )
+        _show_gate(console, gate, training, dry_run, json_out)  # --dry-run ends there
+        record = _launch_or_refuse(request, force, console)
+        _print_json(record, request.failing, json_out)
+    finally:
+        early.stop()  # a refusal, an output folder another run holds, our own unwinding: nothing left running
     raise typer.Exit(_exit_code(record))
 
 

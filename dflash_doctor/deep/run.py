@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,11 +107,13 @@ def run_probe(
     flex: bool = True,
     cuda: bool = True,
     inductor_cache: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> ProbeReport:
     """Run the child with `interpreter`; never raises for a broken environment (that is the finding).
 
     The compile cache goes to a fresh temp folder (removed afterwards) unless `inductor_cache` names
-    one, or is "inherit" to use what the environment says.
+    one, or is "inherit" to use what the environment says. `cancel`: the probe runs beside other work
+    (`launch/beside.py`); setting it stops the child (`ChildCancelled`).
     """
     scratch = None
     if inductor_cache is None:
@@ -126,6 +130,7 @@ def run_probe(
             timeout,
             "the probe",
             cwd=tempfile.gettempdir(),  # never import a `torch/` folder from the user's cwd
+            cancel=cancel,
         )
     except ChildTimedOut as exc:
         return ProbeReport(error=exc.message, stderr_tail=exc.stderr.splitlines()[-12:])
@@ -159,8 +164,9 @@ def probe_timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
-def deep_report(ctx: Any) -> ProbeReport:
-    """The probe of the audited interpreter, run once per check run (`ctx.shared("deep.report")`)."""
+def probe_of(ctx: Any) -> Callable[[threading.Event | None], ProbeReport]:
+    """The probe this check run asks for (`ctx.options.extra` decides flex and the cache), as a function
+    of a cancel event: the gate runs it in a thread beside the static checks."""
     options = getattr(ctx.options, "extra", {}) or {}
     flex = options.get("deep_flex", os.environ.get(FLEX_ENV, "1") != "0")
     cache = options.get("deep_inductor_cache", os.environ.get(CACHE_ENV) or None)
@@ -171,11 +177,18 @@ def deep_report(ctx: Any) -> ProbeReport:
         else f"{FLEX_ENV}=0"
     )
 
-    def probe() -> ProbeReport:
-        report = run_probe(ctx.env.interpreter.executable, probe_timeout(), flex=flex, inductor_cache=cache)
+    def probe(cancel: threading.Event | None = None) -> ProbeReport:
+        report = run_probe(
+            ctx.env.interpreter.executable, probe_timeout(), flex=flex, inductor_cache=cache, cancel=cancel
+        )
         skipped = report.raw.get("flex")
         if not flex and isinstance(skipped, dict) and skipped.get("status") == "skipped":
             skipped["reason"] = why_not
         return report
 
-    return ctx.shared("deep.report", probe)
+    return probe
+
+
+def deep_report(ctx: Any) -> ProbeReport:
+    """The probe of the audited interpreter, run once per check run (`ctx.shared("deep.report")`)."""
+    return ctx.shared("deep.report", probe_of(ctx))

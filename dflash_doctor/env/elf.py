@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
@@ -128,7 +129,27 @@ def elf_info(path: str, facts: ElfFacts, lib: str | None = None, platform: str |
 
 
 def read_elf_facts(path: str) -> ElfFacts | None:
-    """Parse the dynamic section; None when `path` is not a readable ELF file."""
+    """Parse the dynamic section; None when `path` is not a readable ELF file.
+
+    The common file (a little- or big-endian ELF32/64 whose DT_STRTAB lies in a PT_LOAD segment) is read
+    with `struct` (`_struct_facts`); anything else goes through pyelftools, which the fast path equals on
+    every file it takes (tests/libs/test_elf_fast.py). A cold `check` parsed 338 files of a CPU torch tree
+    in `cuda_extension_libraries`, most of the first run's time, through pyelftools' construct parsers.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+            if head[:4] != _ELF_MAGIC:
+                return None
+            return _struct_facts(handle, head)
+    except OSError:
+        return None
+    except _Unusual:
+        return read_elf_facts_pyelftools(path)
+
+
+def read_elf_facts_pyelftools(path: str) -> ElfFacts | None:
+    """`read_elf_facts` through pyelftools: every ELF file its fast path does not take."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
@@ -157,6 +178,108 @@ def read_elf_facts(path: str) -> ElfFacts | None:
     except (OSError, ELFError, ValueError, KeyError, AttributeError):
         return None
     return (soname, tuple(needed), rpath_raw, runpath_raw, machine, elf_class)
+
+
+class _Unusual(Exception):
+    """The fast path's "not mine": pyelftools decides."""
+
+
+# pyelftools' names of the machines the fast path knows; any other goes through pyelftools
+_MACHINES = {3: "EM_386", 40: "EM_ARM", 62: "EM_X86_64", 183: "EM_AARCH64", 21: "EM_PPC64", 243: "EM_RISCV"}
+_PT_LOAD, _PT_DYNAMIC, _PN_XNUM = 1, 2, 0xFFFF
+_DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 14, 15, 29
+
+
+def _struct_facts(handle: BinaryIO, head: bytes) -> ElfFacts:
+    """The dynamic section read as ld.so reads it: program headers, PT_DYNAMIC, strings via DT_STRTAB
+    mapped through the PT_LOAD segments. `_Unusual` for anything it does not handle exactly."""
+    if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2):
+        raise _Unusual  # not a class or byte order ld.so loads
+    wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+    machine = _MACHINES.get(struct.unpack_from(order + "H", head, 0x12)[0])
+    if machine is None or (wide and len(head) < 64):
+        raise _Unusual
+    if wide:
+        (phoff,) = struct.unpack_from(order + "Q", head, 0x20)
+        phentsize, phnum = struct.unpack_from(order + "HH", head, 0x36)
+        ph_format, fields = order + "IIQQQQQQ", (0, 2, 3, 5)  # type, offset, vaddr, filesz
+    else:
+        (phoff,) = struct.unpack_from(order + "I", head, 0x1C)
+        phentsize, phnum = struct.unpack_from(order + "HH", head, 0x2A)
+        ph_format, fields = order + "IIIIIIII", (0, 1, 2, 4)
+    size = struct.calcsize(ph_format)
+    if phnum == _PN_XNUM or phentsize < size:
+        raise _Unusual
+    handle.seek(phoff)
+    table = handle.read(phentsize * phnum)
+    if len(table) < phentsize * phnum:
+        raise _Unusual
+    loads, dynamic = [], None
+    for index in range(phnum):
+        row = struct.unpack_from(ph_format, table, index * phentsize)
+        kind, offset, vaddr, filesz = (row[i] for i in fields)
+        if kind == _PT_LOAD:
+            loads.append((vaddr, filesz, offset))
+        elif kind == _PT_DYNAMIC and dynamic is None:
+            dynamic = (offset, filesz)
+    tags: list[tuple[int, int]] = []
+    if dynamic is not None and dynamic[1]:
+        entry = order + ("qQ" if wide else "iI")
+        step = struct.calcsize(entry)
+        handle.seek(dynamic[0])
+        data = handle.read(dynamic[1])
+        for start in range(0, len(data) - step + 1, step):
+            tag, value = struct.unpack_from(entry, data, start)
+            tags.append((tag, value))
+            if tag == _DT_NULL:
+                break
+        else:
+            raise _Unusual  # no DT_NULL inside the segment
+    strtab = next((value for tag, value in tags if tag == _DT_STRTAB), None)
+    wanted = [(tag, value) for tag, value in tags if tag in (_DT_NEEDED, _DT_SONAME, _DT_RPATH, _DT_RUNPATH)]
+    if not wanted:
+        return (None, (), None, None, machine, 64 if wide else 32)
+    base = next(
+        (strtab - va + off for va, sz, off in loads if strtab is not None and va <= strtab < va + sz), None
+    )
+    if base is None:
+        raise _Unusual  # pyelftools falls back to the section headers
+    soname: str | None = None
+    needed: list[str] = []
+    rpath_raw: str | None = None
+    runpath_raw: str | None = None
+    for tag, value in wanted:
+        text = _cstring(handle, base + value)
+        if text is None:
+            raise _Unusual
+        if tag == _DT_NEEDED:
+            needed.append(text)
+        elif tag == _DT_SONAME:
+            soname = text
+        elif tag == _DT_RPATH:
+            rpath_raw = text
+        else:
+            runpath_raw = text
+    return (soname, tuple(needed), rpath_raw, runpath_raw, machine, 64 if wide else 32)
+
+
+def _cstring(handle: BinaryIO, offset: int) -> str | None:
+    """The NUL-terminated UTF-8 string at `offset` ('' for an empty one); None where pyelftools would fail."""
+    handle.seek(offset)
+    chunks = []
+    while True:
+        chunk = handle.read(256)
+        if not chunk:
+            return None
+        end = chunk.find(b"\0")
+        if end >= 0:
+            chunks.append(chunk[:end])
+            break
+        chunks.append(chunk)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _dynamic_tags(elf: ELFFile, stream: BinaryIO) -> Iterator[DynamicTag]:

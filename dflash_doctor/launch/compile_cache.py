@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ def prepare_compile_cache(
     drafter_devices: tuple[str, ...] = (),
     overrides: tuple[str, ...] = (),
     local_workers: int = 1,
+    cancel: threading.Event | None = None,
 ) -> CachePreparation:
     """Make the managed cache warm for this build on every drafter device, before any worker starts.
 
@@ -71,6 +73,7 @@ def prepare_compile_cache(
     3. The child runs with the CPU thread count the workers will have (`local_workers`: torchrun's processes
        on this node): Inductor's C++ kernels are generated for a thread count, so a warm-up at another one
        compiled graphs no worker could use (issue 39 U4: on CPU the worker compiled the same graph again).
+    4. `cancel`: it runs beside the deep probe (`lifecycle.EarlyWarmUp`); once set, the child is stopped.
     """
     start = time.perf_counter()
     fingerprint = current_fingerprint(env)
@@ -113,7 +116,10 @@ def prepare_compile_cache(
     command = child_command(
         env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
     )
-    report = run_warm_child(command, environ)
+    if cancel is None:  # stand-ins for the child in tests take (command, environ)
+        report = run_warm_child(command, environ)
+    else:
+        report = run_warm_child(command, environ, cancel=cancel)
     records.save(key, drafter_devices, cache_files(roots))
     misses, hits = compile_count(report)
     where = ", ".join(drafter_devices) or device_type

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,13 +18,15 @@ from typing import TYPE_CHECKING
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.locations import managed_inductor_dir, snapshots_dir
 from dflash_doctor.context import CheckContext, CheckOptions
-from dflash_doctor.deep.run import CACHE_ENV, deep_report
+from dflash_doctor.deep.run import CACHE_ENV, ProbeReport, deep_report, probe_of
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, Severity
+from dflash_doctor.launch.beside import Beside
 from dflash_doctor.launch.disk_plan import disk_facts
 from dflash_doctor.launch.plan import LaunchPlan, NodeFacts, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
+from dflash_doctor.launch.timeline import LaunchTimeline
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.registry import CheckRun, run_checks
 from dflash_doctor.report import flatten
@@ -80,6 +83,11 @@ def launch_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return environ
 
 
+# The checks that read the deep probe's report: run after every other check, so the probe's child runs
+# beside those (a cold probe: 22.5 s on an H200, 4-5 s on a 2-core CPU box; the static checks 1-3 s).
+PROBE_JUDGES = ("deep", "gpu.arch")
+
+
 @dataclass
 class GateResult:
     context: CheckContext
@@ -126,9 +134,13 @@ def run_gate(
     torchrun: TorchrunOptions | None = None,
     deep: bool | None = None,
     lock_path: Path | None = None,
+    timeline: LaunchTimeline | None = None,
+    on_static: Callable[[GateResult], None] | None = None,
 ) -> GateResult:
     """`deep`: None reuses a passed probe of this exact environment (else probes), True always probes,
-    False runs no probe."""
+    False runs no probe. `timeline` gets the gate's marks: the static checks' end, then the probe's.
+    `on_static(static)`: called once the static checks are done, the probe perhaps still running, with a
+    GateResult of the static findings only."""
     env = Environment.load(python)
     environ = launch_environment()
     options = CheckOptions(
@@ -162,9 +174,27 @@ def run_gate(
     options.extra["deep_inductor_cache"] = probe_inductor_cache()
     key = probe_key(current_lock(ctx), {"flex": options.extra["deep_flex"]}) if options.deep else None
     reused = ProbeRecords().find(key) if key is not None and deep is None else None
+    probe: Beside[ProbeReport] | None = None
     if reused is not None:
         ctx.shared("deep.report", lambda: reused.report)  # the deep checks judge the kept report
-    runs = run_checks(ctx)
+    elif key is not None:  # the probe's child runs beside the static checks; its judges wait for it
+        probe = Beside(probe_of(ctx), "deep-probe").start()
+        ctx.pending("deep.report", probe.result)
+    timeline = timeline or LaunchTimeline()
+
+    def static_done(static: list[CheckRun]) -> None:
+        timeline.mark("gate")
+        if on_static is not None:  # e.g. the launch's warm-up, started while the probe still runs
+            on_static(GateResult(ctx, static, plan, environ))
+
+    try:
+        runs = run_checks(ctx, defer=PROBE_JUDGES, between=static_done)
+    finally:
+        if probe is not None:
+            probe.stop()  # done by now, unless we are unwinding: then its child is stopped, not left
+    timeline.mark("deep probe")  # the wait for the probe after the static checks (none when reused)
+    if probe is not None and probe.seconds is not None:
+        timeline.extra["probe_s"] = round(probe.seconds, 3)
     env.save_parse_cache()
     note = None
     if reused is not None:

@@ -56,6 +56,7 @@ class RunRecord:
     last_seen: float | None = None  # the launcher's last heartbeat while the run was running
     stderr_tail: list[str] = field(default_factory=list)  # a failed run's last stderr lines: why it failed
     reason: str | None = None  # why a failed run failed, in one line (a rank's named error, or its summary's)
+    timeline: dict[str, Any] = field(default_factory=dict)  # where each second to the first step went
 
     @property
     def seconds(self) -> float | None:
@@ -130,6 +131,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "last_seen": _NUMBER,
     "stderr_tail": (list,),
     "reason": (str,),
+    "timeline": (dict,),
 }
 ITEM_TYPES: dict[str, type] = {
     "findings": dict,

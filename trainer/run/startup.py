@@ -11,6 +11,12 @@ from __future__ import annotations
 import sys
 import time
 
+from dflash_base import timeline
+
+# The clock's phases that are also the launch timeline's (`dflash_base.timeline`), under its names; the
+# others ("build target", "optimizer + DDP") fall into the next timeline phase.
+TIMELINE_PHASES = {"process group": "process group", "build": "model build", "compile": "compile"}
+
 
 def _process_age_s() -> float | None:
     """Seconds since this process started (interpreter start and imports included), if the OS says."""
@@ -29,12 +35,29 @@ class StartupClock:
         age = _process_age_s()
         self.phases: dict[str, float] = {} if age is None else {"start + imports": age}
         self._last = time.monotonic()
+        self.reports = False  # this rank writes the launch timeline (the first drafter: `report_timeline`)
+
+    def report_timeline(self, reports: bool) -> None:
+        """Once the rank knows its role: the first drafter writes the marks it remembered and every later one;
+        the other ranks write none (one writer, so the file's order is the run's)."""
+        self.reports = reports
+        if reports:
+            timeline.flush()
+        else:
+            timeline.forget()
+
+    def timeline_mark(self, phase: str) -> None:
+        """A launch-timeline phase ended now (on the reporting rank only)."""
+        if self.reports:
+            timeline.mark(phase)
 
     def mark(self, phase: str) -> float:
         now = time.monotonic()
         seconds = now - self._last
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
         self._last = now
+        if phase in TIMELINE_PHASES:
+            self.timeline_mark(TIMELINE_PHASES[phase])
         return seconds
 
     @property

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dflash_base import timeline
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer.data.order import BatchOrder, make_batch, make_padded_batch
@@ -96,6 +97,7 @@ class Rank:
 
 
 def main(cfg: TrainConfig) -> int:
+    timeline.remember("imports")  # torch and the trainer's modules, imported by the time we get here
     clock = StartupClock()
     me = Rank.from_environ()
     # SIGTERM/SIGINT/SIGHUP (torchrun stops every worker once one has failed; `train` forwards a stop)
@@ -104,6 +106,7 @@ def main(cfg: TrainConfig) -> int:
     watch_parent(grace_s=min(cfg.run.timeout_s, 30))
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))  # torchrun's --nnodes
     topology = resolve_topology(cfg.topology, me.world_size, nodes)  # ConfigError: not what torchrun started
+    clock.report_timeline(me.rank == topology.drafter_ranks[0])  # the rank whose first step is the run's
     device = resolve_device(cfg.run.device, me.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -356,6 +359,7 @@ class DrafterLoop:
         self.fault = fault_from_env()
         self.timer = StepTimer(device)
         self.profiler = StepProfiler(cfg.profile, cfg.output_dir, run.rank, device)
+        self.logged_any = False
         self.queued: QueuedStep | None = None  # the last step, its numbers still on their way to the host
         self.prefetch: Callable[[int], None] | None = None
         run.clock.mark("optimizer + DDP")
@@ -458,6 +462,9 @@ class DrafterLoop:
         )
         self.log.write(m)
         self.progress.update(m)
+        if not self.logged_any:  # the launch timeline's last phase: the first metrics line is out
+            self.logged_any = True
+            self.run_ctx.clock.timeline_mark("first step")
 
     def close(self, status: str, error: str | None) -> None:
         """The first drafter closes its log and writes summary.json (also when the run failed)."""

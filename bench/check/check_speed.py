@@ -1,0 +1,95 @@
+"""`dflash-doctor check` (the static audit) timed as a person waits for it: fresh processes, first and warm
+(issue 40 §2: goals <= 2 s first, <= 0.5 s warm on the H200 machine).
+
+Each round makes a fresh DFLASH_DOCTOR_HOME (no parse cache: every dist-info, RECORD and ELF file parsed),
+runs `check` once (first), then `--warm` more times in that home (warm: parses from the cache). Our bytecode is
+compiled before the first round, as `pip install` does. `--repo` runs another checkout (its packages first on
+PYTHONPATH, this interpreter) for a before/after on one machine; the findings of every run must be the same
+(ids and severities), else the script says so and exits 1.
+
+    .venv/bin/python bench/check/check_speed.py [--rounds 3] [--warm 3] [--repo PATH] [--python X]
+
+Prints a table; writes JSON (default bench/results/check_speed_40.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dflash_base.atomic import write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_check(repo: Path, home: Path, python: str | None) -> tuple[float, list[tuple[str, str]]]:
+    command = [sys.executable, "-m", "dflash_doctor", "check", "--no-lock", "--json"]
+    command += ["--python", python] if python else []
+    environ = {k: v for k, v in os.environ.items() if k != "DFLASH_DOCTOR_CACHE_DIR"}
+    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=str(repo))
+    began = time.perf_counter()
+    done = subprocess.run(command, cwd=repo, env=environ, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - began
+    try:
+        report = json.loads(done.stdout)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"check printed no JSON (exit {done.returncode}): {done.stderr[-2000:]}") from exc
+    return seconds, sorted((f["id"], f["severity"]) for f in report["findings"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warm", type=int, default=3, help="warm runs after each first run")
+    parser.add_argument("--repo", type=Path, default=ROOT)
+    parser.add_argument("--python", default=None, help="audit this interpreter (default: the running one)")
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "check_speed_40.json")
+    args = parser.parse_args()
+    repo = args.repo.resolve()
+    for package in ("dflash_doctor", "dflash_base", "checks", "trainer"):
+        compileall.compile_dir(str(repo / package), quiet=1)
+    first: list[float] = []
+    warm: list[float] = []
+    findings: set[tuple[tuple[str, str], ...]] = set()
+    with tempfile.TemporaryDirectory(prefix="check-speed-") as scratch:
+        for index in range(args.rounds):
+            home = Path(scratch) / f"home-{index}"
+            seconds, found = one_check(repo, home, args.python)
+            first.append(seconds)
+            findings.add(tuple(found))
+            for _ in range(args.warm):
+                seconds, found = one_check(repo, home, args.python)
+                warm.append(seconds)
+                findings.add(tuple(found))
+    rows: dict[str, Any] = {
+        "first": {
+            "best_s": round(min(first), 3),
+            "median_s": round(statistics.median(first), 3),
+            "runs": first,
+        },
+        "warm": {"best_s": round(min(warm), 3), "median_s": round(statistics.median(warm), 3), "runs": warm},
+    }
+    print(f"{'check':<8}{'best s':>9}{'median s':>10}{'runs':>6}")
+    for name, row in rows.items():
+        print(f"{name:<8}{row['best_s']:>9.2f}{row['median_s']:>10.2f}{len(row['runs']):>6}")
+    same = len(findings) == 1
+    print(
+        "findings: the same in every run" if same else f"findings DIFFER between runs: {len(findings)} sets"
+    )
+    document = {"repo": str(repo), "python": args.python or sys.executable, "same_findings": same, **rows}
+    write_json_atomic(args.json, document)
+    print(f"wrote {args.json}")
+    raise SystemExit(0 if same else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Seconds from `dflash-doctor train` to the first metrics line, cold then warm, with each launch's timeline
+(issue 40 §2): a cold launch in a fresh DFLASH_DOCTOR_HOME (nothing compiled, no kept probe), then the same
+launch again in that home (warm). The first step is timed from outside (the first line of metrics.jsonl)
+and, where the checkout records one, split into the launch timeline's phases (`run.timeline` of --json).
+
+    .venv/bin/python bench/launch/time_to_first_step.py --workdir /tmp/ttfs [--config tiny-cpu] [--repo PATH]
+    .venv/bin/python bench/launch/time_to_first_step.py --workdir /tmp/ttfs --config qwen3-8b-b16   # on a GPU
+
+`--repo` runs another checkout (its packages first on PYTHONPATH, with this interpreter), for a before/after
+on the same machine. Prints a table; writes JSON (default bench/results/time_to_first_step.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dflash_base.atomic import write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[2]
+# tiny-cpu cut to a few seconds of training: the launch is what is measured, not the run
+TINY = [
+    "data.seq_len=64",
+    "data.num_samples=32",
+    "optim.batch_size=2",
+    "optim.anchors=8",
+    "checkpoint.every=0",
+]
+
+
+def launch(repo: Path, home: Path, out: Path, config: str, sets: list[str]) -> dict[str, Any]:
+    """One `train --json` launch; the first metrics line's time seen from outside, and its timeline."""
+    command = [sys.executable, "-m", "dflash_doctor", "train", "--config", config, "--json"]
+    sets = [*sets, f"output.dir={json.dumps(str(out))}"]
+    command += [arg for item in sets for arg in ("--set", item)]
+    environ = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=str(repo), COLUMNS="200")
+    metrics, first_step = out / "metrics.jsonl", None
+    began = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=repo, env=environ, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    while proc.poll() is None:
+        if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
+            first_step = time.perf_counter() - began
+        time.sleep(0.05)
+    stdout = proc.stdout.read().decode() if proc.stdout else ""
+    try:
+        run = json.loads(stdout).get("run", {})
+    except json.JSONDecodeError:
+        run = {}
+    timeline = run.get("timeline") or {}
+    return {
+        "exit": proc.returncode,
+        "first_step_s": round(first_step, 2) if first_step else None,
+        "launch_s": round(time.perf_counter() - began, 2),
+        "phases": {row["phase"]: row["seconds"] for row in timeline.get("phases", [])},
+        "probe_s": timeline.get("probe_s"),
+    }
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    phases = list(dict.fromkeys(p for row in rows.values() for p in row["phases"]))
+    head = ["launch", "first step s", *phases]
+    lines = [head]
+    for name, row in rows.items():
+        lines.append(
+            [
+                name,
+                str(row["first_step_s"]),
+                *(f"{row['phases'][p]:.2f}" if p in row["phases"] else "-" for p in phases),
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, required=True, help="a fresh folder: homes and outputs")
+    parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout to run (default: this one)")
+    parser.add_argument("--config", default="tiny-cpu")
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="more overrides")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="optim.steps (the launch, not the run, is measured)"
+    )
+    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "time_to_first_step.json")
+    args = parser.parse_args()
+    sets = [*(TINY if args.config.startswith("tiny-cpu") else []), f"optim.steps={args.steps}", *args.sets]
+    home = args.workdir / "home"
+    rows = {
+        "cold": launch(args.repo.resolve(), home, args.workdir / "out-cold", args.config, sets),
+        "warm": launch(args.repo.resolve(), home, args.workdir / "out-warm", args.config, sets),
+    }
+    print(table(rows))
+    document = {"config": args.config, "sets": sets, "repo": str(args.repo), "launches": rows}
+    write_json_atomic(args.json, document)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

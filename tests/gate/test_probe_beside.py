@@ -1,0 +1,135 @@
+"""The gate's deep probe runs beside the static checks and the launch's warm-up beside the probe (issue 40 §2);
+neither is ever left behind, and a failing probe still refuses."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dflash_doctor import registry
+from dflash_doctor.cli import run
+from dflash_doctor.deep import run as deep_run
+from dflash_doctor.deep.run import ProbeReport
+from dflash_doctor.launch.beside import Beside
+from dflash_doctor.processes import ChildCancelled, run_child
+from tests.gate.test_probe_reuse import PASSING
+from tests.gate.test_train_gate import launches  # noqa: F401  (fixture)
+
+LAST_STATIC = "torch.build"  # registered after every deep check: the old gate ran it after the probe
+
+
+def test_the_probe_runs_while_the_static_checks_run(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    static_done = threading.Event()
+    registry.all_checks()  # the check modules register themselves on first use
+    original = registry._CHECKS[LAST_STATIC]
+
+    def last_static(ctx):  # type: ignore[no-untyped-def]
+        yield from original.fn(ctx)
+        static_done.set()
+
+    monkeypatch.setitem(registry._CHECKS, LAST_STATIC, dataclasses.replace(original, fn=last_static))
+    saw: list[bool] = []
+
+    def probe(*args: object, **kwargs: object) -> ProbeReport:
+        saw.append(static_done.wait(timeout=15))  # still running when the last static check ends
+        return ProbeReport(raw=dict(PASSING), seconds=0.2)
+
+    monkeypatch.setattr(deep_run, "run_probe", probe)
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
+    assert saw == [True] and len(launches) == 1
+
+
+def test_stopping_a_probe_beside_stops_its_child(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+
+    def probe(cancel: threading.Event) -> object:
+        return run_child([sys.executable, "-c", script], 120, "the probe", cancel=cancel)
+
+    beside = Beside(probe, "test-probe").start()
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    began = time.monotonic()
+    beside.stop()
+    assert time.monotonic() - began < 15  # not the child's 60 s
+    assert not psutil.pid_exists(pid)
+    with pytest.raises(ChildCancelled):
+        beside.result()
+
+
+def test_the_warm_up_runs_while_the_probe_runs(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dflash_doctor.launch import lifecycle
+    from dflash_doctor.launch.compile_cache import CachePreparation
+
+    warming = threading.Event()
+
+    def prepare(*args: object, **kwargs: object) -> CachePreparation:
+        warming.set()
+        return CachePreparation("warm", "test", 0.0)
+
+    saw: list[bool] = []
+
+    def probe(*args: object, **kwargs: object) -> ProbeReport:
+        saw.append(warming.wait(timeout=15))  # the warm-up started before the probe ended
+        return ProbeReport(raw=dict(PASSING), seconds=0.2)
+
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", probe)
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
+    assert saw == [True] and len(launches) == 1
+
+
+def test_a_failing_probe_still_refuses_and_stops_the_warm_up_beside_it(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dflash_doctor.launch import lifecycle
+    from dflash_doctor.launch.compile_cache import CachePreparation
+
+    warming = threading.Event()
+    cancelled: list[bool] = []
+
+    def prepare(*args: object, cancel: threading.Event | None = None, **kwargs: object) -> CachePreparation:
+        warming.set()
+        assert cancel is not None
+        cancelled.append(cancel.wait(timeout=15))  # a long compile, stopped by the refusal
+        return CachePreparation("warm", "test", 0.0)
+
+    def probe(*args: object, **kwargs: object) -> ProbeReport:
+        warming.wait(timeout=15)
+        return ProbeReport(error="the probe crashed (killed by signal 11) before printing its report")
+
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", probe)
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 1 and launches == []
+    assert cancelled == [True]
+    assert "launch refused" in capsys.readouterr().out
+
+
+def test_a_dry_run_warms_nothing(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dflash_doctor.launch import lifecycle
+
+    def prepare(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a dry run warmed the compile cache")
+
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
+    assert run(["train", "--config", "tiny-cpu", "--deep", "--dry-run"]) == 0
