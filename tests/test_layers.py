@@ -45,7 +45,7 @@ ALLOWED_UPWARD = {
 TRAINER_FLOORS = {
     "spec": 0,
     "model": 1,
-    "target": 2,
+    "target_model": 2,
     "data": 3,
     "run": 4,
     "decode": 4,

@@ -60,7 +60,7 @@ def make_target(folder: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from trainer.target.tiny import build_embedded_target
+    from trainer.target_model.tiny import build_embedded_target
 
     model = build_embedded_target("tiny", 0, torch.device("cpu"))
     chars = _byte_chars()

@@ -90,7 +90,7 @@ def main() -> int:
         if not (args.config and args.export and args.prompts):
             parser.error("--config, --export and --prompts (or --tiny)")
         from trainer.spec.config import load_config
-        from trainer.target.tokenizer import load_tokenizer
+        from trainer.target_model.tokenizer import load_tokenizer
 
         cfg = load_config(args.config, args.overrides)
         setup = EvalSetup(args.export, cfg.target.path, cfg.run.seed, args.device, args.dtype)
@@ -135,7 +135,7 @@ def tiny_pieces() -> tuple[SpecTarget, DFlashDrafter, list[list[int]], None]:
     """The tiny embedded target and an untrained 1-layer drafter: the plumbing, not a figure."""
     from trainer.model.drafter import DrafterConfig
     from trainer.spec.target_shapes import tiny_qwen3_config
-    from trainer.target.tiny import build_embedded_target
+    from trainer.target_model.tiny import build_embedded_target
 
     model = build_embedded_target("tiny", seed=0)
     cfg = DrafterConfig.from_target(tiny_qwen3_config(), 1, 8, 511, [2])

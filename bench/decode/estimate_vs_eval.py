@@ -24,7 +24,7 @@ from trainer.data.sources import build_source, split_data
 from trainer.model.export import load_drafter
 from trainer.run.heldout import score_batch
 from trainer.spec.config import load_config
-from trainer.target.capture import load_capture_target
+from trainer.target_model.capture import load_capture_target
 
 
 def main() -> int:

@@ -26,8 +26,8 @@ from trainer.decode.eval import EvalSetup, evaluate, heldout_prompts, load_piece
 from trainer.decode.speculative import greedy_decode
 from trainer.run.heldout import HeldoutSums, score_batch
 from trainer.spec.config import load_config
-from trainer.target.capture import CaptureTarget
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.capture import CaptureTarget
+from trainer.target_model.tiny import build_embedded_target
 
 COLUMNS = (
     "prompts",

@@ -44,8 +44,8 @@ from bench.lib.roles import (
 )
 from trainer.decode.generation import GenerationSettings, generate_token_batch
 from trainer.spec.target_shapes import is_embedded
-from trainer.target.load import load_target_model
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.load import load_target_model
+from trainer.target_model.tiny import build_embedded_target
 
 H200_HBM_TBPS = 4.8  # HBM3e bandwidth of an H200 (spec sheet); a measured copy reaches ~90% of it
 

@@ -34,7 +34,7 @@ from trainer.model.device import resolve_device
 from trainer.model.export import export_drafter
 from trainer.spec.config import load_config
 from trainer.spec.target_shapes import target_hf_config
-from trainer.target.load import load_frozen_embeddings
+from trainer.target_model.load import load_frozen_embeddings
 
 COLUMNS = ("prompts", "new_tokens", "block", "accept_len", "target_forwards", "baseline_forwards",
            "tok_s", "baseline_tok_s", "speedup", "identical", "ties", "different", "dtype", "device")  # fmt: skip

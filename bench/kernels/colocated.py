@@ -46,8 +46,8 @@ from bench.lib.roles import (
 )
 from trainer.model.batch import CapturedBatch
 from trainer.model.device import target_dtype
-from trainer.target.capture import CaptureTarget
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.capture import CaptureTarget
+from trainer.target_model.tiny import build_embedded_target
 
 COLUMNS = ("recipe", "target_ms", "drafter_ms", "colocated_ms", "colocated_samples_s", "colocated_tok_s",
            "x2_colocated_tok_s", "ideal_1p1_tok_s", "ideal_vs_x2", "peak_gib")  # fmt: skip

@@ -3,10 +3,10 @@
 Rows per sequence length, measured in the same run on the same weights:
   full model    the whole causal LM (every layer + LM head, `output_hidden_states=True`), the captured
                 layers picked from its hidden states: what earlier trainers run (the baseline)
-  capture       OUR path: `trainer.target.capture.CaptureTarget` (layers past the last captured one and the LM
+  capture       OUR path: `trainer.target_model.capture.CaptureTarget` (layers past the last captured one and the LM
                 head dropped, forward hooks on the captured layers), as `load_capture_target` builds it
   capture +compiled    `target.compile_layers = true` (each kept layer's forward compiled; the default)
-The model is built once (`trainer.target.tiny.build_embedded_target`: seeded random weights) and cut after the
+The model is built once (`trainer.target_model.tiny.build_embedded_target`: seeded random weights) and cut after the
 baseline rows. FLOPs: `bench/lib/flops.py` (count what each variant must compute; the full model's are larger,
 so compare the two by tok/s, not by MFU).
 
@@ -41,8 +41,8 @@ from bench.lib.roles import (
 from trainer.model.device import target_dtype
 from trainer.spec.config import load_config
 from trainer.spec.target_shapes import target_hf_config
-from trainer.target.capture import CaptureTarget
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.capture import CaptureTarget
+from trainer.target_model.tiny import build_embedded_target
 
 COLUMNS = ("variant", "seq_len", "layers", "ms", "tok_s", "tflops", "mfu", "peak_gib", "vs_full")
 

@@ -1,7 +1,7 @@
 """Build each trainer role at a recipe's shapes through the trainer's own code, and time it properly.
 
-The benchmarks measure OUR path: the target is `trainer.target.tiny.build_embedded_target` cut by
-`trainer.target.capture.CaptureTarget` (what `load_capture_target` does for an embedded target), the drafter is
+The benchmarks measure OUR path: the target is `trainer.target_model.tiny.build_embedded_target` cut by
+`trainer.target_model.capture.CaptureTarget` (what `load_capture_target` does for an embedded target), the drafter is
 `trainer.run.warmup.build_drafter`, and one drafter step is `trainer.run.train.train_step` (anchors, forward,
 backward, grad clip, fused AdamW on CUDA, schedule). A recipe is a trainer config (shipped name or path)
 plus `--set` overrides, so a benchmark and a run cannot disagree about the shapes.

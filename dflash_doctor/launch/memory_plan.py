@@ -57,7 +57,7 @@ class PlanInputs:
     on_gpu: bool = True
     compiled_layers: bool = True  # drafter.compile_layers (compiled on CUDA only; CPU runs stay eager)
     # Held-out evaluation on (data.eval_fraction or data.eval_path): target ranks keep the whole target and
-    # its LM head to score the target's own greedy tokens (trainer/target/capture.py::capture_with_greedy).
+    # its LM head to score the target's own greedy tokens (trainer/target_model/capture.py::capture_with_greedy).
     heldout: bool = False
     heldout_chunk: int = 2048  # positions of logits at a time in capture_with_greedy
     # topology.overlap_capture (colocated, CUDA): the next batch's capture runs beside this step's training

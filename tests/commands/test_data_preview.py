@@ -11,7 +11,7 @@ import pytest
 from dflash_doctor.cli import run
 from dflash_doctor.commands.data import SUPERVISED_CLOSE, SUPERVISED_OPEN
 from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_text
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.tiny import build_embedded_target
 
 
 @pytest.fixture(scope="module")

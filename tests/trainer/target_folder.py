@@ -38,7 +38,7 @@ def make_target_folder(folder: Path, seed: int = 0) -> Path:
     """Save the tiny target (seeded weights) and the tokenizer into `folder`; returns it."""
     import torch
 
-    from trainer.target.tiny import build_embedded_target
+    from trainer.target_model.tiny import build_embedded_target
 
     model = build_embedded_target("tiny", seed, torch.device("cpu"))
     tokenizer = make_tokenizer(model.config.vocab_size)

@@ -2,5 +2,5 @@
 
 Owns: the sequence sources and the train/held-out split (`sources`), the seeded batch order (`order`), chat
 rendering with its supervision mask (`chat`), and the preview of what a run will train on (`preview`).
-May import: `trainer.spec`, `trainer.model`, `trainer.target`, `dflash_base`, torch, transformers.
+May import: `trainer.spec`, `trainer.model`, `trainer.target_model`, `dflash_base`, torch, transformers.
 """

@@ -16,7 +16,7 @@ from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, b
 from trainer.model.batch import real_token_count
 from trainer.spec.config import TrainConfig
 from trainer.spec.target_shapes import is_embedded, target_shapes
-from trainer.target.tokenizer import load_tokenizer
+from trainer.target_model.tokenizer import load_tokenizer
 
 
 @dataclass

@@ -190,7 +190,7 @@ class EvalSetup:
 def load_eval_target(setup: EvalSetup) -> Any:  # a Hugging Face causal LM
     """The full target (causal LM with its head) on the eval's device and dtype."""
     from trainer.model.device import resolve_device, target_dtype
-    from trainer.target.load import load_target_model
+    from trainer.target_model.load import load_target_model
 
     if setup.device.startswith("cuda") and not torch.cuda.is_available():  # the option, not `run.device`
         raise ConfigError(
@@ -336,7 +336,7 @@ def run_eval(
 
     tokenizer = None
     if not is_embedded(target_path):
-        from trainer.target.tokenizer import load_tokenizer
+        from trainer.target_model.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(target_path)
     kwargs = cfg.data.chat_template_kwargs if cfg is not None else {}

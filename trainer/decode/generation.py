@@ -167,8 +167,8 @@ def load_generation_target(path: str, device: Any, dtype: str = "auto") -> tuple
     from dflash_base.errors import ConfigError
     from trainer.model.device import target_dtype
     from trainer.spec.target_shapes import is_embedded
-    from trainer.target.load import load_target_model
-    from trainer.target.tokenizer import load_tokenizer
+    from trainer.target_model.load import load_target_model
+    from trainer.target_model.tokenizer import load_tokenizer
 
     if is_embedded(path):
         raise ConfigError(

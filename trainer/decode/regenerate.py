@@ -84,7 +84,7 @@ def check_supervisable(settings: GenerationSettings) -> None:
     DeepSeek-R1's as vLLM ships it) was refused by `train` only after the generation had been paid for."""
     from trainer.data.chat import TemplateMarks
     from trainer.spec.target_shapes import is_embedded
-    from trainer.target.tokenizer import load_tokenizer
+    from trainer.target_model.tokenizer import load_tokenizer
 
     if is_embedded(settings.target):
         return  # no tokenizer, no chat: the engine refuses it, naming why
@@ -104,7 +104,7 @@ def check_prompt_lengths(scan: InputScan, settings: GenerationSettings, on_error
     3.5M tokens against a context of 4096). Only a conversation long enough in bytes to be at risk is
     tokenised: the first prompt as the engines render it, plus the later user and tool turns."""
     from trainer.spec.target_shapes import target_shapes
-    from trainer.target.tokenizer import load_tokenizer
+    from trainer.target_model.tokenizer import load_tokenizer
 
     context = int(target_shapes(settings.target).max_position_embeddings)
     tokenizer = None

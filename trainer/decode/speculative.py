@@ -30,8 +30,8 @@ from torch import Tensor
 
 from trainer.decode.compare import TOP_K, TopChoices
 from trainer.decode.proposers import Proposer
-from trainer.target.capture import LayerOutputs
-from trainer.target.load import cache_argument, returned_cache
+from trainer.target_model.capture import LayerOutputs
+from trainer.target_model.load import cache_argument, returned_cache
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What a target rank hands a drafter rank: one batch of captured context.
 
-This is the contract between `trainer/target/capture.py` (producer), `trainer/run/transport.py` (the wire) and
+This is the contract between `trainer/target_model/capture.py` (producer), `trainer/run/transport.py` (the wire) and
 `trainer/model/drafter.py` (consumer). Shapes are static per run (sequences padded to `seq_len`), so
 nothing downstream recompiles.
 """

@@ -77,8 +77,8 @@ from trainer.spec.config import TrainConfig
 from trainer.spec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
 from trainer.spec.target_shapes import target_hf_config
 from trainer.spec.topology import RunDigest, Topology, check_agreement, overlap_mode, resolve_topology
-from trainer.target.capture import CaptureTarget, capture_target_for
-from trainer.target.load import load_frozen_embeddings
+from trainer.target_model.capture import CaptureTarget, capture_target_for
+from trainer.target_model.load import load_frozen_embeddings
 
 
 @dataclass(frozen=True)

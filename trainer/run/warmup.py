@@ -25,7 +25,7 @@ from trainer.spec.config import TrainConfig, load_config
 from trainer.spec.target_shapes import target_hf_config
 
 if TYPE_CHECKING:
-    from trainer.target.capture import CaptureTarget
+    from trainer.target_model.capture import CaptureTarget
 
 
 def dummy_batch(cfg: TrainConfig, model: DFlashDrafter, device: torch.device) -> CapturedBatch:
@@ -164,7 +164,7 @@ def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str
     """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
     (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
     from trainer.spec.topology import resolve_topology
-    from trainer.target.capture import capture_target_for
+    from trainer.target_model.capture import capture_target_for
 
     if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):
         return None

@@ -2,11 +2,11 @@
 
 The launch gate (`dflash-doctor train`) and `trainer.spec.config.load_config` need only shapes. Importing this
 module costs nothing beyond the standard library: transformers (and through it torch) is imported only when
-a config is actually built, and never the trainer's model code (`trainer.target.capture`, `trainer.model.drafter`), whose
+a config is actually built, and never the trainer's model code (`trainer.target_model.capture`, `trainer.model.drafter`), whose
 imports pull in torch._dynamo, Inductor and flex attention (seconds on a CPU box, more on the H200).
 
 Embedded targets need no download: `target.path = "tiny"` (the default for CPU runs and tests) and
-`"random:<preset>"` (e.g. `random:qwen3-8b`, Qwen3-8B's shapes with random weights; trainer/target/tiny.py builds
+`"random:<preset>"` (e.g. `random:qwen3-8b`, Qwen3-8B's shapes with random weights; trainer/target_model/tiny.py builds
 their weights).
 """
 

@@ -20,7 +20,7 @@ from trainer.data.sources import (
 )
 from trainer.run.schedule import RunPlan, plan_run, target_work
 from trainer.spec.config import DataSection, parse_config
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.tiny import build_embedded_target
 
 
 def test_pad_and_truncate_keep_padding_out_of_the_loss() -> None:

@@ -11,7 +11,7 @@ import torch
 from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer
 from trainer.data.sources import split_data
 from trainer.spec.config import load_config
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.tiny import build_embedded_target
 
 
 @pytest.fixture(scope="module")

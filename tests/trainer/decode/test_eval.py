@@ -18,7 +18,7 @@ from trainer.decode.speculative import SpecTarget, greedy_decode
 from trainer.model.drafter import DFlashDrafter, DrafterConfig
 from trainer.model.export import export_drafter
 from trainer.spec.target_shapes import tiny_qwen3_config
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.tiny import build_embedded_target
 
 PROMPTS = [[5, 17, 300, 42, 9, 77], [1, 2, 3], [400, 401, 402, 403, 404, 405, 406, 407]]
 

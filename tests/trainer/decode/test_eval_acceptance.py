@@ -14,7 +14,7 @@ from trainer.decode.report import format_report
 from trainer.decode.speculative import SpecTarget, greedy_decode
 from trainer.model.drafter import DFlashDrafter, DrafterConfig
 from trainer.spec.target_shapes import tiny_qwen3_config
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.tiny import build_embedded_target
 
 PROMPT = [5, 17, 300, 42, 9, 77]
 

@@ -295,7 +295,7 @@ def test_in_a_pipe_a_progress_line_comes_while_a_chunk_is_answered(
 
 
 def test_loading_the_target_draws_no_bar_of_transformers(target_folder: Path, capfd) -> None:
-    from trainer.target.load import load_target_model
+    from trainer.target_model.load import load_target_model
 
     capfd.readouterr()
     load_target_model(str(target_folder), 0, __import__("torch").device("cpu"), __import__("torch").float32)
@@ -625,7 +625,7 @@ def test_a_template_train_cannot_supervise_is_refused_before_generating(
     from tests.trainer.chat_fixtures import PLAIN, byte_tokenizer
     from trainer.decode.generation import GenerationSettings
     from trainer.decode.regenerate import check_supervisable
-    from trainer.target import tokenizer
+    from trainer.target_model import tokenizer
 
     mistral_like = (
         "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"

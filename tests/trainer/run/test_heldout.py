@@ -20,8 +20,8 @@ from trainer.run.heldout import (
 )
 from trainer.run.schedule import RunPlan, evaluates_after, target_work
 from trainer.spec.config import EvalSection, PrecisionSection, parse_config
-from trainer.target.capture import CaptureTarget
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.capture import CaptureTarget
+from trainer.target_model.tiny import build_embedded_target
 
 
 def _cfg(**data: object) -> object:

@@ -12,7 +12,7 @@ import torch
 
 from trainer.run import train, warmup
 from trainer.spec.config import load_config
-from trainer.target import capture
+from trainer.target_model import capture
 
 
 class Built(Exception):

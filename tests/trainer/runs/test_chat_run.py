@@ -23,7 +23,7 @@ TWO_TURNS = [
 def test_train_warns_when_chat_answers_are_left_unsupervised(tmp_path: Path) -> None:
     import torch
 
-    from trainer.target.tiny import build_embedded_target
+    from trainer.target_model.tiny import build_embedded_target
 
     target = tmp_path / "target"
     build_embedded_target("tiny", 0, torch.device("cpu")).save_pretrained(target)

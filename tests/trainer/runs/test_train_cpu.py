@@ -48,7 +48,7 @@ def test_the_run_leaves_checkpoints_and_a_loadable_export() -> None:
 
     from trainer.model.export import load_drafter
     from trainer.run.checkpoint import load_checkpoint
-    from trainer.target.load import load_frozen_embeddings
+    from trainer.target_model.load import load_frozen_embeddings
 
     embed, lm_head, _ = load_frozen_embeddings("tiny", seed=0)
     exported = load_drafter(run.out_dir / "export", embed, lm_head).state_dict()
@@ -141,7 +141,7 @@ def test_a_local_target_folder_with_jsonl_data(tmp_path: Path) -> None:
     import torch
 
     from trainer.data.sources import sample_sequences
-    from trainer.target.tiny import build_embedded_target
+    from trainer.target_model.tiny import build_embedded_target
 
     model = build_embedded_target("tiny", seed=0)
     model.save_pretrained(tmp_path / "target")

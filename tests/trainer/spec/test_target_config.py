@@ -2,7 +2,7 @@
 transformers.
 
 `dflash-doctor train` validates the config (trainer.spec.config.load_config) before torchrun starts; importing
-trainer.target.capture / trainer.model.drafter there pulled in torch._dynamo, Inductor and flex attention, and
+trainer.target_model.capture / trainer.model.drafter there pulled in torch._dynamo, Inductor and flex attention, and
 transformers pulls in torch: on the H200 machine `from transformers import Qwen3Config` alone took 13-14 s,
 paid before every launch. Only a fresh interpreter can tell what a
 code path imports, so the probe runs in a subprocess; it runs once and probes twice, the second time after
@@ -28,7 +28,7 @@ HEAVY_MODULES = (
     "torch._inductor",
     "trainer.model.drafter",
     "trainer.model.attention",
-    "trainer.target.capture",
+    "trainer.target_model.capture",
 )
 
 PROBE = f"""

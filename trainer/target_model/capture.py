@@ -18,7 +18,7 @@ from torch import nn
 
 from trainer.model.batch import CapturedBatch
 from trainer.model.device import target_dtype
-from trainer.target.load import load_target_model
+from trainer.target_model.load import load_target_model
 
 if TYPE_CHECKING:
     from trainer.spec.config import TrainConfig

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from trainer.spec.target_shapes import embedded_config
-from trainer.target.capture import CaptureTarget, load_capture_target
-from trainer.target.load import load_frozen_embeddings
-from trainer.target.tiny import build_embedded_target
+from trainer.target_model.capture import CaptureTarget, load_capture_target
+from trainer.target_model.load import load_frozen_embeddings
+from trainer.target_model.tiny import build_embedded_target
 
 
 def test_captured_layers_equal_hf_hidden_states() -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 from dflash_base.errors import ConfigError
 from trainer.spec.target_shapes import is_embedded, target_hf_config
-from trainer.target.tiny import build_embedded_target, seeded_frozen_weights
+from trainer.target_model.tiny import build_embedded_target, seeded_frozen_weights
 
 
 def load_target_model(
