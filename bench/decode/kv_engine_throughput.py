@@ -1,6 +1,7 @@
 """`data regenerate`'s two torch engines in one run: today's (transformers' `generate`, batches sorted by
 length) against the KV engine (a preallocated cache, CUDA-graph decode steps, continuous batching), on the
-same prompts; generated tok/s, the ratio, the KV engine's roofline share, and whether the tokens agree.
+same prompts; generated tok/s, the ratio, the KV engine's roofline share, and whether the tokens agree
+(answers that differ: each first flip classified as a bf16 near-tie or a real difference, `engine_ties.py`).
 
     # a real target and real chats (answers stop where the target stops):
     python3 bench/decode/kv_engine_throughput.py --target runs/smollm2-135m/target \
@@ -28,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.decode.engine_ties import classify_answers
 from bench.decode.regenerate_throughput import random_model, random_prompts
 from bench.lib.roles import RESULTS, device_name, print_rows, write_result
 from trainer.decode.continuous import auto_slots, decode_all
@@ -97,6 +99,10 @@ def compare_real(args: argparse.Namespace, device: torch.device) -> dict[str, An
         same = sum(a == b for a, b in zip(old, new, strict=False))
         rows["identical_answers"] = same
         rows["different_answers"] = len(take) - same
+        # each differing pair's first flip judged by one forward over the shared prefix: rounding or not
+        rows["answers"] = classify_answers(
+            old_engine.model, old_engine.tokenizer, old_engine.stop_ids, take, old, new[: len(take)]
+        )
         rows["speedup"] = rate(rows["kv"]) / rate(rows["generate"]) if rate(rows["generate"]) else None
     return rows
 
@@ -222,11 +228,13 @@ def main() -> int:
             **{x: v[x] for x in ("slots", "share_of_roofline", "roofline_tok_s") if x in v},
         }
         for k, v in rows.items()
-        if isinstance(v, dict)
+        if isinstance(v, dict) and "tokens" in v
     ]
     columns = ("engine", "tok/s", "tokens", "s", "slots", "share_of_roofline", "roofline_tok_s")
     print_rows("data regenerate: generate vs the KV engine", columns, table)
     print({k: v for k, v in rows.items() if not isinstance(v, dict)})
+    if "answers" in rows:
+        print("answers:", {k: v for k, v in rows["answers"].items() if k != "different_examples"})
     write_result(Path(args.out), {"device": device_name(device), "args": vars(args), "rows": rows})
     return 0
 

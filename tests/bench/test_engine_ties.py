@@ -1,0 +1,63 @@
+"""bench/decode/engine_ties.py: two engines' differing answers judged at their first flip, on the tiny target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from bench.decode.engine_ties import answer_ids, classify_answers, classify_flip
+from tests.trainer.target_folder import make_target_folder
+from trainer.decode.generation import Completion, load_generation_target, prompt_ids
+
+CHAT = [{"role": "user", "content": "w1 w2 w3"}]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    folder = make_target_folder(tmp_path_factory.mktemp("ties") / "target")
+    return load_generation_target(str(folder), torch.device("cpu"))
+
+
+def ranked_next(model: Any, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    return logits.argsort(descending=True).tolist()
+
+
+def test_a_runner_up_within_the_tolerance_is_a_tie_and_a_far_token_is_not(target: tuple[Any, Any]) -> None:
+    model, tokenizer = target
+    prompt = prompt_ids(tokenizer, CHAT, {})
+    best, second, *_, worst = ranked_next(model, prompt)
+    wide = classify_flip(model, prompt, [best], [second], tolerance=10.0)
+    assert wide is not None and wide.verdict == "tie" and wide.margin_a == 0.0 and wide.margin_b > 0
+    tight = classify_flip(model, prompt, [best], [second], tolerance=0.0)
+    assert tight is not None and tight.verdict == "different"
+    far = classify_flip(model, prompt, [best], [worst], tolerance=2.0**-5)
+    assert far is not None and far.verdict == "different" and far.margin_b > far.allowed
+
+
+def test_the_flip_is_judged_after_the_shared_prefix(target: tuple[Any, Any]) -> None:
+    model, tokenizer = target
+    prompt = prompt_ids(tokenizer, CHAT, {})
+    first = ranked_next(model, prompt)[0]
+    best, second = ranked_next(model, [*prompt, first])[:2]
+    flip = classify_flip(model, prompt, [first, best], [first, second], tolerance=10.0)
+    assert flip is not None and flip.at == 1 and (flip.token_a, flip.token_b) == (best, second)
+    assert classify_flip(model, prompt, [first, best], [first, best], tolerance=0.0) is None
+
+
+def test_answers_are_counted_identical_cut_or_different(target: tuple[Any, Any]) -> None:
+    model, tokenizer = target
+    stop = [tokenizer.eos_token_id]
+    prompt = prompt_ids(tokenizer, CHAT, {})
+    worst = ranked_next(model, prompt)[-1]
+    same = Completion("w5 w6", 3, "stop")
+    cut = Completion("w5", 1, "length")  # the other engine stopped at a smaller cap: no token pair
+    wrong = Completion(tokenizer.decode([worst]), 1, "length")
+    report = classify_answers(model, tokenizer, stop, [CHAT] * 3, [same, same, same], [same, cut, wrong])
+    assert (report["identical"], report["cut_prefix"], report["different"], report["tie"]) == (1, 1, 1, 0)
+    assert report["dtype"] == "float32" and report["tolerance"] == 1e-4
+    assert report["different_examples"][0]["answer"] == 2
+    assert answer_ids(tokenizer, same, stop)[-1] == stop[0]  # an ended turn ends in its stop id
