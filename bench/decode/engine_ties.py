@@ -10,6 +10,9 @@ at the next position the two engines' tokens a and b are a **tie** when both sit
 tolerance `eval` uses for the dtype (`trainer.decode.compare.default_tie_tolerance`: 2^-5 relative in bf16),
 and **different** otherwise, with the margin (how far from the top each token is, in logits) kept for the
 record. One forward is a third opinion beside the two engines' own: it decides which flips were rounding.
+An answer that ended its turn ends in END, whose logit is the best of the target's stop ids (an engine stops
+on any of them). Weak: the answers are text tokenised again, which can split a word differently from the ids
+the engine wrote; the engines' own ids would remove that doubt.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 from trainer.decode.compare import default_tie_tolerance
 from trainer.decode.generation import Chat, Completion, prompt_ids
 
+END = -1  # an answer that ended its turn: the engines stop on any stop id, so the best of them is its logit
+
 
 @dataclass(frozen=True)
 class Flip:
@@ -30,17 +35,17 @@ class Flip:
 
     verdict: str  # "tie" | "different"
     at: int  # index among the answer's tokens
-    token_a: int  # the first engine's token there (the stop id where its answer ended)
+    token_a: int  # the first engine's token there (END where its answer ended its turn)
     token_b: int
     margin_a: float  # top logit - logit(a): 0 when a is the argmax
     margin_b: float
     allowed: float  # tolerance * max(1, |top logit|)
 
 
-def answer_ids(tokenizer: Any, completion: Completion, stop_ids: Sequence[int]) -> list[int]:
-    """The answer's tokens, ending in the first stop id when the target ended its turn."""
+def answer_ids(tokenizer: Any, completion: Completion) -> list[int]:
+    """The answer's tokens (its text tokenised again), ending in END when the target ended its turn."""
     ids = list(tokenizer(completion.text, add_special_tokens=False)["input_ids"])
-    return [*ids, stop_ids[0]] if completion.finish_reason == "stop" and stop_ids else ids
+    return [*ids, END] if completion.finish_reason == "stop" else ids
 
 
 def classify_flip(
@@ -49,6 +54,7 @@ def classify_flip(
     a: list[int],
     b: list[int],
     tolerance: float,
+    stop_ids: Sequence[int] = (),
 ) -> Flip | None:
     """None when the token lists agree (one may be a prefix of the other: then the shorter one was cut
     at the cap and there is no pair of tokens to compare)."""
@@ -60,7 +66,11 @@ def classify_flip(
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, -1].float()
     top = float(logits.max())
-    margin_a, margin_b = top - float(logits[a[at]]), top - float(logits[b[at]])
+
+    def logit(token: int) -> float:
+        return max(float(logits[i]) for i in stop_ids) if token == END else float(logits[token])
+
+    margin_a, margin_b = top - logit(a[at]), top - logit(b[at])
     allowed = tolerance * max(1.0, abs(top))
     verdict = "tie" if margin_a <= allowed and margin_b <= allowed else "different"
     return Flip(verdict, at, a[at], b[at], margin_a, margin_b, allowed)
@@ -84,8 +94,9 @@ def classify_answers(
         if x.text == y.text and x.finish_reason == y.finish_reason:
             counts["identical"] += 1
             continue
-        a, b = answer_ids(tokenizer, x, stop_ids), answer_ids(tokenizer, y, stop_ids)
-        flip = classify_flip(model, prompt_ids(tokenizer, chat, template_kwargs or {}), a, b, tolerance)
+        a, b = answer_ids(tokenizer, x), answer_ids(tokenizer, y)
+        prompt = prompt_ids(tokenizer, chat, template_kwargs or {})
+        flip = classify_flip(model, prompt, a, b, tolerance, stop_ids)
         if flip is None:  # same tokens, one cut shorter (or texts that tokenise alike)
             counts["cut_prefix"] += 1
             continue

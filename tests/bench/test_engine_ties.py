@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.decode.engine_ties import answer_ids, classify_answers, classify_flip
+from bench.decode.engine_ties import END, answer_ids, classify_answers, classify_flip
 from tests.trainer.target_folder import make_target_folder
 from trainer.decode.generation import Completion, load_generation_target, prompt_ids
 
@@ -60,4 +60,21 @@ def test_answers_are_counted_identical_cut_or_different(target: tuple[Any, Any])
     assert (report["identical"], report["cut_prefix"], report["different"], report["tie"]) == (1, 1, 1, 0)
     assert report["dtype"] == "float32" and report["tolerance"] == 1e-4
     assert report["different_examples"][0]["answer"] == 2
-    assert answer_ids(tokenizer, same, stop)[-1] == stop[0]  # an ended turn ends in its stop id
+    assert answer_ids(tokenizer, same)[-1] == END and answer_ids(tokenizer, cut)[-1] != END
+
+
+def test_an_ended_turn_is_judged_by_the_best_of_the_stop_ids(target: tuple[Any, Any]) -> None:
+    """An engine stops on any stop id: against a continuing answer, the ended one's logit is the best of them
+    (judged by one listed stop id alone, a turn ended on another would look like a real difference)."""
+    model, tokenizer = target
+    prompt = prompt_ids(tokenizer, CHAT, {})
+    ranked = ranked_next(model, prompt)
+    best, second, worst = ranked[0], ranked[1], ranked[-1]
+    runner_up = classify_flip(model, prompt, [best], [second], tolerance=1.0)
+    assert runner_up is not None
+    # a tolerance that admits the runner-up and not the worst token
+    tolerance = 1.01 * runner_up.margin_b / (runner_up.allowed / 1.0)
+    as_stop = classify_flip(model, prompt, [best], [END], tolerance, stop_ids=[worst, second])
+    assert as_stop is not None and as_stop.token_b == END and as_stop.verdict == "tie"
+    only_worst = classify_flip(model, prompt, [best], [END], tolerance, stop_ids=[worst])
+    assert only_worst is not None and only_worst.verdict == "different"
