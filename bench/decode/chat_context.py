@@ -5,12 +5,17 @@ Everything goes through the CLI, so an older checkout (`--before`, e.g. `git arc
 before the Q1 fix) runs exactly the commands this one does:
 
 1. a target folder: the tiny random Qwen3 target with an ASCII byte-level tokenizer (filled to 512 ids) and
-   Qwen3's published chat template (`tests/trainer/data/templates/qwen3.jinja`);
-2. `--conversations` prompts of 3 user turns -> `data regenerate --engine torch` (greedy), with this checkout;
+   Qwen3's published chat template (`tests/trainer/data/templates/qwen3.jinja`); or, with `--target FOLDER`,
+   a real HF target whose template writes ChatML's markers (SmolLM2-135M-Instruct: `examples/smollm2/prepare.py`)
+   with Qwen3's template swapped in: its answers depend on their context (for it `<think>` is plain text);
+2. `--conversations` prompts of `--turns` user turns -> `data regenerate --engine torch` (greedy), with this
+   checkout (random words for the tiny target, short English questions and follow-ups for a real one);
 3. per checkout: `train` (held-out data) then `eval --dtype fp32 --strict --json` on the held-out
    conversations; the estimate (`summary.json`'s `heldout_accept_len`) against eval's tau.
 
     .venv/bin/python bench/decode/chat_context.py --before .tmp/before [--kwargs '{"enable_thinking": false}']
+    python bench/decode/chat_context.py --before .tmp/before --target /tmp/smol/target --tag smollm2 \
+        --conversations 80 --max-new-tokens 48 --steps 300   # the real-target extra installed
 
 Prints a table, writes bench/results/chat_context[-TAG].json (and each eval report in the work folder, for
 `bench/decode/estimate_vs_eval.py` to walk the same conversations).
@@ -22,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -83,38 +89,91 @@ def make_target(folder: Path) -> None:
     fast.save_pretrained(folder)
 
 
-def make_prompts(path: Path, count: int, seed: int) -> None:
-    """Conversations of 3 user turns of 3 short random words (answers regenerated after each)."""
+def use_target(source: Path, folder: Path) -> None:
+    """A copy of a real HF target folder (weights linked, not copied) with Qwen3's published template in
+    place of its own: `chat_template.jinja` written and any `chat_template` in `tokenizer_config.json` set
+    to the same text. The template's markers must be the target's special tokens (ChatML's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file() and item.suffix == ".safetensors":
+            (folder / item.name).unlink(missing_ok=True)
+            (folder / item.name).symlink_to(item.resolve())
+        elif item.is_file():
+            shutil.copy2(item, folder / item.name)
+    template = TEMPLATE.read_text()
+    (folder / "chat_template.jinja").write_text(template)
+    config = folder / "tokenizer_config.json"
+    tokenizer = json.loads(config.read_text())
+    if "chat_template" in tokenizer:
+        tokenizer["chat_template"] = template
+        config.write_text(json.dumps(tokenizer, indent=2))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.chat_template == template, "the folder's tokenizer does not load Qwen3's template"
+    for marker in ("<|im_start|>", "<|im_end|>"):
+        assert len(tok.encode(marker, add_special_tokens=False)) == 1, f"{marker} is not one token here"
+
+
+TOPICS = [
+    "the moon", "volcanoes", "honey bees", "the Roman Empire", "photosynthesis", "the Pacific Ocean",
+    "chess", "coffee", "the piano", "glaciers", "Mount Everest", "owls", "bread", "electric cars",
+    "the Sahara", "tea", "whales", "the internet", "rainbows", "penguins", "Jupiter", "tomatoes",
+    "the Nile", "earthquakes", "bicycles", "libraries", "lightning", "octopuses", "the violin", "deserts",
+    "rice", "castles", "the heart", "comets", "maps", "sharks", "autumn", "trains", "cheese", "forests",
+]  # fmt: skip
+FIRST = ["Tell me one fact about {}.", "What is special about {}?", "Describe {} briefly."]
+FOLLOW = [
+    "Why is that?", "Say that again in fewer words.", "Give me another example.", "Can you explain it to a child?",
+    "What is a common mistake people make about it?", "Say more.",
+]  # fmt: skip
+
+
+def make_prompts(path: Path, count: int, seed: int, turns: int = 3, natural: bool = False) -> None:
+    """Conversations of `turns` user turns (answers regenerated after each): 3 short random words each for
+    the tiny target; for a real one (`natural`) a question on a topic, then follow-ups that refer back to
+    the earlier answers (so what the target writes depends on its context)."""
     rng = random.Random(seed)
     words = ["".join(rng.choice("abcdefghij") for _ in range(3)) for _ in range(40)]
     lines = []
     for j in range(count):
-        turns: list[dict[str, str]] = []
-        for _ in range(3):
-            turns += [
-                {"role": "user", "content": " ".join(rng.choice(words) for _ in range(3))},
-                {"role": "assistant", "content": ""},
-            ]
-        lines.append(json.dumps({"id": f"c{j}", "messages": turns}))
+        messages: list[dict[str, str]] = []
+        for turn in range(turns):
+            if not natural:
+                text = " ".join(rng.choice(words) for _ in range(3))
+            elif turn == 0:
+                text = rng.choice(FIRST).format(TOPICS[j % len(TOPICS)])
+            else:
+                text = rng.choice(FOLLOW)
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        lines.append(json.dumps({"id": f"c{j}", "messages": messages}))
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_config(path: Path, target: Path, data: Path, out: Path, kwargs: dict[str, Any], steps: int) -> None:
+def write_config(
+    path: Path,
+    target: Path,
+    data: Path,
+    out: Path,
+    kwargs: dict[str, Any],
+    steps: int,
+    args: argparse.Namespace,
+) -> None:
     kw = ", ".join(f"{k} = {json.dumps(v)}" for k, v in kwargs.items())
+    mask = "mask_token_id = 511\n" if args.target is None else ""  # a real target's: the trainer's choice
     path.write_text(
         f"""[target]
 path = {json.dumps(str(target))}
 
 [drafter]
-layers = 1
-block_size = 8
-mask_token_id = 511
-
+layers = {args.layers}
+block_size = {args.block_size}
+{mask}
 [data]
 kind = "chat"
 path = {json.dumps(str(data))}
-seq_len = 320
-eval_fraction = 0.25
+seq_len = {args.seq_len}
+eval_fraction = {args.eval_fraction}
 chat_template_kwargs = {{ {kw} }}
 
 [eval]
@@ -124,10 +183,10 @@ every = 0
 mode = "colocated"
 
 [optim]
-lr = 5e-3
+lr = {args.lr}
 steps = {steps}
-batch_size = 8
-anchors = 32
+batch_size = {args.batch_size}
+anchors = {args.anchors}
 
 [checkpoint]
 every = 0
@@ -138,8 +197,8 @@ dir = {json.dumps(str(out))}
 [run]
 seed = 0
 device = "cpu"
-log_every = 50
-timeout_s = 600
+log_every = {args.log_every}
+timeout_s = {args.timeout_s}
 """
     )
 
@@ -147,6 +206,8 @@ timeout_s = 600
 def cli(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m dflash_doctor ARGS` with `checkout`'s code (its folder first on the path)."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "2", "COLUMNS": "200"}
+    # `-m` runs with the working directory first on the path, then PYTHONPATH: `checkout`'s code either way,
+    # never an editable install's
     proc = subprocess.run(
         [sys.executable, "-m", "dflash_doctor", *args], cwd=checkout, env=env, capture_output=True, text=True
     )
@@ -163,7 +224,7 @@ def measure(
     """Train and eval with one checkout on the same data; the estimate against eval's decoding."""
     kwargs = json.loads(args.kwargs)
     config, out = work / f"{code}.toml", work / f"run-{code}"
-    write_config(config, target, data, out, kwargs, args.steps)
+    write_config(config, target, data, out, kwargs, args.steps, args)
     began = time.monotonic()
     trained = cli(checkout, "train", "--config", str(config), "--no-deep")
     train_s = time.monotonic() - began
@@ -186,35 +247,62 @@ def measure(
     }  # fmt: skip
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code to compare with (run first)")
     parser.add_argument("--kwargs", default="{}", help="data.chat_template_kwargs as JSON")
+    parser.add_argument(
+        "--target", type=Path, help="a real HF target folder (ChatML markers) to use with Qwen3's template"
+    )
     parser.add_argument("--conversations", type=int, default=80)
+    parser.add_argument("--turns", type=int, default=3, help="user turns a conversation")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--eval-prompts", type=int, default=20)
+    parser.add_argument("--eval-fraction", type=float, default=0.25)
+    parser.add_argument("--layers", type=int, default=1, help="drafter layers")
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=320)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--anchors", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=5e-3)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--timeout-s", type=int, default=600, help="run.timeout_s of each train")
+    parser.add_argument("--regenerate-batch", type=int, help="data regenerate --batch-size")
     parser.add_argument("--work", type=Path, default=REPO / ".tmp" / "chat_context")
     parser.add_argument("--tag", default="")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    json.loads(args.kwargs)  # fail here, not after the regenerate
+    if args.target is not None and not (args.target / "config.json").is_file():
+        parser.error(f"--target {args.target}: no config.json there (examples/smollm2/prepare.py makes one)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     work = args.work / (args.tag or "default")
     work.mkdir(parents=True, exist_ok=True)
     target, prompts, data = work / "target", work / "prompts.jsonl", work / "data.jsonl"
-    if not (target / "config.json").is_file():
+    if args.target is not None:
+        use_target(args.target, target)
+    elif not (target / "config.json").is_file():
         make_target(target)
-    make_prompts(prompts, args.conversations, 0)
+    make_prompts(prompts, args.conversations, 0, args.turns, natural=args.target is not None)
     regen_config = work / "regenerate.toml"
-    write_config(regen_config, target, data, work / "unused", json.loads(args.kwargs), 1)
+    write_config(regen_config, target, data, work / "unused", json.loads(args.kwargs), 1, args)
+    batch = [] if args.regenerate_batch is None else ["--batch-size", str(args.regenerate_batch)]
     if not data.is_file():
         cli(REPO, "data", "regenerate", "--config", str(regen_config), "--prompts", str(prompts), "--out",
-            str(data), "--engine", "torch", "--max-new-tokens", str(args.max_new_tokens))  # fmt: skip
+            str(data), "--engine", "torch", "--max-new-tokens", str(args.max_new_tokens), *batch)  # fmt: skip
     preview = json.loads(cli(REPO, "data", "preview", "--config", str(regen_config), "--json").stdout)
     rows = []
     if args.before is not None:
         rows.append(measure("before", args.before.resolve(), work, target, data, args))
     rows.append(measure("after", REPO, work, target, data, args))
     print_rows(
-        f"held-out estimate against eval, tiny Qwen3-template chats, kwargs {args.kwargs}", COLUMNS, rows
+        f"held-out estimate against eval, {args.target or 'tiny'} Qwen3-template chats, kwargs {args.kwargs}",
+        COLUMNS,
+        rows,
     )
     name = f"chat_context{'-' + args.tag if args.tag else ''}.json"
     result = {

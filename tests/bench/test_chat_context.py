@@ -1,0 +1,54 @@
+"""bench/decode/chat_context.py's options (issue 38, Q1): the tiny default and a real `--target` folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from bench.decode.chat_context import make_prompts, parse_args, write_config
+
+
+def test_defaults_are_the_tiny_run() -> None:
+    args = parse_args([])
+    assert args.target is None and args.turns == 3 and args.layers == 1 and args.batch_size == 8
+    assert args.regenerate_batch is None
+
+
+def test_target_needs_a_model_folder(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--target", str(tmp_path)])
+    with pytest.raises(json.JSONDecodeError):
+        parse_args(["--kwargs", "{enable_thinking: false}"])
+    (tmp_path / "config.json").write_text("{}")
+    assert parse_args(["--target", str(tmp_path)]).target == tmp_path
+
+
+def test_config_follows_the_sizes(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    for argv, mask in (([], 511), (["--target", str(tmp_path)], None)):
+        args = parse_args([*argv, "--layers", "2", "--seq-len", "256", "--batch-size", "4", "--lr", "1e-3"])
+        path = tmp_path / "c.toml"
+        write_config(
+            path, tmp_path, tmp_path / "d.jsonl", tmp_path / "o", {"enable_thinking": False}, 7, args
+        )
+        cfg = tomllib.loads(path.read_text())
+        assert cfg["drafter"]["layers"] == 2 and cfg["drafter"].get("mask_token_id") == mask
+        assert cfg["data"]["seq_len"] == 256 and cfg["data"]["chat_template_kwargs"] == {
+            "enable_thinking": False
+        }
+        assert cfg["optim"] == {"lr": 1e-3, "steps": 7, "batch_size": 4, "anchors": 32}
+
+
+def test_prompts(tmp_path: Path) -> None:
+    for natural in (False, True):
+        make_prompts(tmp_path / "p.jsonl", 5, 0, turns=2, natural=natural)
+        records = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+        assert len(records) == 5
+        for record in records:
+            roles = [m["role"] for m in record["messages"]]
+            assert roles == ["user", "assistant"] * 2
+            assert all(m["content"] == "" for m in record["messages"] if m["role"] == "assistant")
+    assert records[0]["messages"][0]["content"].endswith(("the moon.", "the moon?", "the moon briefly."))
