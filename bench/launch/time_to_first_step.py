@@ -40,14 +40,18 @@ def launch(repo: Path, home: Path, out: Path, config: str, sets: list[str]) -> d
     sets = [*sets, f"output.dir={json.dumps(str(out))}"]
     command += [arg for item in sets for arg in ("--set", item)]
     environ = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=str(repo), COLUMNS="200")
-    metrics, first_step = out / "metrics.jsonl", None
+    # the checkout first, then whatever the caller put on the path (carried wheels, say)
+    path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
+    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=path, COLUMNS="200")
+    metrics = out / "metrics.jsonl"
     began = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=repo, env=environ, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    while proc.poll() is None:
-        if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
-            first_step = time.perf_counter() - began
-        time.sleep(0.05)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stderr_path = (
+        out.parent / f"{out.name}.stderr.txt"
+    )  # a failed launch says why (the H200 run's exit 3 did not)
+    with stderr_path.open("wb") as stderr:
+        proc = subprocess.Popen(command, cwd=repo, env=environ, stdout=subprocess.PIPE, stderr=stderr)
+        first_step = wait_for_first_step(proc, metrics, began)
     stdout = proc.stdout.read().decode() if proc.stdout else ""
     try:
         run = json.loads(stdout).get("run", {})
@@ -60,7 +64,18 @@ def launch(repo: Path, home: Path, out: Path, config: str, sets: list[str]) -> d
         "launch_s": round(time.perf_counter() - began, 2),
         "phases": {row["phase"]: row["seconds"] for row in timeline.get("phases", [])},
         "probe_s": timeline.get("probe_s"),
+        **({} if proc.returncode == 0 else {"stderr_tail": stderr_path.read_text(errors="replace")[-2000:]}),
     }
+
+
+def wait_for_first_step(proc: subprocess.Popen[bytes], metrics: Path, began: float) -> float | None:
+    """Seconds from the launch until the run's metrics file first holds a line (polled every 50 ms)."""
+    first_step = None
+    while proc.poll() is None:
+        if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
+            first_step = time.perf_counter() - began
+        time.sleep(0.05)
+    return first_step
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
