@@ -5,14 +5,14 @@ attention against SDPA, a preallocated cache against a growing one, different ba
 logits differ in the last bits and where the target's top two are nearly tied the argmax can flip; after the
 first differing token the two answers go their own ways. Only that first position says which it was.
 
-Each pair is re-tokenised (answer text -> ids) and the target runs once over the prompt and the shared prefix;
-at the next position the two engines' tokens a and b are a **tie** when both sit at the top within the
-tolerance `eval` uses for the dtype (`trainer.decode.compare.default_tie_tolerance`: 2^-5 relative in bf16),
-and **different** otherwise, with the margin (how far from the top each token is, in logits) kept for the
-record. One forward is a third opinion beside the two engines' own: it decides which flips were rounding.
-An answer that ended its turn ends in END, whose logit is the best of the target's stop ids (an engine stops
-on any of them). Weak: the answers are text tokenised again, which can split a word differently from the ids
-the engine wrote; the engines' own ids would remove that doubt.
+Each pair's ids (the engines' own, else the answer text tokenised again) go through the target once: the
+prompt and the shared prefix. At the next position the two engines' tokens a and b are a **tie** when both sit
+at the top within the tolerance `eval` uses for the dtype (`trainer.decode.compare.default_tie_tolerance`: 2^-5
+relative in bf16), and **different** otherwise, with the margin (how far from the top each token is, in
+logits) kept for the record. One forward is a third opinion beside the two engines' own: it decides which
+flips were rounding. An answer that ended its turn ends in END, whose logit is the best of the target's stop
+ids (an engine stops on any of them). Engines that keep no ids (a test's stand-in) are compared by their text
+tokenised again, which can split a word differently from what the engine wrote.
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ class Flip:
 
 
 def answer_ids(tokenizer: Any, completion: Completion) -> list[int]:
-    """The answer's tokens (its text tokenised again), ending in END when the target ended its turn."""
+    """The answer's tokens, ending in END when the target ended its turn: the ids the engine wrote where it
+    kept them (`Completion.token_ids`), else its text tokenised again."""
+    if completion.token_ids:
+        ids = list(completion.token_ids)
+        return [*ids[:-1], END] if completion.finish_reason == "stop" else ids
     ids = list(tokenizer(completion.text, add_special_tokens=False)["input_ids"])
     return [*ids, END] if completion.finish_reason == "stop" else ids
 

@@ -78,3 +78,26 @@ def test_an_ended_turn_is_judged_by_the_best_of_the_stop_ids(target: tuple[Any, 
     assert as_stop is not None and as_stop.token_b == END and as_stop.verdict == "tie"
     only_worst = classify_flip(model, prompt, [best], [END], tolerance, stop_ids=[worst])
     assert only_worst is not None and only_worst.verdict == "different"
+
+
+def test_both_torch_engines_keep_the_ids_they_wrote_and_agree_in_fp32(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The comparison reads the engines' own ids (text can tokenise back differently): each keeps them up to
+    its end-of-turn token, they decode to the answer's text, and on CPU in fp32 the two engines agree."""
+    from trainer.decode.generation import GenerationSettings, TorchEngine
+    from trainer.decode.kv_engine import KVEngine
+
+    folder = make_target_folder(tmp_path_factory.mktemp("ids") / "target")
+    settings = GenerationSettings(target=str(folder), max_new_tokens=12)
+    chats = [[{"role": "user", "content": " ".join(f"w{j}" for j in range(1, 2 + i))}] for i in range(4)]
+    old_engine = TorchEngine(settings, "cpu", batch_size=4)
+    kv = KVEngine(settings, "cpu")
+    old, new = old_engine.generate(chats), kv.generate(chats)
+    for answer in (*old, *new):
+        assert answer.token_ids and len(answer.token_ids) == answer.tokens
+        kept = answer.token_ids[:-1] if answer.finish_reason == "stop" else answer.token_ids
+        assert old_engine.tokenizer.decode(list(kept), skip_special_tokens=True) == answer.text
+        assert (answer.finish_reason == "stop") == (answer.token_ids[-1] in old_engine.stop_ids)
+    report = classify_answers(old_engine.model, old_engine.tokenizer, old_engine.stop_ids, chats, old, new)
+    assert report["identical"] == len(chats) and report["different"] == 0

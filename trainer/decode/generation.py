@@ -48,6 +48,9 @@ class Completion:
     text: str
     tokens: int  # generated tokens, the end-of-turn token included when there was one
     finish_reason: str  # "stop" (the model ended its turn) or "length" (max_new_tokens reached)
+    # the ids the engine wrote, up to its end-of-turn token: for comparing engines token by token (the text alone
+    # can tokenise back differently); not part of equality, which stays the answer's text and ending
+    token_ids: tuple[int, ...] = field(default=(), compare=False)
 
 
 class Engine(Protocol):
@@ -155,7 +158,8 @@ class TorchEngine:
         kept = new_ids if ended is None else new_ids[:ended]
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
         tokens = len(kept) + (0 if ended is None else 1)
-        return Completion(text, tokens, "length" if ended is None else "stop")
+        written = tuple(new_ids if ended is None else new_ids[: ended + 1])
+        return Completion(text, tokens, "length" if ended is None else "stop", written)
 
     def close(self) -> None:
         pass
@@ -416,7 +420,7 @@ class VllmEngine:
         for request in outputs:
             best = request.outputs[0]
             reason = "stop" if best.finish_reason == "stop" else "length"
-            completions.append(Completion(best.text, len(best.token_ids), reason))
+            completions.append(Completion(best.text, len(best.token_ids), reason, tuple(best.token_ids)))
         return completions
 
     def _seeded(self, key: int) -> Any:

@@ -106,7 +106,8 @@ class KVEngine:
         ended = next((i for i, t in enumerate(new_ids) if t in self.stop_ids), None)
         kept = new_ids if ended is None else new_ids[:ended]
         text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        return Completion(text, len(new_ids), "length" if ended is None else "stop")
+        written = tuple(new_ids if ended is None else new_ids[: ended + 1])
+        return Completion(text, len(new_ids), "length" if ended is None else "stop", written)
 
     def report(self) -> dict[str, Any]:
         """The decode's own figures (for --json and the bench)."""
