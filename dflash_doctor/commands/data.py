@@ -136,8 +136,9 @@ def cut_short_warning(summary: Any, max_new_tokens: int) -> str:
     share = summary.stopped_at_length / max(summary.answers, 1)
     return (
         f"[yellow]![/] {summary.stopped_at_length} of {summary.answers} answers ({share:.0%}) stopped at "
-        f"--max-new-tokens {max_new_tokens}: the drafter will learn answers cut short where the target would "
-        "have gone on; raise --max-new-tokens (re-run with --force) if that is most of them"
+        f"--max-new-tokens {max_new_tokens}: the drafter trains on their beginnings only (the end-of-turn token "
+        "after them is not supervised: the target did not write it); raise --max-new-tokens (re-run with --force) "
+        "if that is most of them"
     )
 
 
@@ -199,6 +200,12 @@ def preview_command(
         f"{c['sequences']} sequences ({escape(result['kind'])}, seq_len {result['seq_len']}): {c['tokens']:,} tokens, "
         f"{c['supervised_share']:.1%} supervised, {c['truncated_share']:.1%} of sequences truncated"
     )
+    if c["answers_cut_at_length"] or c["answers_loop_cut"]:
+        console.print(
+            f"{c['answers_cut_at_length']:,} answers cut at the length cap (their end-of-turn token not "
+            f"supervised), {c['answers_loop_cut']:,} ending in a loop cut after its first period (data.loops): "
+            f"{c['tokens_left_out_at_answer_ends']:,} tokens the target did not write there left out"
+        )
     console.print(
         f"supervised tokens between {SUPERVISED_OPEN} and {SUPERVISED_CLOSE} (green where colour shows); "
         "the rest is context the drafter sees but is not trained to write"

@@ -19,6 +19,7 @@ re-renders differently in the history (Qwen3 drops think blocks) stays context, 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,8 @@ class ChatSequence:
     spans: list[tuple[int, int]]
     answers: int  # assistant messages in the record
     out_of_context: int  # answers whose generation context the sequence does not hold (not supervised)
+    # which assistant message (0-based, among the record's assistant messages) each span supervises
+    span_answers: tuple[int, ...] = ()
 
 
 def chat_sequence(
@@ -180,11 +183,13 @@ def chat_sequence(
     if whole.startswith(text):
         text = whole  # what follows the last answer (its newline, a closing eos, later tool turns)
     spans: list[tuple[int, int]] = []
-    for answer in located:
+    span_answers: list[int] = []
+    for number, answer in enumerate(located):
         start = len(answer.context)
         if text.startswith(answer.context) and text.startswith(answer.written, start):
             spans.append((start, start + len(answer.written)))
-    return ChatSequence(text, spans, len(located), len(located) - len(spans))
+            span_answers.append(number)
+    return ChatSequence(text, spans, len(located), len(located) - len(spans), tuple(span_answers))
 
 
 def check_tools(tools: Any, where: str) -> list[dict[str, Any]] | None:
@@ -225,14 +230,29 @@ def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
     return messages
 
 
-def sequence_tokens_and_mask(tokenizer: Any, sequence: ChatSequence) -> tuple[list[int], list[bool]]:
-    """Token ids of the sequence's text and True on the tokens that start inside a supervised span (a token
+def sequence_token_spans(tokenizer: Any, sequence: ChatSequence) -> tuple[list[int], list[range]]:
+    """Token ids of the sequence's text and, per supervised span, the tokens that start inside it (a token
     that straddles a span's start belongs to the text before it)."""
     encoded = tokenizer(sequence.text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(encoded["input_ids"])
-    spans = sequence.spans
-    mask = [any(start <= begin < end for start, end in spans) for begin, _ in encoded["offset_mapping"]]
-    return ids, mask
+    begins = [begin for begin, _ in encoded["offset_mapping"]]  # ascending: the text read left to right
+    token_spans = [
+        range(bisect_left(begins, start), bisect_left(begins, end)) for start, end in sequence.spans
+    ]
+    return list(encoded["input_ids"]), token_spans
+
+
+def span_mask(length: int, token_spans: list[range]) -> list[bool]:
+    """A loss mask of `length` tokens, True on the spans' tokens."""
+    mask = [False] * length
+    for span in token_spans:
+        mask[span.start : span.stop] = [True] * len(span)
+    return mask
+
+
+def sequence_tokens_and_mask(tokenizer: Any, sequence: ChatSequence) -> tuple[list[int], list[bool]]:
+    """Token ids of the sequence's text and True on the tokens that start inside a supervised span."""
+    ids, token_spans = sequence_token_spans(tokenizer, sequence)
+    return ids, span_mask(len(ids), token_spans)
 
 
 def chat_tokens_and_mask(

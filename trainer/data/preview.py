@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from trainer.data.answer_ends import AnswerEnds
 from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source
 from trainer.model.batch import real_token_count
 from trainer.spec.config import TrainConfig
@@ -49,6 +50,8 @@ class Counts:
     truncated: int = 0  # sequences longer than data.seq_len
     answers: int = 0  # assistant messages (chat data)
     answers_out_of_context: int = 0  # not supervised: the template re-renders their context (issue 38, Q1)
+    # at answers' ends, what the target did not write (trainer.data.answer_ends): not supervised
+    ends: AnswerEnds = field(default_factory=AnswerEnds)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,9 @@ class Counts:
             "truncated_share": self.truncated / self.sequences if self.sequences else 0.0,
             "answers": self.answers,
             "answers_out_of_context": self.answers_out_of_context,
+            "answers_cut_at_length": self.ends.unfinished,
+            "answers_loop_cut": self.ends.loops_cut,
+            "tokens_left_out_at_answer_ends": self.ends.tokens_left_out,
         }
 
 
@@ -110,9 +116,10 @@ def preview(cfg: TrainConfig, samples: int) -> DataPreview:
         out.counts.supervised += int(mask.sum())
         out.counts.truncated += int(truncated)
         if isinstance(source, TokenizedSource) and source.kind == "chat":
-            chat = source.chat(j)
-            out.counts.answers += chat.answers
-            out.counts.answers_out_of_context += chat.out_of_context
+            chat = source.chat_tokens(j)
+            out.counts.answers += chat.sequence.answers
+            out.counts.answers_out_of_context += chat.sequence.out_of_context
+            out.counts.ends.add(chat.ends)
         if j < samples:
             shown = ids[:real].tolist()
             out.samples.append(

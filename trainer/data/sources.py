@@ -19,13 +19,15 @@ import torch
 from torch import nn
 
 from dflash_base.errors import ConfigError
+from trainer.data.answer_ends import AnswerEnds, finish_reasons, trim_answer_ends
 from trainer.data.chat import (
     ChatSequence,
     TemplateMarks,
     chat_sequence,
     check_messages,
     check_tools,
-    sequence_tokens_and_mask,
+    sequence_token_spans,
+    span_mask,
 )
 from trainer.model.batch import PAD_ID
 from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
@@ -72,11 +74,22 @@ class JsonlSource:
         return fit_to_length(ids, mask, self.seq_len)
 
 
+@dataclass(frozen=True)
+class ChatTokens:
+    """One chat record as trained: ids, loss mask, the located answers, what was left out at their ends."""
+
+    ids: list[int]
+    mask: list[bool]
+    sequence: ChatSequence
+    ends: AnswerEnds
+
+
 class TokenizedSource:
     """`text` records (all tokens supervised) or `chat` records (assistant turns supervised), tokenised lazily.
 
     Chat records go through `trainer.data.chat` with the run's `data.chat_template_kwargs` and the record's
-    `tools`; the template is probed once, so a template nobody can read is refused before any work."""
+    `tools`; the template is probed once, so a template nobody can read is refused before any work. What the
+    target did not write at an answer's end is left out of the loss (`trainer.data.answer_ends`, `loops`)."""
 
     def __init__(
         self,
@@ -86,9 +99,10 @@ class TokenizedSource:
         seq_len: int,
         template_kwargs: dict[str, Any] | None = None,
         field: str = "data.path",
+        loops: str = "keep",
     ) -> None:
         self.kind, self.tokenizer, self.seq_len, self.path = kind, tokenizer, seq_len, path
-        self.template_kwargs, self.field = dict(template_kwargs or {}), field
+        self.template_kwargs, self.field, self.loops = dict(template_kwargs or {}), field, loops
         self.records = jsonl_records(Path(path), field)
         needed = "text" if kind == "text" else "messages"
         for number, record in self.records:
@@ -109,7 +123,17 @@ class TokenizedSource:
                 raise ConfigError(f'{where}: "text" must be a string')
             ids = self.tokenizer(record["text"], add_special_tokens=True)["input_ids"]
             return ids, [True] * len(ids)
-        return sequence_tokens_and_mask(self.tokenizer, self.chat(j))
+        chat = self.chat_tokens(j)
+        return chat.ids, chat.mask
+
+    def chat_tokens(self, j: int) -> ChatTokens:
+        """Chat record j tokenised as trained, with its answers' ends trimmed (`trainer.data.answer_ends`)."""
+        sequence = self.chat(j)
+        ids, token_spans = sequence_token_spans(self.tokenizer, sequence)
+        mask = span_mask(len(ids), token_spans)
+        reasons = finish_reasons(self.records[j][1], sequence.answers)
+        ends = trim_answer_ends(ids, mask, token_spans, sequence.span_answers, reasons, self.loops)
+        return ChatTokens(ids, mask, sequence, ends)
 
     def chat(self, j: int) -> ChatSequence:
         """Chat record j as trained: its text, supervised spans, and answers left out of context (issue 38)."""
@@ -273,7 +297,13 @@ def build_source(
         return JsonlSource(str(path), d.seq_len, vocab_size, field)
     if d.kind in ("text", "chat"):
         return TokenizedSource(
-            str(path), d.kind, load_tokenizer(cfg.target.path), d.seq_len, d.chat_template_kwargs, field
+            str(path),
+            d.kind,
+            load_tokenizer(cfg.target.path),
+            d.seq_len,
+            d.chat_template_kwargs,
+            field,
+            d.loops,
         )
     if d.kind == "random":
         return RandomSource(d.num_samples, d.seq_len, d.prompt_len, vocab_size, cfg.run.seed)

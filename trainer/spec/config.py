@@ -94,6 +94,9 @@ class DataSection:
     # chat only: handed to the tokenizer's chat template, e.g. {enable_thinking = false}, so the data are
     # rendered the way the target will be served
     chat_template_kwargs: dict[str, Any] = option(factory=dict, parse=table())
+    # chat only: an answer that ends in a repetition loop is trained on whole ("keep": the target wrote it)
+    # or up to its loop's first period ("cut"); trainer/data/answer_ends.py
+    loops: str = option("keep", choice("keep", "cut"))
     # Held-out sequences the drafters score but never train on: a share of the data (fixed by run.seed),
     # or a separate file of the same kind. Either one turns held-out evaluation on ([eval]).
     eval_fraction: float = option(0.0, number(0.0, 0.5))
@@ -297,6 +300,8 @@ def _check_relations(cfg: TrainConfig) -> None:
         raise ConfigError(f'data.eval_path: needs data.kind "jsonl", "text" or "chat", got "{d.kind}"')
     if d.chat_template_kwargs and d.kind != "chat":
         raise ConfigError(f'data.chat_template_kwargs: only for data.kind = "chat", got "{d.kind}"')
+    if d.loops != "keep" and d.kind != "chat":
+        raise ConfigError(f'data.loops: only for data.kind = "chat", got "{d.kind}"')
     _check_topology(cfg.topology)
     ids = cfg.drafter.target_layer_ids
     if ids is not None and ids != sorted(ids):
