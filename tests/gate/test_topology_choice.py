@@ -233,15 +233,10 @@ def test_one_gpu_or_process_says_a_split_needs_two_in_its_own_unit() -> None:
     assert any("best split of 1 process: needs 2 processes;" in line for line in cpu), cpu
 
 
-def test_a_held_out_share_smaller_than_a_batch_is_refused_before_any_worker(launches, capsys) -> None:  # noqa: F811
-    """tiny-cpu holds out 10%: of 64 sequences that is 6, less than its batch of 8. Refused at config time
-    (exit 2, nothing started), not by every worker after it started."""
+def test_a_held_out_share_smaller_than_a_batch_is_planned_not_refused(launches, capsys) -> None:  # noqa: F811
+    """tiny-cpu holds out 10%: of 64 sequences that is 6, less than its batch of 8. It was refused while
+    held-out scoring ran whole batches only; the last batch is padded now (issue 38 D8), so it is planned."""
     args = ["train", "--config", "tiny-cpu", "--no-deep", "--set", "data.num_samples=64"]
-    assert run([*args, "--dry-run"]) == 2
-    err = " ".join(capsys.readouterr().err.split())
-    assert (
-        "data.eval_fraction: holds out 6 of 64 sequences, fewer than one batch of optim.batch_size = 8" in err
-    )
-    assert "lower optim.batch_size" in err
+    assert run([*args, "--dry-run"]) == 0
+    assert "fewer than one batch" not in capsys.readouterr().err
     assert launches == []
-    assert run([*args, "--set", "optim.batch_size=4", "--dry-run"]) == 0  # 6 held out: one batch of 4

@@ -342,7 +342,7 @@ def split_data(cfg: TrainConfig) -> DataSplit:
     """`data.eval_fraction` of the sequences (a fixed draw by run.seed) or `data.eval_path`'s records held out."""
     b = cfg.optim.batch_size
     total = num_sequences(cfg)
-    held = heldout_sequences(cfg, total)  # ConfigError: fewer than one batch
+    held = heldout_sequences(cfg, total)
     if cfg.data.eval_path is not None:
         return DataSplit(list(range(total)), list(range(held)), b)
     if held:  # data.eval_fraction's share of the training data, a fixed draw by the seed

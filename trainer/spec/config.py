@@ -399,7 +399,7 @@ def load_config(
         )
     if check_data and split:
         total = num_sequences(completed)
-        held = heldout_sequences(completed, total)  # ConfigError: fewer than one batch held out
+        held = heldout_sequences(completed, total)
         check_step_fits(completed, total if cfg.data.eval_path is not None else total - held)
     return completed
 
@@ -429,22 +429,12 @@ def num_sequences(cfg: TrainConfig) -> int:
 
 def heldout_sequences(cfg: TrainConfig, total: int | None = None) -> int:
     """How many sequences held-out evaluation scores (0: none held out), given the training data's `total`
-    (counted when not given). Counts only, no torch. Raises ConfigError when the share is smaller than one
-    batch: held-out scoring runs whole batches, so it would score nothing (the launch refuses that before
-    any worker starts)."""
+    (counted when not given). Counts only, no torch. A share smaller than one batch is scored too: the last
+    held-out batch is padded to the compiled shape with unsupervised rows (issue 38, D8)."""
     d = cfg.data
     if d.eval_path is not None:
-        held = count_records(d.eval_path, "data.eval_path")
-        where = f"data.eval_path: {d.eval_path} holds {held} records"
-    elif d.eval_fraction > 0:
+        return count_records(d.eval_path, "data.eval_path")
+    if d.eval_fraction > 0:
         total = num_sequences(cfg) if total is None else total
-        held = max(1, round(total * d.eval_fraction))
-        where = f"data.eval_fraction: holds out {held} of {total} sequences"
-    else:
-        return 0
-    if held < cfg.optim.batch_size:
-        raise ConfigError(
-            f"{where}, fewer than one batch of optim.batch_size = {cfg.optim.batch_size}",
-            hint="hold out more (data.eval_fraction, data.eval_path) or lower optim.batch_size",
-        )
-    return held
+        return max(1, round(total * d.eval_fraction))
+    return 0
