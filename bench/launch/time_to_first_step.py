@@ -7,7 +7,11 @@ and, where the checkout records one, split into the launch timeline's phases (`r
     .venv/bin/python bench/launch/time_to_first_step.py --workdir /tmp/ttfs --config qwen3-8b-b16   # on a GPU
 
 `--repo` runs another checkout (its packages first on PYTHONPATH, with this interpreter), for a before/after
-on the same machine. Prints a table; writes JSON (default bench/results/time_to_first_step.json).
+on the same machine. `--only cold|warm` runs one launch (`--home` an existing home: the first launch of a
+second config, its cache warm for another). Each launch runs with DFLASH_DOCTOR_DEBUG=1 (an internal error
+prints its traceback), its stdout and stderr kept beside its output folder (`out-cold.stdout.json`,
+`out-cold.stderr.txt`), the stderr's tail in the JSON when it did not end 0. Prints a table; writes JSON
+(default bench/results/time_to_first_step.json).
 """
 
 from __future__ import annotations
@@ -34,37 +38,56 @@ TINY = [
 ]
 
 
+STDERR_TAIL_CHARS = 6000  # enough for a whole traceback (the H200's exit 3 of S12 came back with none)
+
+
 def launch(repo: Path, home: Path, out: Path, config: str, sets: list[str]) -> dict[str, Any]:
     """One `train --json` launch; the first metrics line's time seen from outside, and its timeline."""
     command = [sys.executable, "-m", "dflash_doctor", "train", "--config", config, "--json"]
     sets = [*sets, f"output.dir={json.dumps(str(out))}"]
     command += [arg for item in sets for arg in ("--set", item)]
+    return run_launch(command, repo, launch_environ(repo, home), out)
+
+
+def launch_environ(repo: Path, home: Path) -> dict[str, str]:
+    """The launch's environment: its own home, the checkout first on the path, then whatever the caller put
+    there (carried wheels, say); DFLASH_DOCTOR_DEBUG: an internal error (exit 3) prints its traceback."""
     environ = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    # the checkout first, then whatever the caller put on the path (carried wheels, say)
     path = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH", "")) if p)
-    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=path, COLUMNS="200")
+    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=path, COLUMNS="200", DFLASH_DOCTOR_DEBUG="1")
+    return environ
+
+
+def run_launch(command: list[str], cwd: Path, environ: dict[str, str], out: Path) -> dict[str, Any]:
+    """Run one launch to its end. Both streams go to files beside `out`, read once it ended: stdout was a pipe
+    read only then, and on the H200 the `--json` document is 127 kB (the environment lock of 201
+    distributions), twice what a pipe holds, so the launcher blocked on its last write until killed."""
     metrics = out / "metrics.jsonl"
-    began = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    stderr_path = (
-        out.parent / f"{out.name}.stderr.txt"
-    )  # a failed launch says why (the H200 run's exit 3 did not)
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(command, cwd=repo, env=environ, stdout=subprocess.PIPE, stderr=stderr)
+    stdout_path = out.parent / f"{out.name}.stdout.json"
+    stderr_path = out.parent / f"{out.name}.stderr.txt"
+    began = time.perf_counter()
+    with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
+        proc = subprocess.Popen(command, cwd=cwd, env=environ, stdout=stdout, stderr=stderr)
         first_step = wait_for_first_step(proc, metrics, began)
-    stdout = proc.stdout.read().decode() if proc.stdout else ""
+    launch_s = time.perf_counter() - began
     try:
-        run = json.loads(stdout).get("run", {})
+        document = json.loads(stdout_path.read_text(errors="replace"))
     except json.JSONDecodeError:
-        run = {}
+        document = {}
+    run = document.get("run", {}) if isinstance(document, dict) else {}
     timeline = run.get("timeline") or {}
+    failed = {"stderr_tail": stderr_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:]}
     return {
         "exit": proc.returncode,
+        "status": run.get("status"),
         "first_step_s": round(first_step, 2) if first_step else None,
-        "launch_s": round(time.perf_counter() - began, 2),
+        "launch_s": round(launch_s, 2),
         "phases": {row["phase"]: row["seconds"] for row in timeline.get("phases", [])},
         "probe_s": timeline.get("probe_s"),
-        **({} if proc.returncode == 0 else {"stderr_tail": stderr_path.read_text(errors="replace")[-2000:]}),
+        "notes": run.get("notes", []),
+        "stderr": str(stderr_path),
+        **({} if proc.returncode == 0 else failed),
     }
 
 
@@ -80,12 +103,13 @@ def wait_for_first_step(proc: subprocess.Popen[bytes], metrics: Path, began: flo
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
     phases = list(dict.fromkeys(p for row in rows.values() for p in row["phases"]))
-    head = ["launch", "first step s", *phases]
+    head = ["launch", "exit", "first step s", *phases]
     lines = [head]
     for name, row in rows.items():
         lines.append(
             [
                 name,
+                str(row["exit"]),
                 str(row["first_step_s"]),
                 *(f"{row['phases'][p]:.2f}" if p in row["phases"] else "-" for p in phases),
             ]
@@ -103,16 +127,33 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=3, help="optim.steps (the launch, not the run, is measured)"
     )
+    parser.add_argument(
+        "--only", choices=("cold", "warm", "both"), default="both", help="which launches (default: both)"
+    )
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="the DFLASH_DOCTOR_HOME (default: WORKDIR/home, fresh); another config's home makes the cold "
+        "launch the first of a second config",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "time_to_first_step.json")
     args = parser.parse_args()
     sets = [*(TINY if args.config.startswith("tiny-cpu") else []), f"optim.steps={args.steps}", *args.sets]
-    home = args.workdir / "home"
+    home = args.home if args.home is not None else args.workdir / "home"
+    names = ("cold", "warm") if args.only == "both" else (args.only,)
     rows = {
-        "cold": launch(args.repo.resolve(), home, args.workdir / "out-cold", args.config, sets),
-        "warm": launch(args.repo.resolve(), home, args.workdir / "out-warm", args.config, sets),
+        name: launch(args.repo.resolve(), home, args.workdir / f"out-{name}", args.config, sets)
+        for name in names
     }
     print(table(rows))
-    document = {"config": args.config, "sets": sets, "repo": str(args.repo), "launches": rows}
+    document = {
+        "config": args.config,
+        "sets": sets,
+        "repo": str(args.repo),
+        "home": str(home),
+        "launches": rows,
+    }
     write_json_atomic(args.json, document)
     print(f"wrote {args.json}")
 

@@ -138,7 +138,10 @@ def _collect(
             continue
         if top and is_our_record(name):
             continue
-        info = entry.stat(follow_symlinks=False)
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:  # removed since the folder was listed (a compiler's temp file, renamed)
+            continue
         if not stat.S_ISREG(info.st_mode):
             skipped.append(archive_path)
             continue
@@ -180,7 +183,10 @@ def _hash_share(files: list[SourceFile]) -> list[str]:
     digests = []
     for source in files:
         digest = hashlib.sha256()
-        fd = os.open(source.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(source.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # removed since it was listed: refused as a changed file, by name
+            raise _changed(source) from None
         try:
             while read := os.readv(fd, [buffer]):
                 digest.update(view[:read])
@@ -250,7 +256,11 @@ def write_archive(
             out.write(_ZEROS[: -len(manifest_bytes) % tarfile.BLOCKSIZE])
             for source in files:
                 entry = by_path[source.archive_path]
-                with open(source.path, "rb", buffering=0) as handle:
+                try:
+                    handle = open(source.path, "rb", buffering=0)  # noqa: SIM115  (closed by the with)
+                except FileNotFoundError:  # removed since it was hashed
+                    raise _changed(source) from None
+                with handle:
                     now = os.fstat(handle.fileno())
                     if (now.st_ino, now.st_size, now.st_mtime_ns) != source.identity:
                         raise _changed(source)

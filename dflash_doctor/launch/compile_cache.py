@@ -203,7 +203,9 @@ def _prune_warm_configs(folder: Path, keep: Path, max_age_s: float = WARM_CONFIG
 
 
 def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int = KEEP_SNAPSHOTS) -> str:
-    """Snapshot the managed cache the run used and prune older ones; returns a line for the record."""
+    """Snapshot the managed cache the run used and prune older ones; returns a line for the record. A snapshot
+    that cannot be taken (our refusals, a disk or file error) is that line, `no snapshot: <why>`: the run
+    succeeded whatever becomes of its bookkeeping. Anything else is a bug of ours and stays loud."""
     fingerprint = current_fingerprint(env)
     status = gather_status(fingerprint, environ)
     store = SnapshotStore(snapshots_dir())
@@ -225,4 +227,7 @@ def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int 
                 old.path.unlink(missing_ok=True)
     except DoctorError as exc:
         return f"no snapshot: {exc.message}"
+    except OSError as exc:  # a full disk, a file that cannot be read: the run still succeeded
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return f"no snapshot: {where}{exc.strerror or exc}"
     return f"snapshot {name}: {len(taken.manifest.files)} files"

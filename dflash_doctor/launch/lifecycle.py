@@ -143,9 +143,18 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
         record.timeline = request.timeline.to_json()
         store.save(record)
         raise
-    _close_record(record, request, outcome, stop_log, started)
-    record.timeline = request.timeline.to_json()
-    store.save(record)
+    try:
+        _close_record(record, request, outcome, stop_log, started)
+    except BaseException as exc:
+        # The run ended as torchrun says (the status is set first); what failed is our bookkeeping after it.
+        # The record says so and is saved; the error stays loud (a bug of ours is exit 3, with its traceback).
+        if record.status == "running":
+            record.status = "failed"
+        record.notes.append(f"after the run, the launcher failed: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        record.timeline = request.timeline.to_json()
+        store.save(record)
     _report(record, outcome, stop_log, request.began, say)
     if request.verbose:
         _print_timeline(record.timeline, console)
@@ -221,20 +230,22 @@ def _run_torchrun(
 def _close_record(
     record: RunRecord, request: LaunchRequest, outcome: TorchrunOutcome, stop_log: Path, started: float
 ) -> None:
-    """Step 3: the record's end: status, exit code, last metrics, why it failed; the cache snapshot on success."""
+    """Step 3: the record's end: status, exit code, last metrics, why it failed; the cache snapshot on success.
+    How the run ended is set first, from torchrun's outcome alone: whatever fails after it (reading the
+    run's outputs, the snapshot) cannot leave the record `running` (supervise_run saves it in every path)."""
     record.exit_code = outcome.exit_code
     record.finished = record.last_seen = time.time()
-    record.metrics = last_metrics(Path(record.output_dir or "."), started)
     if outcome.interrupted:
         record.status = "interrupted"
         record.notes.append(describe_stop(outcome, stop_log))
     else:
         record.status = "succeeded" if outcome.exit_code == 0 else "failed"
         record.stderr_tail = list(outcome.stderr_tail)
-        if record.status == "failed":
-            record.reason = outcome.reason or _summary_error(record.metrics)
         if outcome.killed:
             record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
+    record.metrics = last_metrics(Path(record.output_dir or "."), started)
+    if record.status == "failed":
+        record.reason = outcome.reason or _summary_error(record.metrics)
     if record.status == "succeeded":
         record.snapshot = snapshot_after_success(request.gate.context.env, request.gate.environ)
         record.notes.append(record.snapshot)

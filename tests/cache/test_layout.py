@@ -96,3 +96,22 @@ def test_a_link_is_judged_by_its_name_and_never_followed(tmp_path: Path) -> None
     assert content is not None and content.reason is None  # a name, not a walk into what it names
     (root / "aa").symlink_to(outside)
     assert "aa" in (examine_path(root).reason or "")  # type: ignore[union-attr]
+
+
+def test_a_real_cuda_training_cache_snapshots_and_restores_whole(tmp_path: Path) -> None:
+    """The cache a qwen3-8b-b16 launch left on an H200 (torch 2.11, Triton 3.6; issue 40 §2): nested 4 deep at
+    most (`triton/0/<key>/<kernel>`, `fxgraph/<2>/<key>/<entry>`: far from the 32 a tree may nest), kernel
+    names up to 150 characters (archive paths of 223, past the tar header's 100), a `cuda_utils` library
+    alone in its key folder. Snapshot and restore give back every file."""
+    from dflash_doctor.cache.restore import restore_snapshot
+    from dflash_doctor.cache.snapshot import take_snapshot
+    from tests.cache.helpers import CPU_BUILD, tree_digests
+
+    root = tmp_path / "inductor"
+    files = build_listing(LAYOUTS / "h200-torch2.11-qwen3-8b-b16-train.txt", root)
+    before = {k: v for k, v in tree_digests(root).items() if not k.startswith("locks/")}
+    assert max(k.count("/") for k in before) == 3 and max(len(k) for k in before) > 200
+    snap = take_snapshot({"inductor": root}, CPU_BUILD, "h200-train", tmp_path / "h200-train.tar.zst")
+    assert len(snap.manifest.files) == files - sum(1 for p in root.glob("locks/*") if p.is_file())
+    restore_snapshot(snap.path, {"inductor": root}, CPU_BUILD)
+    assert {k: v for k, v in tree_digests(root).items() if k != MARKER_NAME} == before
