@@ -56,13 +56,7 @@ if [ "$PHASE" = shapes ]; then
 fi
 
 if [ "$PHASE" = data ]; then
-    stage convert 120 bash -c 'set -e; rm -rf "$0/target" "$0/prompts" "$0/data"; mkdir -p "$0/prompts" "$0/data"
-        cat /tmp/gguf/part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        for f in .carry2/prompts/*.gz; do zcat "$f" > "$0/prompts/$(basename "$f" .gz)"; done
-        wc -l "$0"/prompts/*.jsonl
-        python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
-print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
+    stage convert 120 bash -c 'smollm2_target "$0"' "$ROOT"
     stage real 50 python3 $B --target "$ROOT/target" --prompts "$ROOT/prompts/train.jsonl" --num 512 \
         --max-new-tokens 256 --baseline-batch 512 --baseline-num 512 --out "$RES/kv_smollm2_real.json"
     stage greedy "${SCALING_GREEDY_S:-220}" python3 -m dflash_doctor data regenerate --config smollm2-135m \
@@ -84,14 +78,7 @@ print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys
 fi
 
 if [ "$PHASE" = unpack ]; then  # a new lease: the target and the answers an earlier lease wrote, carried back
-    stage convert 120 bash -c 'set -e; rm -rf "$0/target" "$0/prompts" "$0/data"; mkdir -p "$0/prompts" "$0/data"
-        cat /tmp/gguf/part1 .carry2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        for f in .carry2/prompts/*.gz; do zcat "$f" > "$0/prompts/$(basename "$f" .gz)"; done
-        for f in .carry2/data/*.gz; do [ -f "$f" ] || continue; zcat "$f" > "$0/data/$(basename "$f" .gz)"; done
-        wc -l "$0"/prompts/*.jsonl "$0"/data/*.jsonl
-        python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
-print(convert_gguf(Path(\"/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf\"), Path(sys.argv[1]) / \"target\").to_json())" "$0"' "$ROOT"
+    stage convert 120 bash -c 'smollm2_target "$0"' "$ROOT"  # the target, and the answers carried back
     # both engines on real chats, each differing answer's first flip classified (bf16 near-tie or not)
     [ "${SCALING_TIES:-1}" = 0 ] || stage real 60 python3 $B --target "$ROOT/target" --prompts "$ROOT/prompts/train.jsonl" \
         --num 512 --max-new-tokens 256 --baseline-batch 512 --baseline-num 512 --out "$RES/kv_smollm2_ties.json"

@@ -11,26 +11,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer
+from tests.trainer.chat_fixtures import save_chat_target
 from trainer.model.build import build_drafter
 from trainer.model.export import export_drafter
 from trainer.spec.config import load_config
 from trainer.target_model.load import load_target_model
-from trainer.target_model.tiny import build_embedded_target
 
 ROOT = Path(__file__).resolve().parents[2]
-CHATS = [
-    [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"Answer number {i}, short."}]
-    for i in range(5)
-]
 
 
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    build_embedded_target("tiny", seed=0).save_pretrained(folder)
-    byte_tokenizer(QWEN3_LIKE, folder)
-    return folder
+    return save_chat_target(tmp_path_factory.mktemp("target"))
+
+
+CHATS = [
+    [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"Answer number {i}, short."}]
+    for i in range(5)
+]
 
 
 def _write(path: Path, chats: list[list[dict[str, str]]]) -> Path:

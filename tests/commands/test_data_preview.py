@@ -10,16 +10,12 @@ import pytest
 
 from dflash_doctor.cli import run
 from dflash_doctor.commands.data import SUPERVISED_CLOSE, SUPERVISED_OPEN
-from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_text
-from trainer.target_model.tiny import build_embedded_target
+from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, save_chat_target, supervised_text
 
 
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    build_embedded_target("tiny", seed=0).save_pretrained(folder)
-    byte_tokenizer(QWEN3_LIKE, folder)
-    return folder
+    return save_chat_target(tmp_path_factory.mktemp("target"))
 
 
 def test_supervised_tokens_are_bracketed_in_a_pipe_under_no_color(

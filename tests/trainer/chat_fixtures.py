@@ -82,6 +82,16 @@ def byte_tokenizer(template: str, folder: Path | None = None) -> Any:
     return fast
 
 
+def save_chat_target(folder: Path) -> Path:
+    """The tiny target saved in `folder` as a Hugging Face folder with a byte-level tokenizer and QWEN3_LIKE's
+    template (the chat tests' module-scoped `chat_target` fixtures)."""
+    from trainer.target_model.tiny import build_embedded_target
+
+    build_embedded_target("tiny", seed=0).save_pretrained(folder)
+    byte_tokenizer(QWEN3_LIKE, folder)
+    return folder
+
+
 def supervised_text(tokenizer: Any, ids: list[int], mask: list[bool]) -> list[str]:
     """The supervised runs of tokens, each decoded (a leak into another turn shows as a longer run)."""
     runs: list[list[int]] = []

@@ -9,17 +9,19 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run
-from tests.trainer.chat_fixtures import QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
-from trainer.target_model.tiny import build_embedded_target
+from tests.trainer.chat_fixtures import (
+    QWEN3_LIKE,
+    REASONING,
+    byte_tokenizer,
+    save_chat_target,
+    supervised_text,
+)
 
 
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny target saved as a Hugging Face folder with a byte-level tokenizer and a Qwen3-like template."""
-    folder = tmp_path_factory.mktemp("target")
-    build_embedded_target("tiny", seed=0).save_pretrained(folder)
-    byte_tokenizer(QWEN3_LIKE, folder)
-    return folder
+    return save_chat_target(tmp_path_factory.mktemp("target"))
 
 
 def _config(tmp_path: Path, target: Path, records: list[str], seq_len: int = 96) -> Path:

@@ -8,18 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer
+from tests.trainer.chat_fixtures import save_chat_target
 from trainer.data.sources import split_data
 from trainer.spec.config import load_config
-from trainer.target_model.tiny import build_embedded_target
 
 
 @pytest.fixture(scope="module")
 def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    build_embedded_target("tiny", seed=0).save_pretrained(folder)
-    byte_tokenizer(QWEN3_LIKE, folder)
-    return folder
+    return save_chat_target(tmp_path_factory.mktemp("target"))
 
 
 def _config(tmp_path: Path, target: Path, samples: int, with_prompt_ids: bool) -> Path:
