@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_base.atomic import write_json_atomic
+from trainer.data.degenerate import ends_in_loop_text
 from trainer.data.sources import TokenizedSource
-from trainer.decode.degenerate import ends_in_loop_text
 from trainer.target_model.tokenizer import load_tokenizer
 
 

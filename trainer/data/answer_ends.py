@@ -6,7 +6,7 @@ message) and the answer's own tokens:
 - An answer cut at `--max-new-tokens` ("length") did not end its turn: the template still renders an
   end-of-turn token after it, which the target never chose there. That token is not supervised (a drafter
   taught it learns to stop where the target goes on).
-- `data.loops = "cut"`: an answer that ends in a repetition loop (`trainer.decode.degenerate`) is supervised
+- `data.loops = "cut"`: an answer that ends in a repetition loop (`trainer.data.degenerate`) is supervised
   up to the loop's first full period; the repeats and the end-of-turn token after them are not. The tokens
   stay in the sequence as context (a later answer was generated after them). "keep" (the default) trains on
   the whole answer: the target did write it.
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.decode.degenerate import cut_loop
+from trainer.data.degenerate import cut_loop
 
 LOOP_MODES = ("keep", "cut")
 

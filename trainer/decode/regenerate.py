@@ -20,8 +20,8 @@ from typing import Any
 
 from dflash_base.disk import writing
 from dflash_base.errors import ConfigError, DoctorError
+from trainer.data.degenerate import ends_in_loop_text
 from trainer.decode.conversations import PromptRecord, RecordError, Regeneration, read_records
-from trainer.decode.degenerate import ends_in_loop_text
 from trainer.decode.generation import CountsTokens, Engine, GenerationSettings, prompt_ids
 from trainer.decode.sampling import row_key
 from trainer.spec.regenerate_request import RegenerateRequest
@@ -262,7 +262,7 @@ class Summary:
     generated_tokens: int = 0
     answers: int = 0
     stopped_at_length: int = 0
-    ended_in_loop: int = 0  # answers whose text ends repeating itself (trainer.decode.degenerate)
+    ended_in_loop: int = 0  # answers whose text ends repeating itself (trainer.data.degenerate)
     loops_at_length: int = 0  # of those, cut at --max-new-tokens: a loop the target would not have left
     seconds: float = 0.0
     # Tokens the engine has made for the chunk in flight, not yet committed (engines that count them)

@@ -12,8 +12,8 @@ import pytest
 from dflash_base.errors import ConfigError
 from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_text
 from trainer.data.answer_ends import finish_reasons, trim_answer_ends
+from trainer.data.degenerate import ends_in_loop
 from trainer.data.sources import TokenizedSource
-from trainer.decode.degenerate import ends_in_loop
 from trainer.spec.config import parse_config
 
 LOOP = "Done. " + "ab" * 40  # a 2-character loop of 80 characters: 80 byte tokens, 40 periods

@@ -1,4 +1,4 @@
-"""trainer/decode/degenerate.py: answers that end in a repetition loop are found (1-token loops, multi-line
+"""trainer/data/degenerate.py: answers that end in a repetition loop are found (1-token loops, multi-line
 code loops, a long sentence repeated), normal ones are not (prose, progressing code, short answers), and
 `cut_loop` keeps one period of the loop."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from trainer.decode.degenerate import (
+from trainer.data.degenerate import (
     MIN_LOOP_TOKENS,
     cut_loop,
     ends_in_loop,
