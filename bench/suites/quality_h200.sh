@@ -88,7 +88,8 @@ if [ "$PHASE" = data ]; then
     start_arms greedy
     left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 60))
     [ "$left" -gt "${QUALITY_SAMPLED_S:-90}" ] && left=${QUALITY_SAMPLED_S:-90}
-    regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 --temperature 0.8 --top-p 0.95 --seed 1
+    [ "$left" -ge 15 ] && regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 \
+        --temperature 0.8 --top-p 0.95 --seed 1  # (`timeout 0` would not stop it: 0 means none)
     start_arms sampled
     wc -l "$ROOT"/data/*.jsonl
     # the answers back for later leases and CPU runs: one tar of gzipped files, in parts (8 files come back at most)
