@@ -71,16 +71,14 @@ def trim_answer_ends(
         if len(span) < 2:
             continue
         content = span[:-1]  # the answer's tokens, its end-of-turn token apart
-        left_out = range(0)
+        unfinished = reasons is not None and reasons[answer] == "length"
+        ends.unfinished += unfinished
+        left_out = span[-1:] if unfinished else range(0)
         if loops == "cut":
             keep = cut_loop([ids[i] for i in content])
             if keep < len(content):
-                left_out = span[keep:]
+                left_out = span[keep:]  # the end-of-turn token with the repeats
                 ends.loops_cut += 1
-        if not left_out and reasons is not None and reasons[answer] == "length":
-            left_out = span[-1:]
-        if reasons is not None and reasons[answer] == "length":
-            ends.unfinished += 1
         for i in left_out:
             ends.tokens_left_out += int(mask[i])
             mask[i] = False

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from trainer.data.answer_ends import AnswerEnds
-from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source
+from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source, fit_to_length
 from trainer.model.batch import real_token_count
 from trainer.spec.config import TrainConfig
 from trainer.spec.target_shapes import is_embedded, target_shapes
@@ -107,19 +107,24 @@ def preview(cfg: TrainConfig, samples: int) -> DataPreview:
     tokenizer = None if is_embedded(cfg.target.path) else load_tokenizer(cfg.target.path)
     out = DataPreview(cfg.data.kind, cfg.data.seq_len)
     for j in range(len(source)):
-        ids, mask = source.get(j)
-        raw = _raw_length(source, j)
+        if isinstance(source, TokenizedSource) and source.kind == "chat":
+            chat = source.chat_tokens(
+                j
+            )  # rendered and tokenised once: the sequence as trained, and its counts
+            ids, mask = fit_to_length(chat.ids, chat.mask, cfg.data.seq_len)
+            raw: int | None = len(chat.ids)
+            out.counts.answers += chat.sequence.answers
+            out.counts.answers_out_of_context += chat.sequence.out_of_context
+            out.counts.ends.add(chat.ends)
+        else:
+            ids, mask = source.get(j)
+            raw = _raw_length(source, j)
         truncated = raw is not None and raw > cfg.data.seq_len
         real = real_token_count(ids.unsqueeze(0), mask.unsqueeze(0))
         out.counts.sequences += 1
         out.counts.tokens += real
         out.counts.supervised += int(mask.sum())
         out.counts.truncated += int(truncated)
-        if isinstance(source, TokenizedSource) and source.kind == "chat":
-            chat = source.chat_tokens(j)
-            out.counts.answers += chat.sequence.answers
-            out.counts.answers_out_of_context += chat.sequence.out_of_context
-            out.counts.ends.add(chat.ends)
         if j < samples:
             shown = ids[:real].tolist()
             out.samples.append(
