@@ -35,7 +35,9 @@ def one_check(repo: Path, home: Path, python: str | None) -> tuple[float, list[t
     command = [sys.executable, "-m", "dflash_doctor", "check", "--no-lock", "--json"]
     command += ["--python", python] if python else []
     environ = {k: v for k, v in os.environ.items() if k != "DFLASH_DOCTOR_CACHE_DIR"}
-    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=str(repo))
+    # the repo first (a before/after of two checkouts), then what the caller had (a device's carried wheels)
+    inherited = [entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=os.pathsep.join([str(repo), *inherited]))
     began = time.perf_counter()
     done = subprocess.run(command, cwd=repo, env=environ, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - began
