@@ -200,11 +200,13 @@ def preview_command(
         f"{c['sequences']} sequences ({escape(result['kind'])}, seq_len {result['seq_len']}): {c['tokens']:,} tokens, "
         f"{c['supervised_share']:.1%} supervised, {c['truncated_share']:.1%} of sequences truncated"
     )
-    if c["answers_cut_at_length"] or c["answers_loop_cut"]:
+    if c["answers_cut_at_length"] or c["answers_loop_cut"] or c["answers_loop_dropped"]:
+        loops = f"{c['answers_loop_cut']:,} ending in a loop cut after its first period (data.loops)"
+        if c["answers_loop_dropped"]:
+            loops = f"{c['answers_loop_dropped']:,} ending in a loop not supervised at all (data.loops)"
         console.print(
             f"{c['answers_cut_at_length']:,} answers cut at the length cap (their end-of-turn token not "
-            f"supervised), {c['answers_loop_cut']:,} ending in a loop cut after its first period (data.loops): "
-            f"{c['tokens_left_out_at_answer_ends']:,} tokens the target did not write there left out"
+            f"supervised), {loops}: {c['tokens_left_out_at_answer_ends']:,} tokens left out of the loss"
         )
     console.print(
         f"supervised tokens between {SUPERVISED_OPEN} and {SUPERVISED_CLOSE} (green where colour shows); "

@@ -136,3 +136,34 @@ def test_the_no_assistant_hint_is_a_command_that_works(
     again = ["data", "preview", "--config", str(config), "--set", f'data.path="{answers}"', "--json"]
     assert run(again) == 0, capsys.readouterr()
     assert json.loads(capsys.readouterr().out)["counts"]["answers"] == 2
+
+
+@pytest.mark.parametrize(
+    ("loops", "said"),
+    [
+        ("cut", "1 ending in a loop cut after its first period"),
+        ("drop", "1 ending in a loop not supervised at all"),
+    ],
+)
+def test_preview_counts_and_says_the_looping_answers_it_leaves_out(
+    tmp_path: Path, chat_target: Path, capsys: pytest.CaptureFixture[str], loops: str, said: str
+) -> None:
+    looping = "Done. " + "ab" * 40
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": looping}]
+    record = {"messages": chat, "generation": {"finish_reasons": ["length"]}}
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps(record) + "\n")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 192\nloops = "{loops}"\n[optim]\nsteps = 1\n'
+    )
+    argv = ["data", "preview", "--config", str(config), "--samples", "1"]
+    assert run([*argv, "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)["counts"]
+    assert counts["answers_cut_at_length"] == 1
+    assert (counts["answers_loop_cut"], counts["answers_loop_dropped"]) == (
+        (1, 0) if loops == "cut" else (0, 1)
+    )
+    assert run(argv) == 0
+    assert said in " ".join(capsys.readouterr().out.split())

@@ -7,9 +7,9 @@ message) and the answer's own tokens:
   end-of-turn token after it, which the target never chose there. That token is not supervised (a drafter
   taught it learns to stop where the target goes on).
 - `data.loops = "cut"`: an answer that ends in a repetition loop (`trainer.data.degenerate`) is supervised
-  up to the loop's first full period; the repeats and the end-of-turn token after them are not. The tokens
-  stay in the sequence as context (a later answer was generated after them). "keep" (the default) trains on
-  the whole answer: the target did write it.
+  up to the loop's first full period; the repeats and the end-of-turn token after them are not. `"drop"`:
+  no token of such an answer is supervised. Either way the tokens stay in the sequence as context (a later
+  answer was generated after them). "keep" (the default) trains on the whole answer: the target did write it.
 
 Held-out answers go through the same source, so they are scored as they are trained.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from trainer.data.degenerate import cut_loop
 
-LOOP_MODES = ("keep", "cut")
+LOOP_MODES = ("keep", "cut", "drop")
 
 
 @dataclass
@@ -31,11 +31,13 @@ class AnswerEnds:
 
     unfinished: int = 0  # answers cut at the length cap: the end-of-turn token after them not supervised
     loops_cut: int = 0  # answers whose repeating tail is not supervised (data.loops = "cut")
+    loops_dropped: int = 0  # looping answers not supervised at all (data.loops = "drop")
     tokens_left_out: int = 0  # supervised tokens these two rules took out of the loss
 
     def add(self, other: AnswerEnds) -> None:
         self.unfinished += other.unfinished
         self.loops_cut += other.loops_cut
+        self.loops_dropped += other.loops_dropped
         self.tokens_left_out += other.tokens_left_out
 
 
@@ -74,11 +76,13 @@ def trim_answer_ends(
         unfinished = reasons is not None and reasons[answer] == "length"
         ends.unfinished += unfinished
         left_out = span[-1:] if unfinished else range(0)
-        if loops == "cut":
-            keep = cut_loop([ids[i] for i in content])
-            if keep < len(content):
+        if loops != "keep" and (keep := cut_loop([ids[i] for i in content])) < len(content):
+            if loops == "cut":
                 left_out = span[keep:]  # the end-of-turn token with the repeats
                 ends.loops_cut += 1
+            else:
+                left_out = span  # the whole answer, its end-of-turn token too
+                ends.loops_dropped += 1
         for i in left_out:
             ends.tokens_left_out += int(mask[i])
             mask[i] = False

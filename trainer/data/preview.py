@@ -65,6 +65,7 @@ class Counts:
             "answers_out_of_context": self.answers_out_of_context,
             "answers_cut_at_length": self.ends.unfinished,
             "answers_loop_cut": self.ends.loops_cut,
+            "answers_loop_dropped": self.ends.loops_dropped,
             "tokens_left_out_at_answer_ends": self.ends.tokens_left_out,
         }
 

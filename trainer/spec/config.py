@@ -94,9 +94,9 @@ class DataSection:
     # chat only: handed to the tokenizer's chat template, e.g. {enable_thinking = false}, so the data are
     # rendered the way the target will be served
     chat_template_kwargs: dict[str, Any] = option(factory=dict, parse=table())
-    # chat only: an answer that ends in a repetition loop is trained on whole ("keep": the target wrote it)
-    # or up to its loop's first period ("cut"); trainer/data/answer_ends.py
-    loops: str = option("keep", choice("keep", "cut"))
+    # chat only: an answer that ends in a repetition loop is trained on whole ("keep": the target wrote it),
+    # up to its loop's first period ("cut") or not at all ("drop"); trainer/data/answer_ends.py
+    loops: str = option("keep", choice("keep", "cut", "drop"))
     # Held-out sequences the drafters score but never train on: a share of the data (fixed by run.seed),
     # or a separate file of the same kind. Either one turns held-out evaluation on ([eval]).
     eval_fraction: float = option(0.0, number(0.0, 0.5))

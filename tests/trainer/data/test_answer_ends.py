@@ -82,6 +82,16 @@ def test_loops_cut_keeps_one_period_and_drops_the_repeats_and_the_end_of_turn(tm
     assert LOOP in source.tokenizer.decode(ids)  # the repeats stay in the sequence, as context
 
 
+def test_loops_drop_supervises_no_token_of_a_looping_answer_and_keeps_the_others(tmp_path: Path) -> None:
+    source = _source(tmp_path, [_record(["Hello", LOOP, "Bye"], ["stop", "length", "stop"])], loops="drop")
+    assert _supervised(source) == ["Hello<|im_end|>", "Bye<|im_end|>"]
+    ends = source.chat_tokens(0).ends
+    assert (ends.loops_dropped, ends.loops_cut, ends.unfinished) == (1, 0, 1)
+    assert ends.tokens_left_out == len(LOOP) + 1  # every token of it, the end-of-turn too
+    ids, _ = source.tokens(0)
+    assert LOOP in source.tokenizer.decode(ids)  # still in the sequence: "Bye" was written after it
+
+
 def test_loops_cut_leaves_answers_that_do_not_loop_alone(tmp_path: Path) -> None:
     code = "\n".join(f"x{i} = {i * 7}" for i in range(30))  # lines of one shape that progress
     assert not ends_in_loop(list(code.encode()))
@@ -91,13 +101,13 @@ def test_loops_cut_leaves_answers_that_do_not_loop_alone(tmp_path: Path) -> None
 
 def test_trim_answer_ends_rejects_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="loops must be one of"):
-        trim_answer_ends([1, 2], [True, True], [range(2)], [0], None, "drop")
+        trim_answer_ends([1, 2], [True, True], [range(2)], [0], None, "trim")
 
 
 def test_data_loops_is_a_chat_option_named_in_its_errors() -> None:
     chat = {"kind": "chat", "path": "c.jsonl", "loops": "cut"}
     assert parse_config({"target": {"path": "/m"}, "data": chat, "optim": {"steps": 1}}).data.loops == "cut"
     with pytest.raises(ConfigError, match=r"data\.loops: must be one of"):
-        parse_config({"target": {"path": "/m"}, "data": {**chat, "loops": "drop"}, "optim": {"steps": 1}})
+        parse_config({"target": {"path": "/m"}, "data": {**chat, "loops": "trim"}, "optim": {"steps": 1}})
     with pytest.raises(ConfigError, match=r'data\.loops: only for data\.kind = "chat"'):
         parse_config({"data": {"kind": "random", "loops": "cut"}, "optim": {"steps": 1}})
