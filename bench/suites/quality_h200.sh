@@ -183,8 +183,9 @@ fi
 # eval: the best arm's export (or every arm's, QUALITY_EVAL_ALL=1) on every QUALITY_EVAL_NTH-th prompt (2:
 # HumanEval's 82 odd prompts in 10 shards, the chat set's 60 in 6, at once on the 16 cores; 1: all of them, ~4
 # minutes an export), 128 new tokens, beside prompt lookup
-arms=$(cat /tmp/best-arm)
-[ -n "${QUALITY_EVAL_ALL:-}" ] && arms=$(for d in "$ARMS_DIR"/*/export; do basename "$(dirname "$d")"; done)
+arms=$(cat /tmp/best-arm 2>/dev/null)
+[ -n "${QUALITY_EVAL_ALL:-}" ] && arms=$(for d in "$ARMS_DIR"/*/export; do [ -d "$d" ] && basename "$(dirname "$d")"; done)
+[ -n "$arms" ] || { echo "no arm has an export in $ARMS_DIR: nothing to decode (run \`arms\` until they finish)"; exit 1; }
 NTH=${QUALITY_EVAL_NTH:-2}
 awk "NR % $NTH == 1 % $NTH" "$ROOT/prompts/humaneval.jsonl" >/tmp/eval_humaneval.jsonl
 awk "NR % $NTH == 1 % $NTH" "$ROOT/prompts/chat_eval.jsonl" >/tmp/eval_chat.jsonl
