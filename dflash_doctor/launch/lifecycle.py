@@ -191,8 +191,9 @@ def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchReque
             prep = _prepare(request.gate, request.training.path, request.gate.environ)
     record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
     say(f"compile cache: {escape(prep.detail)}")
+    starts = "the rank" if request.gate.plan.launcher == "direct" else "torchrun"  # direct.py
     before = (
-        f"before torchrun: {time.perf_counter() - request.began:.1f} s (gate {request.gate_s:.1f} s, "
+        f"before {starts}: {time.perf_counter() - request.began:.1f} s (gate {request.gate_s:.1f} s, "
         f"compile cache {prep.seconds:.1f} s)"
     )
     record.notes.append(before)
