@@ -1,8 +1,9 @@
 """`python -m trainer --config X [--set section.key=value ...]`
 
 Validates the config first (a bad field: one message naming it, exit code 2, no process group started).
-Under torchrun (RANK/WORLD_SIZE set) it runs this process's role. Started directly, it re-executes itself
-under `torch.distributed.run --standalone --nproc-per-node <ranks> --max-restarts 0` (a split: targets +
+With a rank (RANK/WORLD_SIZE set: by torchrun, or by `dflash-doctor train` for a launch of one process,
+dflash_doctor/launch/direct.py) it runs this process's role. Started by hand, it re-executes itself under
+`torch.distributed.run --standalone --nproc-per-node <ranks> --max-restarts 0` (a split: targets +
 drafters; colocated: `topology.ranks`, else 1), since every rank joins a process group.
 """
 
@@ -34,7 +35,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def under_torchrun() -> bool:
+    """This process was given a rank (by torchrun, or by the launcher that started a lone rank itself)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def spawn_phase() -> str:
+    """The timeline's name for the time up to this process's own code: torchrun's start-up and this
+    interpreter's, or, started without torchrun (torchrun sets TORCHELASTIC_RUN_ID), the interpreter's only."""
+    return "torchrun start" if "TORCHELASTIC_RUN_ID" in os.environ else "worker spawn"
 
 
 def relaunch_under_torchrun(world_size: int, argv: list[str]) -> None:
@@ -56,7 +64,7 @@ def relaunch_under_torchrun(world_size: int, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    timeline.remember("torchrun start")  # torchrun's own start-up and this interpreter's, before our code
+    timeline.remember(spawn_phase())  # torchrun's start-up (if any) and this interpreter's, before our code
     args = parse_args(argv)
     if under_torchrun():
         # Before torch is imported: a stop while importing is one line, not a KeyboardInterrupt traceback.

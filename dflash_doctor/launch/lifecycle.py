@@ -1,7 +1,8 @@
 """One launch's lifecycle, after the gate passed: take the output folder's lock, record the run as running,
-warm the compile cache, run torchrun under supervision, and close the record. In every path (a stop signal at
-any moment, a crash of our own) the record ends as interrupted, succeeded or failed, never `running`.
-`dflash-doctor train` (the CLI) parses options, runs the gate and prints; this is what it starts."""
+warm the compile cache, run torchrun (or a lone rank directly: `direct.py`) under supervision, and close the
+record. In every path (a stop signal at any moment, a crash of our own) the record ends as interrupted,
+succeeded or failed, never `running`. `dflash-doctor train` (the CLI) parses options, runs the gate and
+prints; this is what it starts."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dflash_doctor.launch import supervise
 from dflash_doctor.launch.beside import Beside
 from dflash_doctor.launch.bytecode_cache import with_bytecode_cache
 from dflash_doctor.launch.compile_cache import CachePreparation, prepare_compile_cache, snapshot_after_success
+from dflash_doctor.launch.direct import rank_environ
 from dflash_doctor.launch.gate import GateResult, TrainingConfig
 from dflash_doctor.launch.narrator import Narrator
 from dflash_doctor.launch.output_lock import OutputLock
@@ -189,8 +191,9 @@ def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchReque
             prep = _prepare(request.gate, request.training.path, request.gate.environ)
     record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
     say(f"compile cache: {escape(prep.detail)}")
+    starts = "the rank" if request.gate.plan.launcher == "direct" else "torchrun"  # direct.py
     before = (
-        f"before torchrun: {time.perf_counter() - request.began:.1f} s (gate {request.gate_s:.1f} s, "
+        f"before {starts}: {time.perf_counter() - request.began:.1f} s (gate {request.gate_s:.1f} s, "
         f"compile cache {prep.seconds:.1f} s)"
     )
     record.notes.append(before)
@@ -209,14 +212,19 @@ def _run_torchrun(
         record.last_seen = time.time()
         store.save(record)
 
+    direct = request.gate.plan.launcher == "direct"
+
     def stopping(signum: int, processes: int) -> None:
+        whom = "the rank" if direct else "torchrun and its workers"
         say(
-            f"[yellow]stopping the run ({signal_name(signum)}): signalled torchrun and its workers "
+            f"[yellow]stopping the run ({signal_name(signum)}): signalled {whom} "
             f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
         )
 
     # The first drafter appends its phases (torchrun start .. first step) to a file in the run's folder.
     environ = request.timeline.worker_environ(request.gate.environ, store.path(record.id).parent)
+    if direct:  # what torchrun would have given its one worker (RANK=0, WORLD_SIZE=1, ...)
+        environ = rank_environ(environ)
     return run_torchrun(
         request.gate.plan.command,
         environ,
@@ -242,7 +250,8 @@ def _close_record(
         record.status = "succeeded" if outcome.exit_code == 0 else "failed"
         record.stderr_tail = list(outcome.stderr_tail)
         if outcome.killed:
-            record.notes.append(f"{outcome.killed} process(es) torchrun left running were killed")
+            parent = "the rank" if request.gate.plan.launcher == "direct" else "torchrun"
+            record.notes.append(f"{outcome.killed} process(es) {parent} left running were killed")
     record.metrics = last_metrics(Path(record.output_dir or "."), started)
     if record.status == "failed":
         record.reason = outcome.reason or _summary_error(record.metrics)

@@ -1,7 +1,8 @@
 """The plan for one launch: the topology (`topology.py`: split, colocated, or auto's pick), which rank
-plays which role on which device, the torchrun command, the environment it gets, the memory each role
-will need, what the run will write to disk (`disk_plan.py`) and how long it will train (`time_plan.py`).
-Built before anything starts, shown by `train --dry-run`, checked by `checks/launch.py`, recorded with the run.
+plays which role on which device, the command (torchrun's, or a lone rank's own: `direct.py`), the
+environment it gets, the memory each role will need, what the run will write to disk (`disk_plan.py`) and
+how long it will train (`time_plan.py`). Built before anything starts, shown by `train --dry-run`, checked
+by `checks/launch.py`, recorded with the run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_doctor.cache.locations import snapshots_dir
+from dflash_doctor.launch.direct import RANK_ENVIRON, direct_command, starts_directly
 from dflash_doctor.launch.disk_plan import DiskFacts, DiskWrite, estimate_disk
 from dflash_doctor.launch.memory_plan import (
     DEFAULT_CUDA_CONTEXT_BYTES,
@@ -104,6 +106,7 @@ class LaunchPlan:
     overrides: list[str] = field(default_factory=list)  # every `--set` the workers get, the topology's too
     disk: list[DiskWrite] = field(default_factory=list)  # what the run writes, at its peak
     time: TimeEstimate | None = None  # steps x one step's seconds, and where that figure came from
+    launcher: str = "torchrun"  # "torchrun" | "direct": one process in all, started without torchrun
 
     @property
     def memory_is_floor(self) -> bool:
@@ -138,6 +141,7 @@ class LaunchPlan:
             "nnodes": self.nnodes,
             "nproc_per_node": self.nproc_per_node,
             "roles": [asdict(r) for r in self.roles],
+            "launcher": self.launcher,
             "command": self.command,
             "environ": self.environ,
             "memory": {k: v.to_json() for k, v in self.memory.items()},
@@ -274,7 +278,12 @@ def build_launch_plan(
     world = topology.world_size
     nproc = world // options.nnodes if world % options.nnodes == 0 else world
     sets = [*(overrides or []), *choice.overrides]
-    command = torchrun_command(python, config_path, options, nproc, sets)
+    direct = starts_directly(cfg.topology.launcher, options.nnodes, options.standalone, nproc, world)
+    if direct:  # the rank's own command, and the rank's variables shown with the plan's environment
+        command = direct_command(python, config_path, sets)
+        environ = {**(environ or {}), **RANK_ENVIRON}
+    else:
+        command = torchrun_command(python, config_path, options, nproc, sets)
     return LaunchPlan(
         config_path=os.fspath(config_path),
         device_type=device_type,
@@ -305,6 +314,7 @@ def build_launch_plan(
             store_dir or snapshots_dir(),
             cfg.optim.steps,
         ),
+        launcher="direct" if direct else "torchrun",
         time=estimate_time(
             cfg,
             inputs,

@@ -1,4 +1,5 @@
 """`train` owns the processes it starts: torchrun and every worker, stopped together, none left behind.
+A lone rank started without torchrun (`direct.py`) is supervised the same way: it is the tree's root.
 
 torchrun starts each worker in a session of its own, so a signal to torchrun's process group never reaches
 them, and once torchrun is gone they are re-parented to PID 1 and keep training (issue 18, row 1). Here
@@ -105,7 +106,8 @@ def run_torchrun(
     grace_s: float | None = None,
     stdout_to_stderr: bool = False,
 ) -> TorchrunOutcome:
-    """Run torchrun to the end, or stop it and every worker on SIGINT/SIGTERM/SIGHUP.
+    """Run torchrun (or a lone rank: `command` is whatever the plan starts) to the end, or stop it and every
+    worker on SIGINT/SIGTERM/SIGHUP. A process ended by a signal not ours exits 128+N, its reason named.
 
     `on_stopping(signum, processes)` runs once when a stop begins (to say so in one line), from the main
     loop, never inside the signal handler. Always returns with no process of the tree left alive.
@@ -149,9 +151,11 @@ def run_torchrun(
     relay.join(timeout=5)
     if stops:
         return TorchrunOutcome(128 + stops[0], stops[0], killed)
-    return TorchrunOutcome(
-        code, None, killed, tuple(relay.tail) if code else (), relay.reason if code else None
-    )
+    reason = relay.reason if code else None
+    if code < 0:  # ended by a signal not ours (the OOM killer): as a shell says it, and named
+        reason = reason or f"the launched process was killed by {signal_name(-code)}"
+        code = 128 - code
+    return TorchrunOutcome(code, None, killed, tuple(relay.tail) if code else (), reason)
 
 
 def describe_stop(outcome: TorchrunOutcome, log: Path | None) -> str:

@@ -4,7 +4,8 @@ Issue 40 §2: a cold qwen3-8b-b16 launch took 84.6 s to its first step and nobod
 which. The launcher marks its own phases (gate, deep probe, warm-up) here; the first drafter worker marks
 the rest (torchrun start, worker start, imports, process group, model build, compile, first step) in the
 file `dflash_base.timeline` appends to, which the launcher names in the workers' environment and reads
-back when torchrun ends. Each phase lasts from the previous mark to its own, so the phases add up to the
+back when torchrun ends. A lone rank started without torchrun (`direct.py`) marks "worker spawn" instead
+of "torchrun start": only its own interpreter's start, no torchrun between. Each phase lasts from the previous mark to its own, so the phases add up to the
 time to the first step; the deep probe's own seconds are kept beside it, since it runs beside the static
 checks (`gate.py`) and only the wait for it after them is on the path.
 """
@@ -19,8 +20,9 @@ from typing import Any
 from dflash_base.timeline import TIMELINE_ENV, read_marks
 
 LAUNCHER_PHASES = ("launcher start", "gate", "deep probe", "warm-up")
+SPAWN_PHASES = ("torchrun start", "worker spawn")  # one of them: torchrun's start, or a lone rank's own
 WORKER_PHASES = (
-    "torchrun start",
+    *SPAWN_PHASES,
     "worker start",
     "imports",
     "process group",

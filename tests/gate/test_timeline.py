@@ -17,16 +17,21 @@ from dflash_doctor.cli import run
 from dflash_doctor.launch import lifecycle
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.launch.supervise import TorchrunOutcome
-from dflash_doctor.launch.timeline import PHASES, WORKER_PHASES, LaunchTimeline
+from dflash_doctor.launch.timeline import PHASES, SPAWN_PHASES, WORKER_PHASES, LaunchTimeline
 from tests.gate.test_train_gate import launches  # noqa: F401  (fixture)
 from trainer.run.startup import StartupClock
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def assert_whole_and_monotone(data: dict) -> None:
+def one_spawn(spawn: str = "torchrun start") -> list[str]:
+    """The phases of one launch: torchrun's start, or a lone rank's own spawn (launch/direct.py), not both."""
+    return [p for p in PHASES if p not in SPAWN_PHASES or p == spawn]
+
+
+def assert_whole_and_monotone(data: dict, spawn: str = "torchrun start") -> None:
     rows = data["phases"]
-    assert [r["phase"] for r in rows] == list(PHASES)
+    assert [r["phase"] for r in rows] == one_spawn(spawn)
     ends = [r["end_s"] for r in rows]
     assert ends == sorted(ends) and all(r["start_s"] <= r["end_s"] for r in rows)
     assert all(later["start_s"] == earlier["end_s"] for earlier, later in itertools.pairwise(rows))
@@ -40,7 +45,8 @@ def test_the_workers_marks_join_the_launchers_in_launch_order(tmp_path: Path) ->
     line.mark("gate", 150.0)  # the first mark of a phase counts
     environ = line.worker_environ({"A": "1"}, tmp_path)
     assert environ[TIMELINE_ENV] == str(tmp_path / "timeline.jsonl") and environ["A"] == "1"
-    for offset, phase in enumerate(reversed(WORKER_PHASES)):  # the order of the lines does not matter
+    worker = [p for p in WORKER_PHASES if p != "worker spawn"]
+    for offset, phase in enumerate(reversed(worker)):  # the order of the lines does not matter
         append_mark(environ[TIMELINE_ENV], phase, 120.0 - offset)
     with open(environ[TIMELINE_ENV], "a") as torn:
         torn.write('{"phase": "first st')  # a crash mid-line: skipped
@@ -93,7 +99,8 @@ def test_a_launch_records_its_timeline_in_json_and_prints_it_with_v(
     ) -> TorchrunOutcome:
         seen.append(environ[TIMELINE_ENV])  # the workers are told where to append
         for phase in WORKER_PHASES:
-            append_mark(environ[TIMELINE_ENV], phase)
+            if phase != "worker spawn":  # the default tiny-cpu launch is two processes: torchrun
+                append_mark(environ[TIMELINE_ENV], phase)
         return TorchrunOutcome(0)
 
     monkeypatch.setattr(lifecycle, "run_torchrun", torchrun_with_a_worker)
@@ -107,7 +114,7 @@ def test_a_launch_records_its_timeline_in_json_and_prints_it_with_v(
     assert run(["-v", "train", "--config", "tiny-cpu", "--no-deep"]) == 0
     out = capsys.readouterr().out
     assert "timeline (seconds" in " ".join(out.split())  # rich wraps the title at the test's width
-    assert all(phase in out for phase in PHASES)
+    assert all(phase in out for phase in one_spawn())
     assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 0
     assert "timeline (seconds" not in " ".join(capsys.readouterr().out.split())  # only with -v
 
@@ -126,3 +133,17 @@ def test_a_short_tiny_cpu_run_has_every_phase_in_order(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_whole_and_monotone(json.loads(done.stdout)["run"]["timeline"])
+
+
+def test_a_lone_rank_started_directly_names_its_spawn_worker_spawn(tmp_path: Path) -> None:
+    """A one-process launch has no torchrun: the phase before the rank's own code is "worker spawn"."""
+    line = LaunchTimeline(began=100.0)
+    for offset, phase in enumerate(("launcher start", "gate", "deep probe", "warm-up"), start=1):
+        line.mark(phase, 100.0 + offset)
+    environ = line.worker_environ({}, tmp_path)
+    worker = [p for p in WORKER_PHASES if p != "torchrun start"]
+    for offset, phase in enumerate(worker, start=5):
+        append_mark(environ[TIMELINE_ENV], phase, 100.0 + offset)
+    data = line.to_json()
+    assert_whole_and_monotone(data, spawn="worker spawn")
+    assert data["phases"][4] == {"phase": "worker spawn", "start_s": 4.0, "end_s": 5.0, "seconds": 1.0}

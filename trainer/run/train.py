@@ -1,8 +1,9 @@
-"""The training run, one process per device under torchrun. Read top to bottom.
+"""The training run, one process per device under torchrun (a lone rank: started directly). Top down.
 
-1. `main`: join the process group (torchrun's env), resolve the topology once (trainer/spec/topology.py):
-   split (ranks [0, N) targets, [N, N+M) drafters) or colocated (every rank both); agree on the resume
-   step (the first drafter reads the newest checkpoint and tells everyone).
+1. `main`: join the process group (torchrun's env; a world of one started without torchrun: a store in this
+   process), resolve the topology once (trainer/spec/topology.py): split (ranks [0, N) targets, [N, N+M)
+   drafters) or colocated (every rank both); agree on the resume step (the first drafter reads the newest
+   checkpoint and tells everyone).
 2. Split, `run_target`: capture the configured layers for every global batch i with i % N == rank, from
    the resume point on, and stream them to drafter i % M with a bounded number in flight.
 3. Split, `run_drafter`: receive batch s*M + d at step s and hand it to the `DrafterLoop`.
@@ -15,8 +16,8 @@
 No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
 `fail_on_recompile_limit_hit` is on, so a shape change fails loudly instead of silently going dense.
 A rank that dies makes its peers' point-to-point calls fail (or time out after `run.timeout_s`) and torchrun
-stops the job with a non-zero status. A rank whose torchrun is gone (killed with SIGKILL) stops itself
-(`parent_watch`), so no rank outlives its job.
+stops the job with a non-zero status. A rank whose parent is gone (torchrun, or the launcher that started a
+lone rank directly, killed with SIGKILL) stops itself (`parent_watch`), so no rank outlives its job.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from trainer.target_model.load import load_frozen_embeddings
 
 @dataclass(frozen=True)
 class Rank:
-    """This process's place in the job (from torchrun's environment)."""
+    """This process's place in the job (from torchrun's environment, or the launcher's for a lone rank)."""
 
     rank: int
     world_size: int
@@ -114,8 +115,8 @@ def main(cfg: TrainConfig) -> int:
     split = split_data(cfg)
     plan = plan_run(cfg, len(split.train_ids), topology.drafters)
 
-    dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.run.timeout_s)
+    join_process_group(
+        "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=cfg.run.timeout_s), me.world_size
     )
     try:
         # Before any other collective: every rank runs the same topology and graph config, or all stop
@@ -147,6 +148,15 @@ def main(cfg: TrainConfig) -> int:
         return exc.exit_code
     finally:
         dist.destroy_process_group()
+
+
+def join_process_group(backend: str, timeout: timedelta, world_size: int) -> None:
+    """torchrun's rendezvous (env://: MASTER_ADDR, MASTER_PORT), or, for a world of one started without
+    torchrun (no MASTER_ADDR: dflash_doctor/launch/direct.py), a store in this process: no port, no peer."""
+    if world_size == 1 and "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
+    dist.init_process_group(backend=backend, timeout=timeout)
 
 
 @dataclass(frozen=True)

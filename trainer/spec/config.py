@@ -35,6 +35,7 @@ from trainer.spec.mask_token import resolve_mask_token
 from trainer.spec.target_shapes import default_target_layer_ids, is_embedded, target_shapes
 from trainer.spec.topology import (
     COLOCATED,
+    LAUNCHERS,
     MODES,
     OVERLAP_MODES,
     SPLIT,
@@ -129,6 +130,8 @@ class TopologySection:
     # ("optimizer": the memory-bound AdamW next to the capture's matmuls). "auto": "step" on CUDA (measured
     # faster: BENCHMARKS.md), "off" on CPU (trainer.spec.topology.overlap_mode).
     overlap_capture: str = option("auto", choice(*OVERLAP_MODES))
+    # "auto": one process in all (one node, world size 1) starts without torchrun; "torchrun": always torchrun
+    launcher: str = option("auto", choice(*LAUNCHERS))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ AUTO = "auto"
 MODES = (AUTO, SPLIT, COLOCATED)
 # topology.overlap_capture: when a colocated rank's next capture may run (trainer/run/pipeline.py)
 OVERLAP_MODES = ("auto", "off", "step", "optimizer")
+# topology.launcher: how `dflash-doctor train` starts the ranks. "auto": a launch of one process in all starts
+# `python -m trainer` itself, without torchrun (its agent and rendezvous cost 1.8 s on an H200 and add
+# nothing for one rank); "torchrun": always torchrun (dflash_doctor/launch/direct.py)
+LAUNCHERS = ("auto", "torchrun")
 
 
 def overlap_mode(setting: str, on_cuda: bool) -> str:
