@@ -95,18 +95,29 @@ def run_checks(
     only: Iterable[str] = (),
     defer: Iterable[str] = (),
     between: Callable[[list[CheckRun]], None] | None = None,
+    first: Iterable[str] = (),
+    after_first: Callable[[list[CheckRun]], None] | None = None,
 ) -> list[CheckRun]:
-    """Every selected check, reported in registry order. `defer` (selectors): run those last, after
-    `between(runs so far)`: the gate runs the static checks while the deep probe's child runs beside them,
-    and only then the checks that judge its report."""
+    """Every selected check, reported in registry order. `first` (selectors): run those before the other
+    static checks, then `after_first(their runs)`: the launch's warm-up starts once the checks it depends on
+    have passed, beside the rest. `defer` (selectors): run those last, after `between(runs so far)`: the gate
+    runs the static checks while the deep probe's child runs beside them, and only then the checks that judge
+    its report."""
     selectors = [s.strip() for s in only if s.strip()]
     later = [s.strip() for s in defer if s.strip()]
+    early = [s.strip() for s in first if s.strip()]
     have = available(ctx)
     chosen = [c for c in all_checks() if matches(c.id, selectors) and c.requires <= have]
-    order = [c for c in chosen if not (later and matches(c.id, later))]
     deferred = [c for c in chosen if later and matches(c.id, later)]
+    static = [c for c in chosen if c not in deferred]
+    leading = [c for c in static if early and matches(c.id, early)]
+    order = leading + [c for c in static if c not in leading]
     done: dict[str, CheckRun] = {}
-    for chk in order:
+    for chk in leading:
+        done[chk.id] = _run_one(ctx, chk)
+    if after_first is not None:
+        after_first([done[c.id] for c in leading])
+    for chk in order[len(leading) :]:
         done[chk.id] = _run_one(ctx, chk)
     if between is not None:
         between([done[c.id] for c in order])

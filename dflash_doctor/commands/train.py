@@ -147,7 +147,7 @@ def train_command(
         master_addr=master_addr,
         master_port=master_port,
     )
-    early = EarlyWarmUp()  # the compile cache warmed beside the deep probe, once the static checks pass
+    early = EarlyWarmUp()  # the compile cache warmed beside the gate, once the checks it depends on pass
     try:
         gate = run_gate(
             training,
@@ -156,7 +156,7 @@ def train_command(
             deep=deep,
             lock_path=default_lock(None, False),
             timeline=timeline,
-            on_static=None if dry_run else lambda static: early.start(static, training.path, force),
+            on_warm_up_ready=None if dry_run else lambda first: early.start(first, training.path, force),
         )
         if gate.failing and not force:
             early.stop()  # refused: stopped before anything is recorded

@@ -86,6 +86,12 @@ def launch_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 # The checks that read the deep probe's report: run after every other check, so the probe's child runs
 # beside those (a cold probe: 22.5 s on an H200, 4-5 s on a 2-core CPU box; the static checks 1-3 s).
 PROBE_JUDGES = ("deep", "gpu.arch")
+# The checks the launch's warm-up depends on: the compile cache it writes (cache.*), what silences or
+# disables compiling (hazards), the bytecode folder its child is given (startup.bytecode). They run first and
+# the warm-up starts once they pass, beside the other static checks (on a freshly started H200 those took
+# 10.5 s of reading a cold disk before the warm-up could start: issue 40 §2); any check that fails later still
+# refuses the launch, and the refusal stops the warm-up.
+WARM_UP_NEEDS = ("cache", "hazards", "startup")
 
 
 @dataclass
@@ -135,12 +141,12 @@ def run_gate(
     deep: bool | None = None,
     lock_path: Path | None = None,
     timeline: LaunchTimeline | None = None,
-    on_static: Callable[[GateResult], None] | None = None,
+    on_warm_up_ready: Callable[[GateResult], None] | None = None,
 ) -> GateResult:
     """`deep`: None reuses a passed probe of this exact environment (else probes), True always probes,
     False runs no probe. `timeline` gets the gate's marks: the static checks' end, then the probe's.
-    `on_static(static)`: called once the static checks are done, the probe perhaps still running, with a
-    GateResult of the static findings only."""
+    `on_warm_up_ready(first)`: called once the checks the warm-up depends on (`WARM_UP_NEEDS`) are done,
+    before the other static checks, with a GateResult of their findings only."""
     env = Environment.load(python)
     environ = launch_environment()
     options = CheckOptions(
@@ -183,12 +189,16 @@ def run_gate(
     timeline = timeline or LaunchTimeline()
 
     def static_done(static: list[CheckRun]) -> None:
-        timeline.mark("gate")
-        if on_static is not None:  # e.g. the launch's warm-up, started while the probe still runs
-            on_static(GateResult(ctx, static, plan, environ))
+        timeline.mark("gate")  # the static checks' end; the probe may still run
+
+    def warm_up_ready(first: list[CheckRun]) -> None:
+        if on_warm_up_ready is not None:  # the launch's warm-up, beside the rest of the gate
+            on_warm_up_ready(GateResult(ctx, first, plan, environ))
 
     try:
-        runs = run_checks(ctx, defer=PROBE_JUDGES, between=static_done)
+        runs = run_checks(
+            ctx, defer=PROBE_JUDGES, between=static_done, first=WARM_UP_NEEDS, after_first=warm_up_ready
+        )
     finally:
         if probe is not None:
             probe.stop()  # done by now, unless we are unwinding: then its child is stopped, not left

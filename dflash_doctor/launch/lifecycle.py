@@ -34,9 +34,10 @@ from dflash_doctor.launch.timeline import LaunchTimeline, timeline_rows
 
 @dataclass
 class EarlyWarmUp:
-    """The compile cache made warm beside the deep probe: started once the static checks pass (or fail under
-    --force), stopped when the launch is refused or unwinds. The warm-up and the probe are independent (the
-    cache checks it depends on are static); on an H200 they were 30 s and 22.5 s one after the other."""
+    """The compile cache made warm beside the gate: started once the checks it depends on pass
+    (`gate.WARM_UP_NEEDS`, or fail under --force), beside the other static checks and the deep probe; stopped
+    when the launch is refused (by any check) or unwinds. On an H200 the warm-up and the probe were 30 s and
+    22.5 s one after the other, and on a freshly started one the static checks 10.5 s before it."""
 
     beside: Beside[CachePreparation] | None = None
 

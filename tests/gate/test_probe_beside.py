@@ -133,3 +133,119 @@ def test_a_dry_run_warms_nothing(
     monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
     monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
     assert run(["train", "--config", "tiny-cpu", "--deep", "--dry-run"]) == 0
+
+
+def _replace_check(monkeypatch: pytest.MonkeyPatch, check_id: str, fn: object) -> None:
+    registry.all_checks()  # the check modules register themselves on first use
+    monkeypatch.setitem(registry._CHECKS, check_id, dataclasses.replace(registry._CHECKS[check_id], fn=fn))
+
+
+SLOW_STATIC = "ownership.clobbered"  # hashes installed files: 10.5 s of a fresh H200's gate, with its kin
+
+
+def test_the_warm_up_starts_while_the_slow_static_checks_still_run(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Was: the warm-up waited for every static check, though it depends only on gate.WARM_UP_NEEDS."""
+    from dflash_doctor.launch import lifecycle
+    from dflash_doctor.launch.compile_cache import CachePreparation
+
+    warming = threading.Event()
+    registry.all_checks()
+    original = registry._CHECKS[SLOW_STATIC]
+    saw: list[bool] = []
+
+    def slow_static(ctx):  # type: ignore[no-untyped-def]
+        saw.append(warming.wait(timeout=10))  # the warm-up began while this check still ran
+        yield from original.fn(ctx)
+
+    def prepare(*args: object, **kwargs: object) -> CachePreparation:
+        warming.set()
+        return CachePreparation("warm", "test", 0.0)
+
+    _replace_check(monkeypatch, SLOW_STATIC, slow_static)
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
+    assert saw == [True] and len(launches) == 1
+
+
+def test_a_static_check_failing_after_the_warm_up_began_refuses_and_stops_it(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dflash_doctor.findings import Finding, Severity
+    from dflash_doctor.launch import lifecycle
+    from dflash_doctor.launch.compile_cache import CachePreparation
+
+    warming = threading.Event()
+    cancelled: list[bool] = []
+
+    def failing_static(ctx):  # type: ignore[no-untyped-def]
+        warming.wait(timeout=10)
+        yield Finding(
+            "ownership.clobbered", Severity.FAIL, "torch's files no longer match its RECORD", {}, "reinstall"
+        )
+
+    def prepare(*args: object, cancel: threading.Event | None = None, **kwargs: object) -> CachePreparation:
+        warming.set()
+        assert cancel is not None
+        cancelled.append(cancel.wait(timeout=15))  # a long compile, stopped by the refusal
+        return CachePreparation("warm", "test", 0.0)
+
+    _replace_check(monkeypatch, SLOW_STATIC, failing_static)
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 1 and launches == []
+    assert cancelled == [True]
+    assert "launch refused" in capsys.readouterr().out
+
+
+def test_a_failing_check_the_warm_up_depends_on_starts_no_warm_up(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dflash_doctor.findings import Finding, Severity
+    from dflash_doctor.launch import lifecycle
+
+    def unsafe_cache(ctx):  # type: ignore[no-untyped-def]
+        yield Finding("cache.permissions", Severity.FAIL, "the cache is writable by others", {}, "chmod 700")
+
+    def prepare(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the warm-up wrote to a compile cache the gate refused")
+
+    _replace_check(monkeypatch, "cache.permissions", unsafe_cache)
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 1 and launches == []
+
+
+def test_checks_named_first_run_first_and_are_reported_in_registry_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dflash_doctor.context import CheckContext
+
+    ran: list[str] = []
+    registry.all_checks()
+    for check_id in ("cache.location", "hazards.compile", "startup.bytecode", "torch.build", "gpu.arch"):
+        _replace_check(monkeypatch, check_id, lambda ctx, name=check_id: ran.append(name) or iter(()))
+    seen_first: list[list[str]] = []
+    monkeypatch.setattr(registry, "available", lambda ctx: {"deep", "lock", "config"})
+    runs = registry.run_checks(
+        object.__new__(CheckContext),  # the replaced checks read nothing of it
+        only=["cache.location", "hazards", "startup", "torch", "gpu.arch"],
+        defer=["gpu.arch"],
+        first=["startup", "hazards"],
+        after_first=lambda first: seen_first.append([r.check.id for r in first]),
+    )
+    assert ran == ["hazards.compile", "startup.bytecode", "cache.location", "torch.build", "gpu.arch"]
+    assert seen_first == [["hazards.compile", "startup.bytecode"]]
+    assert [r.check.id for r in runs] == [
+        "cache.location",
+        "gpu.arch",
+        "hazards.compile",
+        "startup.bytecode",
+        "torch.build",
+    ]
