@@ -133,7 +133,8 @@ def train_command(
     master_port: int | None = typer.Option(None, "--master-port", help="torchrun: master port."),
     json_out: bool = JsonOption,
 ) -> None:
-    """Check the environment for this config; refuse on a failing finding; else launch with torchrun."""
+    """Check the environment for this config; refuse on a failing finding; else launch with torchrun (one
+    process in all: the rank itself, `topology.launcher`)."""
     console = make_console(stderr=json_out)
     began = time.perf_counter()  # the launcher's share of time to first step: gate + compile cache
     timeline = LaunchTimeline.from_process_start()  # where each second to the first step goes (--json, -v)
