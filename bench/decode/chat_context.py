@@ -196,7 +196,7 @@ dir = {json.dumps(str(out))}
 
 [run]
 seed = 0
-device = "cpu"
+device = "{args.device}"
 log_every = {args.log_every}
 timeout_s = {args.timeout_s}
 """
@@ -232,7 +232,7 @@ def measure(
     summary = json.loads((out / "summary.json").read_text())
     evaluated = cli(
         checkout, "eval", "--export", str(out / "export"), "--config", str(config), "--num-prompts",
-        str(args.eval_prompts), "--max-new-tokens", str(args.max_new_tokens), "--dtype", "fp32", "--strict",
+        str(args.eval_prompts), "--max-new-tokens", str(args.max_new_tokens), *eval_precision(args.device),
         "--no-baseline", "--json",
     )  # fmt: skip
     report = json.loads(evaluated.stdout)
@@ -245,6 +245,11 @@ def measure(
         "eval_new_tokens": report["new_tokens"], "final_loss": summary.get("final_loss"),
         "heldout_sequences": summary.get("heldout_sequences"), "train_warning": said[0].strip() if said else None,
     }  # fmt: skip
+
+
+def eval_precision(device: str) -> list[str]:
+    """fp32 and bitwise on a CPU; bf16 on a GPU (a stronger drafter's run, issue 38), near-ties classified."""
+    return ["--dtype", "fp32", "--strict"] if device == "cpu" else ["--dtype", "bf16"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,6 +276,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--regenerate-batch", type=int, help="data regenerate --batch-size")
     parser.add_argument("--work", type=Path, default=REPO / ".tmp" / "chat_context")
     parser.add_argument("--tag", default="")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="run.device of every train (cuda: a GPU's run)",
+    )
     args = parser.parse_args(argv)
     json.loads(args.kwargs)  # fail here, not after the regenerate
     if args.target is not None and not (args.target / "config.json").is_file():

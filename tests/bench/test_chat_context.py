@@ -52,3 +52,15 @@ def test_prompts(tmp_path: Path) -> None:
             assert roles == ["user", "assistant"] * 2
             assert all(m["content"] == "" for m in record["messages"] if m["role"] == "assistant")
     assert records[0]["messages"][0]["content"].endswith(("the moon.", "the moon?", "the moon briefly."))
+
+
+def test_a_gpu_run_trains_on_cuda_and_decodes_in_bf16(tmp_path: Path) -> None:
+    from bench.decode.chat_context import eval_precision
+
+    for device, precision in (("cpu", ["--dtype", "fp32", "--strict"]), ("cuda", ["--dtype", "bf16"])):
+        args = parse_args(["--device", device])
+        write_config(tmp_path / "c.toml", tmp_path, tmp_path / "d.jsonl", tmp_path / "o", {}, 3, args)
+        assert tomllib.loads((tmp_path / "c.toml").read_text())["run"]["device"] == device
+        assert eval_precision(device) == precision
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "tpu"])
