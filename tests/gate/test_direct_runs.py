@@ -20,7 +20,7 @@ import pytest
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.launch.supervise import ProcessTree
 from dflash_doctor.launch.timeline import LAUNCHER_PHASES, WORKER_PHASES
-from tests.gate.test_interrupts import REAL_DRIVER
+from tests.gate.test_interrupts import REAL_DRIVER, stop_once_trained
 
 REPO = Path(__file__).resolve().parents[2]
 # tiny-cpu on one colocated rank, very short; nothing for the CPU warm-up to compile but the layers
@@ -129,21 +129,9 @@ def test_a_stop_signal_ends_a_direct_rank_with_nothing_left(
     proc = start_stubbed(tmp_path, **{"optim.steps": "100000"})
     watch = Watch(proc.pid)
     tree = watch.tree
-    metrics = tmp_path / "out" / "metrics.jsonl"
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            watch.refresh()
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the run ended before it could be stopped"
-        proc.send_signal(signum)  # to the launcher alone: the rank is in a session of its own
-        stdout, stderr = proc.communicate(timeout=120)
+    try:  # the signal to the launcher alone: the rank is in a session of its own
+        stdout, stderr = stop_once_trained(proc, watch.refresh, tmp_path / "out" / "metrics.jsonl", 2, signum)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         left = [p.pid for p in tree.alive()]
         tree.kill_all()
     assert proc.returncode == 128 + signum, stdout[-2000:] + stderr[-2000:]

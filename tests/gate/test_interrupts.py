@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -270,20 +271,8 @@ def test_a_stop_signal_ends_a_real_run_with_nothing_left(
     )
     tree = ProcessTree(proc.pid)  # the launcher and every descendant seen while it runs
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            tree.refresh()
-            metrics = out / "metrics.jsonl"
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the run ended before it could be stopped"
-        proc.send_signal(signum)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = stop_once_trained(proc, tree.refresh, out / "metrics.jsonl", 3, signum)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
         left = [p.pid for p in tree.alive()]
         tree.kill_all()
     assert proc.returncode == 128 + signum, stdout[-2000:] + stderr[-2000:]
@@ -294,3 +283,24 @@ def test_a_stop_signal_ends_a_real_run_with_nothing_left(
     (record,) = RunStore().all()
     assert record.status == "interrupted" and record.exit_code == 128 + signum
     assert record.metrics.get("steps", 0) >= 3 or record.metrics.get("last_step", {}).get("step", 0) >= 3
+
+
+def stop_once_trained(
+    proc: subprocess.Popen[str], refresh: Callable[[], None], metrics: Path, lines: int, signum: int
+) -> tuple[str, str]:
+    """Send `signum` to a real launch once its `metrics` file has `lines` lines (`refresh` runs meanwhile, to
+    see its processes); its output once it ended. Killed, never left running, if anything fails first."""
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            refresh()
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= lines:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        proc.send_signal(signum)
+        return proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

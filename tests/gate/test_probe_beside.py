@@ -68,10 +68,8 @@ def test_stopping_a_probe_beside_stops_its_child(tmp_path: Path) -> None:
         beside.result()
 
 
-def test_the_warm_up_runs_while_the_probe_runs(
-    launches: list[list[str]],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _signalling_warm_up(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """prepare_compile_cache replaced by one that sets the returned event when the warm-up starts."""
     from dflash_doctor.launch import lifecycle
     from dflash_doctor.launch.compile_cache import CachePreparation
 
@@ -81,23 +79,12 @@ def test_the_warm_up_runs_while_the_probe_runs(
         warming.set()
         return CachePreparation("warm", "test", 0.0)
 
-    saw: list[bool] = []
-
-    def probe(*args: object, **kwargs: object) -> ProbeReport:
-        saw.append(warming.wait(timeout=15))  # the warm-up started before the probe ended
-        return ProbeReport(raw=dict(PASSING), seconds=0.2)
-
     monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
-    monkeypatch.setattr(deep_run, "run_probe", probe)
-    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
-    assert saw == [True] and len(launches) == 1
+    return warming
 
 
-def test_a_failing_probe_still_refuses_and_stops_the_warm_up_beside_it(
-    launches: list[list[str]],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def _cancellable_warm_up(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[bool]]:
+    """prepare_compile_cache replaced by a long compile: (set when it starts, whether a refusal stopped it)."""
     from dflash_doctor.launch import lifecycle
     from dflash_doctor.launch.compile_cache import CachePreparation
 
@@ -110,11 +97,37 @@ def test_a_failing_probe_still_refuses_and_stops_the_warm_up_beside_it(
         cancelled.append(cancel.wait(timeout=15))  # a long compile, stopped by the refusal
         return CachePreparation("warm", "test", 0.0)
 
+    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
+    return warming, cancelled
+
+
+def test_the_warm_up_runs_while_the_probe_runs(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    warming = _signalling_warm_up(monkeypatch)
+    saw: list[bool] = []
+
+    def probe(*args: object, **kwargs: object) -> ProbeReport:
+        saw.append(warming.wait(timeout=15))  # the warm-up started before the probe ended
+        return ProbeReport(raw=dict(PASSING), seconds=0.2)
+
+    monkeypatch.setattr(deep_run, "run_probe", probe)
+    assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
+    assert saw == [True] and len(launches) == 1
+
+
+def test_a_failing_probe_still_refuses_and_stops_the_warm_up_beside_it(
+    launches: list[list[str]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    warming, cancelled = _cancellable_warm_up(monkeypatch)
+
     def probe(*args: object, **kwargs: object) -> ProbeReport:
         warming.wait(timeout=15)
         return ProbeReport(error="the probe crashed (killed by signal 11) before printing its report")
 
-    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
     monkeypatch.setattr(deep_run, "run_probe", probe)
     assert run(["train", "--config", "tiny-cpu", "--deep"]) == 1 and launches == []
     assert cancelled == [True]
@@ -148,10 +161,7 @@ def test_the_warm_up_starts_while_the_slow_static_checks_still_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Was: the warm-up waited for every static check, though it depends only on gate.WARM_UP_NEEDS."""
-    from dflash_doctor.launch import lifecycle
-    from dflash_doctor.launch.compile_cache import CachePreparation
-
-    warming = threading.Event()
+    warming = _signalling_warm_up(monkeypatch)
     registry.all_checks()
     original = registry._CHECKS[SLOW_STATIC]
     saw: list[bool] = []
@@ -160,12 +170,7 @@ def test_the_warm_up_starts_while_the_slow_static_checks_still_run(
         saw.append(warming.wait(timeout=10))  # the warm-up began while this check still ran
         yield from original.fn(ctx)
 
-    def prepare(*args: object, **kwargs: object) -> CachePreparation:
-        warming.set()
-        return CachePreparation("warm", "test", 0.0)
-
     _replace_check(monkeypatch, SLOW_STATIC, slow_static)
-    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
     monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
     assert run(["train", "--config", "tiny-cpu", "--deep"]) == 0
     assert saw == [True] and len(launches) == 1
@@ -177,11 +182,8 @@ def test_a_static_check_failing_after_the_warm_up_began_refuses_and_stops_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from dflash_doctor.findings import Finding, Severity
-    from dflash_doctor.launch import lifecycle
-    from dflash_doctor.launch.compile_cache import CachePreparation
 
-    warming = threading.Event()
-    cancelled: list[bool] = []
+    warming, cancelled = _cancellable_warm_up(monkeypatch)
 
     def failing_static(ctx):  # type: ignore[no-untyped-def]
         warming.wait(timeout=10)
@@ -189,14 +191,7 @@ def test_a_static_check_failing_after_the_warm_up_began_refuses_and_stops_it(
             "ownership.clobbered", Severity.FAIL, "torch's files no longer match its RECORD", {}, "reinstall"
         )
 
-    def prepare(*args: object, cancel: threading.Event | None = None, **kwargs: object) -> CachePreparation:
-        warming.set()
-        assert cancel is not None
-        cancelled.append(cancel.wait(timeout=15))  # a long compile, stopped by the refusal
-        return CachePreparation("warm", "test", 0.0)
-
     _replace_check(monkeypatch, SLOW_STATIC, failing_static)
-    monkeypatch.setattr(lifecycle, "prepare_compile_cache", prepare)
     monkeypatch.setattr(deep_run, "run_probe", lambda *a, **k: ProbeReport(raw=dict(PASSING), seconds=0.2))
     assert run(["train", "--config", "tiny-cpu", "--deep"]) == 1 and launches == []
     assert cancelled == [True]
