@@ -118,8 +118,8 @@ NO_EXIT_CODE = {
     "refused": "no exit code: nothing was started",
     "running": "no exit code yet: still running",
     "lost": "no exit code: the launcher is gone without closing the record",
-    "interrupted": "no exit code: stopped before torchrun started",
-    "failed": "no exit code: the launcher failed before torchrun ended",
+    "interrupted": "no exit code: stopped before the workers started",
+    "failed": "no exit code: the launcher failed before the workers ended",
 }
 
 

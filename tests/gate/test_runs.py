@@ -146,6 +146,9 @@ def test_a_runs_throughput_is_the_steady_figure_and_an_older_record_says_what_it
         ),
         ("refused", [], "no exit code: nothing was started"),
         ("running", [], "no exit code yet: still running"),
+        # worded for torchrun and for a lone rank started without it (launch/direct.py) alike
+        ("interrupted", [], "no exit code: stopped before the workers started"),
+        ("failed", [], "no exit code: the launcher failed before the workers ended"),
     ],
 )
 def test_runs_show_never_prints_exit_none_but_says_why_there_is_no_exit_code(
