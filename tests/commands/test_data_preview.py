@@ -18,6 +18,19 @@ def chat_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_chat_target(tmp_path_factory.mktemp("target"))
 
 
+def chat_config(
+    tmp_path: Path, target: Path, data: Path, data_lines: str = "", optim_lines: str = ""
+) -> Path:
+    """A run config previewing `data` (chat, seq_len 96 unless `data_lines` says) with the tiny chat target."""
+    config = tmp_path / "run.toml"
+    seq_len = "" if "seq_len" in data_lines else "seq_len = 96\n"
+    config.write_text(
+        f'[target]\npath = "{target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
+        f'[data]\nkind = "chat"\npath = "{data}"\n{seq_len}{data_lines}[optim]\nsteps = 1\n{optim_lines}'
+    )
+    return config
+
+
 def test_supervised_tokens_are_bracketed_in_a_pipe_under_no_color(
     tmp_path: Path, chat_target: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -31,11 +44,7 @@ def test_supervised_tokens_are_bracketed_in_a_pipe_under_no_color(
     ]
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps({"messages": chat}) + "\n")
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
-        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
-    )
+    config = chat_config(tmp_path, chat_target, data)
     argv = ["data", "preview", "--config", str(config), "--samples", "1"]
     assert run([*argv, "--json"]) == 0
     (sample,) = json.loads(capsys.readouterr().out)["samples"]
@@ -64,12 +73,7 @@ def test_a_small_file_is_previewed_though_its_held_out_split_is_under_a_batch(
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     data = tmp_path / "chat.jsonl"
     data.write_text((json.dumps({"messages": chat}) + "\n") * 20)
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
-        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\neval_fraction = 0.05\n'
-        "[optim]\nsteps = 1\nbatch_size = 2\n"
-    )
+    config = chat_config(tmp_path, chat_target, data, "eval_fraction = 0.05\n", "batch_size = 2\n")
     assert run(["data", "preview", "--config", str(config), "--samples", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["counts"]["sequences"] == 20
     assert len(split_data(load_config(config)).eval_ids) == 1
@@ -82,11 +86,7 @@ def test_a_data_file_with_a_utf8_byte_order_mark_is_read(
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     data = tmp_path / "chat.jsonl"
     data.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"messages": chat}) + "\n").encode() * 2)
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
-        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
-    )
+    config = chat_config(tmp_path, chat_target, data)
     assert run(["data", "preview", "--config", str(config), "--samples", "1", "--json"]) == 0, (
         capsys.readouterr()
     )
@@ -119,11 +119,7 @@ def test_the_no_assistant_hint_is_a_command_that_works(
     monkeypatch.setattr(data_command, "_engine_factory", lambda *a: AnsweringEngine)
     data = tmp_path / "questions.jsonl"
     data.write_text((json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n") * 2)
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
-        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 96\n[optim]\nsteps = 1\n'
-    )
+    config = chat_config(tmp_path, chat_target, data)
     assert run(["data", "preview", "--config", str(config)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "has an assistant turn" in err
@@ -153,11 +149,7 @@ def test_preview_counts_and_says_the_looping_answers_it_leaves_out(
     record = {"messages": chat, "generation": {"finish_reasons": ["length"]}}
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps(record) + "\n")
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f'[target]\npath = "{chat_target}"\n[drafter]\nblock_size = 4\ntarget_layer_ids = [1]\n'
-        f'[data]\nkind = "chat"\npath = "{data}"\nseq_len = 192\nloops = "{loops}"\n[optim]\nsteps = 1\n'
-    )
+    config = chat_config(tmp_path, chat_target, data, f'seq_len = 192\nloops = "{loops}"\n')
     argv = ["data", "preview", "--config", str(config), "--samples", "1"]
     assert run([*argv, "--json"]) == 0
     counts = json.loads(capsys.readouterr().out)["counts"]
