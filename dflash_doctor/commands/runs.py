@@ -34,6 +34,7 @@ METRIC_LABELS = {
     "final_accept_len": "acceptance length",
     "steady_tok_s": "tok/s",  # tokens / seconds over the steady steps
     "steady_steps": "steady steps",  # first, last
+    "median_tok_s": "tok/s of the median step",  # the figure stands when it agrees with this one
     "mean_tok_s": "tok/s (a mean of step rates: an older record, up to 8% high)",
     "wall_s": "wall s",
 }
@@ -205,6 +206,8 @@ def _print_record(console: Console, record: RunRecord) -> None:
     if summary.row_count:
         console.print(summary)
     _print_sparklines(console, record)
+    if (drift := record.drift_finding) is not None:
+        console.print(f"[yellow]note:[/] {escape(drift)}")
     for note in record.notes:
         console.print(f"note: {escape(note)}")
     if record.stderr_tail:

@@ -269,6 +269,8 @@ def _report(record: RunRecord, outcome: TorchrunOutcome, stop_log: Path, began: 
         f"[bold {style}]{record.status}[/] in {took:.0f} s · exit {record.exit_code} · run {record.id}"
         + (f" · {record.tokens_per_second:,.0f} tok/s" if record.tokens_per_second else "")
     )
+    if (drift := record.drift_finding) is not None:  # the figure above then disagrees with the median step
+        say(f"  [yellow]note:[/] {escape(drift)}")
     if outcome.interrupted:
         say(f"  {escape(record.notes[-1])}")
     elif outcome.reason is not None:  # a rank's named error, shown above; its echoes went to the log

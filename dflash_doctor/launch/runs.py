@@ -69,6 +69,13 @@ class RunRecord:
         value = self.metrics.get("steady_tok_s", self.metrics.get("mean_tok_s"))
         return float(value) if isinstance(value, (int, float)) else None
 
+    @property
+    def drift_finding(self) -> str | None:
+        """One line when the run's steady steps slowed or sped up as it went (`trainer.run.drift`), else None."""
+        drift = self.metrics.get("step_drift")
+        finding = drift.get("finding") if isinstance(drift, dict) else None
+        return finding if isinstance(finding, str) else None
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": RECORD_SCHEMA, **asdict(self)}
 

@@ -4,10 +4,12 @@ Written by the first drafter rank only. `metrics.jsonl` holds per step: step, lo
 per-position accuracy (slot 0 is the anchor itself and always 0), the training batch's acceptance length
 (measured per anchor, and the estimate implied by the accuracies), tok/s (real tokens: padding is not
 counted) and supervised tok/s, samples/s over all drafters, the step time and the time spent waiting for
-data; on the steps that ran a held-out evaluation also the held-out acceptance length against the
+data, and the machine's reading (GPU clock, power, temperature, slowdowns; the host's CPU: `trainer.run.telemetry`);
+on the steps that ran a held-out evaluation also the held-out acceptance length against the
 target's greedy tokens (the headline: what a greedy server would see) and against the data labels, and
 the evaluation's seconds. `summary.json` (steps, final loss, the last held-out figures, steady tok/s over whole pipelined
-steps with the steps used and left out, exit status) is what the launcher reads when the run ends.
+steps with the steps used and left out and whether it agrees with the median step, whether the steady steps
+drifted and what changed with them (`trainer.run.drift`), exit status) is what the launcher reads when the run ends.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, TextIO
 
 from dflash_base.atomic import write_bytes_atomic, write_json_atomic
 from dflash_base.disk import NoSpace, writing
+from trainer.run.drift import step_drift
 from trainer.run.metric_sinks import MetricSink, scalars_of
 from trainer.run.steady import PIPELINED, steady_window
 from trainer.spec.outputs import SUMMARY_FILE, read_metrics, summary_path
@@ -52,6 +55,8 @@ class StepMetrics:
         0.0  # real (non-padding) tokens of this step (all drafters): throughput = sum / sum of times
     )
     window: str = PIPELINED  # what its window held (trainer.run.steady): only `pipelined` ones are steady
+    # the GPU's clock, power, temperature and slowdowns, the host's CPU (trainer.run.telemetry), when written
+    machine: dict[str, Any] | None = None
 
 
 class MetricsLog:
@@ -208,6 +213,7 @@ def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra
         "final_accuracy": last.get("accuracy"),
         "final_accept_len": last.get("accept_len"),  # on the training batch: a secondary figure
         **steady_throughput(records),
+        "step_drift": step_drift(records),
         "wall_s": wall_s,
         **extra,
     }

@@ -11,8 +11,13 @@ steps it used and the ones it left out, and why.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from typing import Any
+
+# A throughput figure stands only when it agrees with the median step: within this share of the median step's
+# tokens / time (a run whose steps drifted, `trainer.run.drift`, does not).
+AGREES_WITHIN = 0.05
 
 # The first steps of a run are not its steady state (lazy allocations, the last compiles, caches filling).
 WARM_STEPS = 5
@@ -95,17 +100,28 @@ def steady_window(records: list[dict[str, Any]], checkpoint_every: int = 0) -> d
     # Lines written before `tokens` existed: a step's tokens are its rate times its time.
     tokens = sum(r.get("tokens") or r["tok_s"] * r["step_time_s"] for r in steady)
     supervised = sum(r.get("supervised_tok_s", 0.0) * r["step_time_s"] for r in steady)
+    figure = tokens / seconds if seconds > 0 else None
+    median_step = statistics.median(r["step_time_s"] for r in steady) if steady else None
+    median_tokens = (
+        statistics.median(r.get("tokens") or r["tok_s"] * r["step_time_s"] for r in steady) if steady else 0
+    )
+    median_tok_s = median_tokens / median_step if median_step else None
     left_out: dict[str, str] = {}
     for reason in LEFT_OUT_BECAUSE:
         steps = [int(r["step"]) for r, k in zip(records, kinds, strict=True) if k == reason]
         if steps:
             left_out[reason] = ranges(steps)
     return {
-        "steady_tok_s": tokens / seconds if seconds > 0 else None,
+        "steady_tok_s": figure,
         "steady_supervised_tok_s": supervised / seconds if seconds > 0 else None,
         "steady_steps": [steady[0]["step"], steady[-1]["step"]] if steady else None,
         "steady_step_count": len(steady),
         "steady_used": ranges(int(r["step"]) for r in steady),
         "steady_left_out": left_out,
         "steady_seconds": seconds,
+        "median_step_s": median_step,
+        "median_tok_s": median_tok_s,  # the median step's tokens / its time: what the figure must agree with
+        "agrees_with_median": (
+            abs(figure / median_tok_s - 1) <= AGREES_WITHIN if figure is not None and median_tok_s else None
+        ),
     }

@@ -132,6 +132,7 @@ def step_metrics(
     heldout: HeldoutSums | None,
     heldout_s: float,
     window: str = "pipelined",
+    machine: dict[str, Any] | None = None,
 ) -> StepMetrics:
     accuracy = (s.correct / s.counted.clamp(min=1)).tolist()
     return StepMetrics(
@@ -153,4 +154,5 @@ def step_metrics(
         heldout_sequences=heldout.sequences if heldout else None,
         tokens=s.real_tokens,
         window=window,
+        machine=machine,
     )

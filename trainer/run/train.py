@@ -72,6 +72,7 @@ from trainer.run.schedule import RunPlan, plan_run, target_work
 from trainer.run.startup import StartupClock
 from trainer.run.steady import window_kind
 from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_metrics, unpack_step
+from trainer.run.telemetry import MachineSampler
 from trainer.run.transport import BatchReceiver, BatchSender, TransportError
 from trainer.run.warmup import warm_up_model, warm_up_target
 from trainer.spec.config import TrainConfig
@@ -358,6 +359,7 @@ class DrafterLoop:
             else None
         )
         self.progress = Progress(run.plan.total_steps, run.resume_step, cfg.run.log_every) if first else None
+        self.machine = MachineSampler(device) if first else None  # each metrics line's GPU and host reading
         if first:
             resuming = f", resuming at step {run.resume_step}" if run.resume_step else ""
             print(
@@ -469,6 +471,7 @@ class DrafterLoop:
             heldout,
             heldout_s,
             queued.window,
+            self.machine.sample() if self.machine is not None else None,
         )
         self.log.write(m)
         self.progress.update(m)

@@ -55,6 +55,8 @@ def test_every_step_window_holds_its_own_capture_and_the_summary_is_tokens_over_
     expected = sum(m["tokens"] for m in steady) / sum(m["step_time_s"] for m in steady)
     assert summary["steady_tok_s"] == pytest.approx(expected)
     assert "mean_tok_s" not in summary
+    assert summary["median_tok_s"] > 0 and summary["step_drift"] is None  # 2 steady steps: nothing to compare
+    assert all(m["machine"]["proc_cpu_s"] >= 0 for m in run.metrics)  # the host's reading on every line
 
 
 def test_throughput_is_total_tokens_over_total_time_not_a_mean_of_rates() -> None:
