@@ -13,7 +13,8 @@
 #           answers (bench/decode/walk_estimate.py); metrics, summaries and the best export (in parts) back
 #   eval    `eval` of the best arm's export beside prompt lookup on every second prompt of HumanEval and of the chat
 #           set (QUALITY_EVAL_NTH=1: all; sharded): real decoding against each estimate
-#   run(carry=[".whl", ".carry1"], timeout_s=60, command="bash bench/suites/quality_h200.sh setup")
+#   run(carry=[".carry1"], timeout_s=60, command="bash bench/suites/quality_h200.sh setup")
+#   run(carry=[".carry3", ".whl"], timeout_s=60, command="bash bench/suites/quality_h200.sh stash")  (wheels, answers)
 #   run(carry=[".whl", ".carry2"], timeout_s=600, command="bash bench/suites/quality_h200.sh data")
 #   run(carry=[".whl"], timeout_s=600, command="bash bench/suites/quality_h200.sh arms")
 #   run(carry=[".whl"], timeout_s=330, command="bash bench/suites/quality_h200.sh eval")
@@ -30,7 +31,7 @@
 # prompt sets of examples/smollm2/prepare.py; .whl: bash bench/suites/carried_wheels.sh plus the gguf wheel.
 # Answers an earlier lease wrote (its answers.tar: gzipped files) are not regenerated: they go in .carry2/data/ when
 # they fit, or (a call's working tree and carry are 64 MiB together) in .carry3/data/ for a `stash` call between
-# setup and data: run(carry=[".carry3"], timeout_s=60, command="bash bench/suites/quality_h200.sh stash").
+# setup and data: run(carry=[".carry3", ".whl"], timeout_s=60, command="bash bench/suites/quality_h200.sh stash").
 # One long run instead of arms (the next lease): QUALITY_ARMS="cut:greedy:data.loops=cut" QUALITY_STEPS=3600
 # QUALITY_SAMPLED_S=0 for `data`, then `arms` again as long as the run goes on (each call waits up to ~8 minutes,
 # then walks and brings back whatever has finished; the run itself outlives the calls while the machine is held).
@@ -56,7 +57,9 @@ ARMS=${QUALITY_ARMS:-"recipe:greedy:optim.lr=6e-4 lr2e-3:greedy:optim.lr=2e-3 lr
 [ -d "$SITE" ] || install_carried_wheels >/dev/null 2>&1 || true
 
 if [ "$PHASE" = setup ]; then
-    stage setup 40 bash -c install_carried_wheels
+    # the wheels when carried here; a working tree of ~11 MB, .whl (6 MB) and .carry1 (51 MB) pass a call's 64 MiB
+    # no longer (S15), so carry .whl with the stash call instead, which installs them when this one did not
+    [ -d .whl ] && stage setup 40 bash -c install_carried_wheels
     mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1 && echo "gguf part 1 in /tmp/gguf"
     gpu_facts
     finish quality-setup
@@ -64,6 +67,7 @@ if [ "$PHASE" = setup ]; then
 fi
 
 if [ "$PHASE" = stash ]; then
+    python3 -c "import elftools, zstandard, platformdirs" 2>/dev/null || stage wheels 40 bash -c install_carried_wheels
     mkdir -p /tmp/carried-data && cp .carry3/data/*.gz /tmp/carried-data/ && ls -la /tmp/carried-data
     finish quality-stash
     exit 0

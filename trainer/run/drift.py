@@ -118,10 +118,13 @@ def explanations(
     if before is not None and after is not None and after - before >= 0.03:
         said.append(f"other guests of the host took {after:.0%} of its CPU time (steal), from {before:.0%}")
     if (cpu := grew(medians["proc_cpu_s"], DRIFT)) is not None:
+        why = "more work on the host, or slower or shared cores" if cpu[2] > 0 else "less work on the host"
         said.append(
-            f"this process's CPU time a step went from {cpu[0] * 1000:.1f} to {cpu[1] * 1000:.1f} ms "
-            "(the host thread did more work, or ran on slower or shared cores)"
+            f"this process's CPU time a step went from {cpu[0] * 1000:.1f} to {cpu[1] * 1000:.1f} ms ({why})"
         )
+    if (power := grew(medians["gpu_w"], DRIFT)) is not None:
+        busier = "busier" if power[2] > 0 else "idler"
+        said.append(f"the GPU drew {power[1]:.0f} W against {power[0]:.0f} W ({busier})")
     if (wait := grew(medians["data_wait_s"], DRIFT)) is not None and abs(wait[1] - wait[0]) >= 0.002:
         said.append(f"waiting for data went from {wait[0] * 1000:.1f} to {wait[1] * 1000:.1f} ms a step")
     if not said:

@@ -123,7 +123,8 @@ def test_a_gpu_clocked_down_is_named_with_the_slowdown_nvml_reported() -> None:
     [
         ({"proc_cpu_s": 0.08, "cpu_steal": 0.0}, 10_000.0, 0.03, "nothing sampled changed"),
         (lambda s: {"proc_cpu_s": 0.08, "cpu_steal": 0.25 if s > 60 else 0.01}, 10_000.0, 0.03, "took 25% of its CPU time (steal), from 1%"),
-        (lambda s: {"proc_cpu_s": 0.12 if s > 60 else 0.08}, 10_000.0, 0.03, "CPU time a step went from 80.0 to 120.0 ms"),
+        (lambda s: {"proc_cpu_s": 0.12 if s > 60 else 0.08}, 10_000.0, 0.03, "CPU time a step went from 80.0 to 120.0 ms (more work"),
+        (lambda s: {"gpu_w": 540.0 if s > 60 else 650.0}, 10_000.0, 0.03, "the GPU drew 540 W against 650 W (idler)"),
         (None, lambda s: 15_000.0 if s > 60 else 10_000.0, 0.03, "the steps held 50% more tokens"),
         (None, 10_000.0, lambda s: 0.05 if s > 60 else 0.03, "waiting for data went from 30.0 to 50.0 ms"),
         (None, 10_000.0, 0.03, "carry no machine samples"),
