@@ -76,6 +76,8 @@ import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("rank*.summary.json")):
     s = json.loads(path.read_text())
     print(path.name, "gpu_busy_share", s.get("gpu_busy_share"), "wall_s", s.get("wall_s"))
+    for kind, row in (s.get("gpu_ms_per_step_by_kind") or {}).items():
+        print(f"    {kind:<36} {row['ms_per_step']:8.2f} ms a step  {row['share']:6.1%}")
     for op in (s.get("top_gpu") or s.get("top_cpu") or [])[: int(sys.argv[2])]:
         print("   ", op)
 PY
