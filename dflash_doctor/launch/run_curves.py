@@ -160,7 +160,7 @@ def plot_curves(runs: list[Curves], out: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle(" and ".join(run.title for run in runs), fontsize=10)
+    fig.suptitle(plot_title(runs), fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -169,6 +169,16 @@ def plot_curves(runs: list[Curves], out: Path) -> Path:
     with writing(out, len(data)):  # was: "a file: No space left on device", the path unnamed
         write_bytes_atomic(out, data)
     return out
+
+
+def plot_title(runs: list[Curves]) -> str:
+    """`run a (config x) and run b (config y)` for one or two runs; more would run off the figure, so they
+    are counted, with their shared config when they have one (each run's label is in the legends)."""
+    if len(runs) <= 2:
+        return " and ".join(run.title for run in runs)
+    configs = {run.config for run in runs}
+    shared = configs.pop() if len(configs) == 1 else None
+    return f"{len(runs)} runs" + (f" (config {shared})" if shared else "")
 
 
 def curves_of(record: Any) -> Curves:

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from dflash_base.errors import ConfigError, DoctorError
-from dflash_doctor.launch.run_curves import Curves, plot_curves, read_curves, sparkline, sparkline_rows
+from dflash_doctor.launch.run_curves import (
+    Curves,
+    plot_curves,
+    plot_title,
+    read_curves,
+    sparkline,
+    sparkline_rows,
+)
 from trainer.run.metric_sinks import TensorBoardSink, WandbSink, scalars_of
 from trainer.spec.extras import require_extra
 
@@ -110,6 +117,15 @@ def test_plot_writes_a_png_overlaying_two_runs(tmp_path: Path) -> None:
         plot_curves([a], tmp_path / "runs.txt")
     with pytest.raises(DoctorError, match="no metrics yet"):
         plot_curves([Curves("empty", {})], tmp_path / "e.png")
+
+
+def test_a_plot_of_many_runs_counts_them_in_its_title_instead_of_running_off_the_figure() -> None:
+    runs = [Curves(f"{n}k", {}, config="smollm2-135m.toml") for n in (7.5, 15, 30, 60)]
+    assert plot_title(runs) == "4 runs (config smollm2-135m.toml)"
+    assert plot_title([*runs[:2], Curves("x", {}, config="tiny-cpu.toml")]) == "3 runs"
+    assert (
+        plot_title(runs[:2]) == "run 7.5k (config smollm2-135m.toml) and run 15k (config smollm2-135m.toml)"
+    )
 
 
 def test_runs_show_and_compare_draw_the_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
