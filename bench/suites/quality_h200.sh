@@ -161,6 +161,10 @@ PY
 fi
 
 if [ "$PHASE" = arms ]; then
+    if ! compgen -G "$ARMS_DIR/*.pid" >/dev/null; then  # S15: a machine that went back idle took /tmp with it
+        echo "no arms on this machine ($ARMS_DIR has none): a new machine has an empty /tmp; run setup, stash and data again"
+        exit 1
+    fi
     wait_arms() {  # until every arm's process has ended (or the stage's limit)
         while :; do
             alive=0
