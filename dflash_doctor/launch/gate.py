@@ -147,13 +147,16 @@ def run_gate(
     False runs no probe. `timeline` gets the gate's marks: the static checks' end, then the probe's.
     `on_warm_up_ready(first)`: called once the checks the warm-up depends on (`WARM_UP_NEEDS`) are done,
     before the other static checks, with a GateResult of their findings only."""
+    timeline = timeline or LaunchTimeline()
     env = Environment.load(python)
+    timeline.note("environment")
     environ = launch_environment()
     options = CheckOptions(
         deep=deep is not False, lock_path=lock_path, config_path=training.path, config=training.config
     )
     ctx = CheckContext(env, options)
     node = node_facts(ctx, training.config.output_dir)
+    timeline.note("GPUs and disk")
     plan = build_launch_plan(
         training.config,
         training.path,
@@ -178,7 +181,9 @@ def run_gate(
     # The flex proof matters where training uses flex (CUDA); on CPU training uses SDPA.
     options.extra["deep_flex"] = plan.device_type == "cuda"
     options.extra["deep_inductor_cache"] = probe_inductor_cache()
+    timeline.note("launch plan")
     key = probe_key(current_lock(ctx), {"flex": options.extra["deep_flex"]}) if options.deep else None
+    timeline.note("probe key")
     reused = ProbeRecords().find(key) if key is not None and deep is None else None
     probe: Beside[ProbeReport] | None = None
     if reused is not None:
@@ -186,12 +191,12 @@ def run_gate(
     elif key is not None:  # the probe's child runs beside the static checks; its judges wait for it
         probe = Beside(probe_of(ctx), "deep-probe").start()
         ctx.pending("deep.report", probe.result)
-    timeline = timeline or LaunchTimeline()
 
     def static_done(static: list[CheckRun]) -> None:
         timeline.mark("gate")  # the static checks' end; the probe may still run
 
     def warm_up_ready(first: list[CheckRun]) -> None:
+        timeline.note("warm-up checks")  # the warm-up may start from here
         if on_warm_up_ready is not None:  # the launch's warm-up, beside the rest of the gate
             on_warm_up_ready(GateResult(ctx, first, plan, environ))
 

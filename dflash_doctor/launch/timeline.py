@@ -62,6 +62,12 @@ class LaunchTimeline:
         """A launcher phase ended (now, or `at`); the first mark of a phase counts."""
         self.marks.setdefault(phase, time.time() if at is None else at)
 
+    def note(self, step: str) -> None:
+        """A step inside a launcher phase ended now: kept in `extra["inside"]` as seconds from the start, so a
+        slow phase says which of its steps took the time (the gate on a freshly started H200: 7.5 s before the
+        warm-up could start, of which nothing said more)."""
+        self.extra.setdefault("inside", {})[step] = round(time.time() - self.began, 3)
+
     def worker_environ(self, environ: dict[str, str], folder: Path) -> dict[str, str]:
         """The workers' environment, naming a fresh marks file in the run's own folder."""
         self.path = folder / TIMELINE_FILE
@@ -105,4 +111,8 @@ def timeline_rows(data: dict[str, Any]) -> list[tuple[str, str, str]]:
         if row["phase"] == "deep probe" and data.get("probe_s") is not None:
             seconds += f" (probe ran {data['probe_s']:.2f}, beside the static checks)"
         out.append((row["phase"], seconds, f"{row['end_s']:.2f}"))
+    inside = data.get("inside") or {}
+    if inside:  # the launcher's steps inside its phases, in the order they ended
+        steps = ", ".join(f"{step} {at:.2f}" for step, at in sorted(inside.items(), key=lambda kv: kv[1]))
+        out.append(("  inside (ends at)", "", steps))
     return out

@@ -107,6 +107,11 @@ def test_a_launch_records_its_timeline_in_json_and_prints_it_with_v(
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert_whole_and_monotone(document["run"]["timeline"])
+    inside = document["run"]["timeline"]["inside"]  # the gate's own steps, where its seconds went
+    assert list(inside) == ["environment", "GPUs and disk", "launch plan", "probe key", "warm-up checks"]
+    assert list(inside.values()) == sorted(inside.values())
+    gate_end = next(r["end_s"] for r in document["run"]["timeline"]["phases"] if r["phase"] == "gate")
+    assert inside["warm-up checks"] <= gate_end
     record = RunStore().all()[-1]
     assert record.timeline == document["run"]["timeline"]
     assert Path(seen[0]).parent == RunStore().path(record.id).parent  # in the run's own folder
@@ -115,6 +120,7 @@ def test_a_launch_records_its_timeline_in_json_and_prints_it_with_v(
     out = capsys.readouterr().out
     assert "timeline (seconds" in " ".join(out.split())  # rich wraps the title at the test's width
     assert all(phase in out for phase in one_spawn())
+    assert "inside (ends at)" in out and "warm-up checks" in out
     assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 0
     assert "timeline (seconds" not in " ".join(capsys.readouterr().out.split())  # only with -v
 
