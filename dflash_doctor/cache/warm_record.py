@@ -61,6 +61,7 @@ _IGNORED_FIELDS = {
     "optim": {"steps", "epochs"},
     "run": {"log_every", "timeout_s"},
     "topology": {"overlap_capture"},  # which stream a capture runs on: the same graphs
+    "data": {"workers"},  # which process makes a sequence: the same sequences
 }
 _TRAINER_DIR = Path(__file__).resolve().parents[2] / "trainer"
 

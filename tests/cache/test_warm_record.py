@@ -52,6 +52,7 @@ def test_the_key_ignores_bookkeeping_and_follows_everything_a_graph_depends_on()
     for section, field, value in [
         ("optim", "steps", 5000), ("output", "dir", "runs/b"), ("checkpoint", "every", 0), ("run", "log_every", 1),
         ("topology", "overlap_capture", "optimizer"),  # which stream captures: the same graphs
+        ("data", "workers", 4),  # which process makes a sequence: the same sequences
     ]:  # fmt: skip
         assert key_of(edited(section, field, value)) == base, (section, field)
     for section, field, value in [

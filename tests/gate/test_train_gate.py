@@ -157,6 +157,12 @@ def test_bad_config_is_exit_2_and_starts_nothing(launches, tmp_path, capsys) -> 
     assert launches == [] and RunStore().all() == []
 
 
+def test_a_bad_data_workers_value_is_exit_2_naming_it(launches, capsys) -> None:
+    assert run(["train", "--config", "tiny-cpu", "--no-deep", "--set", "data.workers=-2"]) == 2
+    assert 'data.workers: must be "auto" or an integer >= 0 <= 64, got -2' in capsys.readouterr().err
+    assert launches == []
+
+
 def test_overrides_reach_the_workers(launches: list[list[str]]) -> None:
     assert run(["train", "--config", "tiny-cpu", "--no-deep", "--set", "optim.steps=7"]) == 0
     command = launches[0]

@@ -161,15 +161,28 @@ class TokenizedSource:
         tools = check_tools(record.get("tools"), where)
         return chat_sequence(self.tokenizer, messages, self.template_kwargs, tools, where)
 
+    def made(self, j: int) -> tuple[list[int], list[bool]]:
+        """Sequence j made from its record and truncated to seq_len, not padded: what `get` keeps, and what a
+        data worker (`trainer.data.prefetch`) makes ahead, so both give the same sequence."""
+        ids, mask = self.tokens(j)
+        return ids[: self.seq_len], mask[: self.seq_len]
+
+    def keep(self, j: int, ids: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Keep made sequence j (int32 ids, bool mask, unpadded) if KEPT_TOKENS has room; True if kept."""
+        if j in self.kept:
+            return True
+        if self.kept_tokens + ids.numel() > KEPT_TOKENS:
+            return False
+        self.kept[j] = (ids, mask)
+        self.kept_tokens += ids.numel()
+        return True
+
     def get(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence j at seq_len: tokenised the first time, read back from `kept` after (within KEPT_TOKENS)."""
         if (kept := self.kept.get(j)) is not None:
             return padded(*kept, self.seq_len)
-        ids, mask = self.tokens(j)
-        ids, mask = ids[: self.seq_len], mask[: self.seq_len]
-        if self.kept_tokens + len(ids) <= KEPT_TOKENS:
-            self.kept[j] = (torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.bool))
-            self.kept_tokens += len(ids)
+        ids, mask = self.made(j)
+        self.keep(j, torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.bool))
         return fit_to_length(ids, mask, self.seq_len)
 
 

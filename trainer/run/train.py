@@ -40,6 +40,7 @@ from dflash_base import timeline
 from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer.data.order import BatchOrder, make_batch, make_padded_batch
+from trainer.data.prefetch import Prefetch, resolve_workers, start_prefetch
 from trainer.data.sources import (
     DataSplit,
     SequenceSource,
@@ -215,10 +216,13 @@ class TargetSide:
     eval_source: SequenceSource  # data.eval_path's records, or the training source (eval_fraction)
     order: BatchOrder
     fault: Fault | None = None  # a testing hook (trainer.run.faults)
+    prefetch: Prefetch | None = None  # data workers making the training batches' sequences ahead
 
     def capture(self, index: int, device: torch.device) -> CapturedBatch:
         """Global training batch `index`: its sequences from the data, through the target."""
         maybe_delay_capture(self.fault)
+        if self.prefetch is not None:
+            self.prefetch.before(index)
         input_ids, loss_mask = make_batch(self.source, self.order.sequence_ids(index))
         return self.target.capture(to_device(input_ids, device), to_device(loss_mask, device), index)
 
@@ -230,6 +234,26 @@ class TargetSide:
         return self.target.capture_with_greedy(
             to_device(input_ids, device), to_device(loss_mask, device), eval_index
         )
+
+
+@contextlib.contextmanager
+def prefetching(side: TargetSide, run: RunContext, upcoming: Iterable[int]) -> Iterator[None]:
+    """`data.workers` processes make the sequences of `upcoming` (the training batches this rank will capture,
+    in order) ahead of need (trainer/data/prefetch.py), and are shut down however the run ends. Started before
+    the drafter's build and warm-up, so the first batches are made while it compiles."""
+    cfg = run.cfg
+    workers = resolve_workers(cfg.data.workers, cfg.data.kind, run.device.type)
+
+    def warn(line: str) -> None:
+        print(f"dflash trainer: rank {run.rank}: warning: {line}", file=sys.stderr, flush=True)
+
+    side.prefetch = start_prefetch(side.source, cfg.target.path, side.order, upcoming, workers, warn)
+    try:
+        yield
+    finally:
+        if side.prefetch is not None:
+            side.prefetch.close()
+            side.prefetch = None
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -268,15 +292,19 @@ def run_target(run: RunContext) -> None:
     sender = BatchSender(topology, cfg.topology.in_flight, device)
     fault = fault_from_env()
     run.clock.report(run.rank, "target")
-    work = target_work(
-        run.rank, topology.targets, run.plan, run.resume_step, cfg.eval.every, run.split.eval_batches
-    )
-    for kind, index in work:
-        if kind == "eval":
-            sender.send(side.capture_heldout(run.split, index, device))
-            continue
-        maybe_exit_target(fault, run.rank, index)
-        sender.send(side.capture(index, device))
+
+    def work() -> Iterator[tuple[str, int]]:
+        return target_work(
+            run.rank, topology.targets, run.plan, run.resume_step, cfg.eval.every, run.split.eval_batches
+        )
+
+    with prefetching(side, run, (index for kind, index in work() if kind == "train")):
+        for kind, index in work():
+            if kind == "eval":
+                sender.send(side.capture_heldout(run.split, index, device))
+                continue
+            maybe_exit_target(fault, run.rank, index)
+            sender.send(side.capture(index, device))
     sender.close()
 
 
@@ -297,23 +325,26 @@ def run_colocated(run: RunContext) -> int:
     """Capture this rank's own batches (micro-step m: global batch m*K + r) and train on them: no transport.
     The next step's first capture is queued behind each optimizer update (`CaptureAhead`)."""
     side = build_target(run, colocated=True)
-    loop = DrafterLoop(run)
-    fault = fault_from_env()
-    run.clock.report(run.rank, "colocated")
+    micro_steps = range(run.resume_step * run.plan.accum, run.plan.total_steps * run.plan.accum)
+    with prefetching(side, run, (run.topology.batch_for(m, run.drafter_index) for m in micro_steps)):
+        loop = DrafterLoop(run)
+        fault = fault_from_env()
+        run.clock.report(run.rank, "colocated")
 
-    def capture(micro_step: int) -> CapturedBatch:
-        index = run.topology.batch_for(micro_step, run.drafter_index)
-        maybe_exit_target(fault, run.rank, index)
-        return side.capture(index, run.device)
+        def capture(micro_step: int) -> CapturedBatch:
+            index = run.topology.batch_for(micro_step, run.drafter_index)
+            maybe_exit_target(fault, run.rank, index)
+            return side.capture(index, run.device)
 
-    def heldout_batch(eval_index: int) -> CapturedBatch:
-        return side.capture_heldout(run.split, eval_index, run.device)
+        def heldout_batch(eval_index: int) -> CapturedBatch:
+            return side.capture_heldout(run.split, eval_index, run.device)
 
-    overlap = overlap_mode(run.cfg.topology.overlap_capture, run.device.type == "cuda")  # CPU: synchronous
-    stream = torch.cuda.Stream(run.device) if overlap != "off" else None
-    start_at = OptimizerStart(loop.optimizer) if overlap == "optimizer" else None
-    ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum, stream, start_at)
-    return loop.run(ahead.next_batch, heldout_batch, prefetch=ahead.prefetch)
+        # CPU: synchronous
+        overlap = overlap_mode(run.cfg.topology.overlap_capture, run.device.type == "cuda")
+        stream = torch.cuda.Stream(run.device) if overlap != "off" else None
+        start_at = OptimizerStart(loop.optimizer) if overlap == "optimizer" else None
+        ahead = CaptureAhead(capture, run.plan.total_steps * run.plan.accum, stream, start_at)
+        return loop.run(ahead.next_batch, heldout_batch, prefetch=ahead.prefetch)
 
 
 # ---------------------------------------------------------------- the drafter side, shared by both

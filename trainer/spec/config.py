@@ -24,6 +24,7 @@ from trainer.spec.fields import (
     choice,
     int_list,
     integer,
+    integer_or_auto,
     kernel_options,
     number,
     option,
@@ -47,6 +48,9 @@ from trainer.spec.topology import (
 # More ranks of one role than any machine room holds: a typo (`drafters=100000`) is refused at once instead
 # of planning and printing 100000 ranks (issue 18, row 14). 512 nodes of 8 GPUs.
 MAX_RANKS_PER_ROLE = 4096
+
+# More data workers than any host gives a rank: a typo (`workers = 400`) is refused at once.
+MAX_DATA_WORKERS = 64
 
 # Each field is declared once: its type, its default and the rule a TOML value must pass (`option`).
 
@@ -102,6 +106,10 @@ class DataSection:
     # or a separate file of the same kind. Either one turns held-out evaluation on ([eval]).
     eval_fraction: float = option(0.0, number(0.0, 0.5))
     eval_path: str | None = option(None, text())
+    # text/chat only: processes that make first-epoch sequences ahead of the training thread
+    # (trainer/data/prefetch.py). "auto": 0 on CPU (the cores train there), else min(4, usable cores / ranks on
+    # this host - 1)
+    workers: int | str = option("auto", integer_or_auto(0, MAX_DATA_WORKERS))
 
     @property
     def holds_out(self) -> bool:

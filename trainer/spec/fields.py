@@ -41,6 +41,20 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Parser:
     return parse
 
 
+def integer_or_auto(minimum: int, maximum: int) -> Parser:
+    """`"auto"` (resolved where the machine is known) or an integer from `minimum` to `maximum`."""
+    expected = f'"auto" or an integer >= {minimum} <= {maximum}'
+
+    def parse(name: str, value: Any) -> int | str:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise _fail(name, expected, value)
+        return value
+
+    return parse
+
+
 def number(minimum: float | None = None, maximum: float | None = None, above: float | None = None) -> Parser:
     parts = ["a number"]
     if above is not None:

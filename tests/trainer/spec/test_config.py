@@ -73,6 +73,11 @@ def load_config_text(text: str, tmp: Path | None = None) -> object:
         ("data", "kind", '"parquet"', "data.kind: must be one of"),
         ("data", "seq_len", "2.5", "data.seq_len: must be an integer >= 3, got 2.5"),
         ("data", "temperature", "0", "data.temperature: must be a number > 0.0"),
+        ("data", "workers", "-1", 'data.workers: must be "auto" or an integer >= 0 <= 64, got -1'),
+        ("data", "workers", "65", 'data.workers: must be "auto" or an integer >= 0 <= 64, got 65'),
+        ("data", "workers", '"many"', 'data.workers: must be "auto" or an integer >= 0 <= 64, got "many"'),
+        ("data", "workers", "true", 'data.workers: must be "auto" or an integer >= 0 <= 64, got true'),
+        ("data", "workers", "1.5", 'data.workers: must be "auto" or an integer >= 0 <= 64, got 1.5'),
         ("topology", "targets", "0", "topology.targets: must be an integer >= 1"),
         ("topology", "mode", '"colocate"', 'topology.mode: must be one of "auto", "split", "colocated", got'),
         ("topology", "ranks", "0", "topology.ranks: must be an integer >= 1"),
@@ -94,6 +99,12 @@ def test_each_malformed_field_is_named(section: str, key: str, value: str, messa
     with pytest.raises(ConfigError) as err:
         parse_config(raw)
     assert message in err.value.message
+
+
+def test_data_workers_is_auto_by_default_or_a_count() -> None:
+    assert parse_config(_raw()).data.workers == "auto"
+    for value, parsed in (("0", 0), ("3", 3), ('"auto"', "auto")):
+        assert parse_config(apply_overrides(_raw(), [f"data.workers={value}"])).data.workers == parsed
 
 
 def test_unknown_section_is_an_error() -> None:
