@@ -85,7 +85,7 @@ def run_launch(command: list[str], cwd: Path, environ: dict[str, str], out: Path
         "launch_s": round(launch_s, 2),
         "phases": {row["phase"]: row["seconds"] for row in timeline.get("phases", [])},
         "probe_s": timeline.get("probe_s"),
-        "inside": timeline.get("inside"),  # the gate's own steps (environment, GPUs, plan, ...), seconds from the start
+        "inside": timeline.get("inside"),  # when the gate's own steps ended, seconds from the start
         "notes": run.get("notes", []),
         "stderr": str(stderr_path),
         **({} if proc.returncode == 0 else failed),
