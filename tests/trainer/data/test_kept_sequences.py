@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer
+from tests.trainer.data.made_calls import calls_to
 from trainer.data import sources
 from trainer.data.sources import TokenizedSource, fit_to_length
 
@@ -26,24 +27,12 @@ def _source(tmp_path: Path, seq_len: int) -> TokenizedSource:
     return TokenizedSource(str(data), "chat", byte_tokenizer(QWEN3_LIKE), seq_len)
 
 
-def _counting(source: TokenizedSource, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    made: list[int] = []
-    tokens = source.tokens
-
-    def counted(j: int) -> tuple[list[int], list[bool]]:
-        made.append(j)
-        return tokens(j)
-
-    monkeypatch.setattr(source, "tokens", counted)
-    return made
-
-
 @pytest.mark.parametrize("seq_len", [24, 96])  # truncated, and padded
 def test_a_sequence_read_again_is_the_same_and_not_made_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seq_len: int
 ) -> None:
     source = _source(tmp_path, seq_len)
-    made = _counting(source, monkeypatch)
+    made = calls_to(source, "tokens", monkeypatch)
     first = [source.get(j) for j in range(len(source))]
     again = [source.get(j) for j in reversed(range(len(source)))][::-1]
     assert made == list(range(len(source)))  # once each
@@ -61,7 +50,7 @@ def test_past_the_budget_sequences_are_made_each_time(
 ) -> None:
     source = _source(tmp_path, 96)
     monkeypatch.setattr(sources, "KEPT_TOKENS", len(source.tokens(0)[0]) + 1)  # room for the first only
-    made = _counting(source, monkeypatch)
+    made = calls_to(source, "tokens", monkeypatch)
     for _ in range(2):
         for j in range(3):
             source.get(j)

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer
+from tests.trainer.data.made_calls import calls_to
 from trainer.data import prefetch, sources
 from trainer.data.order import BatchOrder, make_batch
 from trainer.data.prefetch import Prefetch, resolve_workers, start_prefetch
@@ -55,21 +56,14 @@ def _order(source: TokenizedSource) -> BatchOrder:
     return BatchOrder(len(source), BATCH, seed=3)
 
 
+def _sources(chat_data: tuple[Path, Path]) -> tuple[TokenizedSource, TokenizedSource, BatchOrder]:
+    """The source under test, a reference made inline, and the batch order both are read in."""
+    source = _source(chat_data)
+    return source, _source(chat_data), _order(source)
+
+
 def _same(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
     return a[0].dtype == b[0].dtype and a[1].dtype == b[1].dtype and all(map(torch.equal, a, b))
-
-
-def _counting(source: TokenizedSource, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sequences this source makes itself (inline), in order."""
-    made: list[int] = []
-    inline = source.made
-
-    def counted(j: int) -> tuple[list[int], list[bool]]:
-        made.append(j)
-        return inline(j)
-
-    monkeypatch.setattr(source, "made", counted)
-    return made
 
 
 class HeldPool(Executor):
@@ -133,10 +127,9 @@ def _alive(pid: int) -> bool:
 def test_what_is_not_ready_is_made_inline_and_a_late_delivery_changes_nothing(
     chat_data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, reference = _source(chat_data), _source(chat_data)
-    order = _order(source)
+    source, reference, order = _sources(chat_data)
     pool = HeldPool(_source(chat_data), monkeypatch)
-    inline = _counting(source, monkeypatch)
+    inline = calls_to(source, "made", monkeypatch)
     with Prefetch(source, order, range(12), pool, ahead=3, chunk=3) as ahead:
         assert len(pool.held) == 3 * -(-BATCH // 3)  # three batches in the works, in chunks of 3
         ahead.before(0)  # nothing is done: batch 0 is made here, as without workers
@@ -164,8 +157,7 @@ def test_what_is_not_ready_is_made_inline_and_a_late_delivery_changes_nothing(
 def test_a_failed_job_is_one_warning_and_the_rest_is_made_inline(
     chat_data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, reference = _source(chat_data), _source(chat_data)
-    order = _order(source)
+    source, reference, order = _sources(chat_data)
     pool = HeldPool(_source(chat_data), monkeypatch)
     warnings: list[str] = []
     with Prefetch(source, order, range(6), pool, ahead=2, warn=warnings.append) as ahead:
@@ -186,8 +178,7 @@ def test_a_failed_job_is_one_warning_and_the_rest_is_made_inline(
 def test_a_full_budget_stops_the_workers_and_nothing_changes(
     chat_data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, reference = _source(chat_data), _source(chat_data)
-    order = _order(source)
+    source, reference, order = _sources(chat_data)
     monkeypatch.setattr(sources, "KEPT_TOKENS", 3 * SEQ_LEN)  # room for three sequences at most
     pool = HeldPool(_source(chat_data), monkeypatch)
     with Prefetch(source, order, range(12), pool, ahead=2) as ahead:
@@ -206,8 +197,7 @@ def test_a_full_budget_stops_the_workers_and_nothing_changes(
 def test_a_batch_asked_out_of_order_is_made_all_the_same_and_said_at_close(
     chat_data: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, reference = _source(chat_data), _source(chat_data)
-    order = _order(source)
+    source, reference, order = _sources(chat_data)
     warnings: list[str] = []
     pool = HeldPool(_source(chat_data), monkeypatch)
     with Prefetch(source, order, range(6), pool, ahead=2, warn=warnings.append) as ahead:
@@ -262,8 +252,7 @@ def test_spawned_workers_make_the_same_batches_and_leave_nothing_running(
     chat_data: tuple[Path, Path],
 ) -> None:
     target, _ = chat_data
-    source, reference = _source(chat_data), _source(chat_data)
-    order = _order(source)
+    source, reference, order = _sources(chat_data)
     ahead = start_prefetch(source, str(target), order, range(12), 1)  # two epochs
     assert ahead is not None
     with ahead:
