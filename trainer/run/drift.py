@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from trainer.run.steady import PIPELINED, classify, ranges
+from trainer.run.steady import ranges, steady_records
 
 DRIFT = 0.10  # a change of a tenth or more in the median step time is named
 MIN_STEPS = 30  # fewer steady steps than this: thirds too short to compare
@@ -53,8 +53,7 @@ def median_of(records: list[dict[str, Any]], read: Reading) -> float | None:
 def step_drift(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first and last thirds of the steady steps side by side, and `finding`: one line when the median
     step changed by DRIFT or more (else None). None when there are too few steady steps to compare."""
-    kinds = classify(records)
-    steady = [r for r, k in zip(records, kinds, strict=True) if k == PIPELINED]
+    steady = steady_records(records)
     if len(steady) < MIN_STEPS:
         return None
     third = len(steady) // 3

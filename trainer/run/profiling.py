@@ -143,7 +143,8 @@ def summarize(profiler: Any, wall_s: float, first: int, last: int) -> dict[str, 
 
     by_kind: dict[str, float] = {}
     for name, (us, _) in kernels.items():
-        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + us
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + us
     total_us = sum(by_kind.values())
     return {
         "steps": [first, last],

@@ -91,20 +91,28 @@ def classify(records: list[dict[str, Any]], checkpoint_every: int = 0) -> list[s
     return ["warm-up" if i < warm and k in (PIPELINED, "first") else k for i, k in enumerate(kinds)]
 
 
+def steady_records(records: list[dict[str, Any]], checkpoint_every: int = 0) -> list[dict[str, Any]]:
+    """The lines of the whole pipelined steps after the warm-up: what a throughput counts."""
+    kinds = classify(records, checkpoint_every)
+    return [r for r, k in zip(records, kinds, strict=True) if k == PIPELINED]
+
+
+def step_tokens(record: dict[str, Any]) -> float:
+    """A line's real tokens; lines written before `tokens` existed give their rate times their time."""
+    return float(record.get("tokens") or record["tok_s"] * record["step_time_s"])
+
+
 def steady_window(records: list[dict[str, Any]], checkpoint_every: int = 0) -> dict[str, Any]:
     """Tokens / seconds over the whole pipelined steps after the warm-up (never a mean of per-step rates),
     the steps used and, per reason, the steps left out."""
     kinds = classify(records, checkpoint_every)
     steady = [r for r, k in zip(records, kinds, strict=True) if k == PIPELINED]
     seconds = sum(r["step_time_s"] for r in steady)
-    # Lines written before `tokens` existed: a step's tokens are its rate times its time.
-    tokens = sum(r.get("tokens") or r["tok_s"] * r["step_time_s"] for r in steady)
+    tokens = sum(map(step_tokens, steady))
     supervised = sum(r.get("supervised_tok_s", 0.0) * r["step_time_s"] for r in steady)
     figure = tokens / seconds if seconds > 0 else None
     median_step = statistics.median(r["step_time_s"] for r in steady) if steady else None
-    median_tokens = (
-        statistics.median(r.get("tokens") or r["tok_s"] * r["step_time_s"] for r in steady) if steady else 0
-    )
+    median_tokens = statistics.median(map(step_tokens, steady)) if steady else 0
     median_tok_s = median_tokens / median_step if median_step else None
     left_out: dict[str, str] = {}
     for reason in LEFT_OUT_BECAUSE:
