@@ -45,7 +45,9 @@ def test_all_samples_of_a_prompt_fall_on_one_side(tmp_path: Path, chat_target: P
     trained = {prompt_of[j] for j in split.train_ids}
     assert held and trained and not held & trained  # was: a prompt's samples on both sides
     assert sorted(split.eval_ids + split.train_ids) == list(range(60))
-    assert len(split.eval_ids) == 3 * len(held) >= 12  # whole prompts, at least the 20% asked for
+    # whole prompts, as many as hold the 20% asked for: 12 of 60 (was: every prompt of the first 12 drawn,
+    # up to 3 x 12)
+    assert len(split.eval_ids) == 3 * len(held) and 12 <= len(split.eval_ids) < 12 + 3
 
 
 def test_without_prompt_ids_the_split_is_what_it_was(tmp_path: Path, chat_target: Path) -> None:
