@@ -78,7 +78,9 @@ if [ "$PHASE" = data ]; then
     regen() {  # NAME PROMPTS NEW_TOKENS LIMIT_S [more options]
         local name=$1 prompts=$2 tokens=$3 limit=$4
         shift 4
-        if [ -s "$ROOT/data/$name.jsonl" ]; then  # carried from an earlier lease (.carry2/data/NAME.jsonl.gz)
+        # carried from an earlier lease (.carry2/data/NAME.jsonl.gz): kept as it is, unless RESUME=1 (the sampled
+        # answers: `data regenerate` resumes them after their last whole commit, for what the stage allows)
+        if [ -s "$ROOT/data/$name.jsonl" ] && [ "${RESUME:-}" != 1 ]; then
             echo "$name: carried, $(wc -l <"$ROOT/data/$name.jsonl") answers (not regenerated)"
             return 0
         fi
@@ -144,7 +146,7 @@ PY
     start_arms greedy
     left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 60))
     [ "$left" -gt "${QUALITY_SAMPLED_S:-90}" ] && left=${QUALITY_SAMPLED_S:-90}
-    [ "$left" -ge 15 ] && regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 \
+    [ "$left" -ge 15 ] && RESUME=1 regen sampled "$ROOT/prompts/train.jsonl" 384 "$left" --samples-per-prompt 1 \
         --temperature 0.8 --top-p 0.95 --seed 1  # (`timeout 0` would not stop it: 0 means none)
     start_arms sampled
     wc -l "$ROOT"/data/*.jsonl
