@@ -129,10 +129,33 @@ FOLLOW = [
 ]  # fmt: skip
 
 
-def make_prompts(path: Path, count: int, seed: int, turns: int = 3, natural: bool = False) -> None:
+def first_turns(path: Path, count: int, seed: int) -> list[str]:
+    """`count` distinct first user turns drawn (seeded) from a prompt set (`{"messages": [...]}` or
+    `{"prompt": ...}` lines: examples/smollm2/prepare.py's 60,374): a stronger drafter's run needs more distinct
+    conversations than TOPICS' 120 first questions, or held-out conversations repeat trained ones."""
+    texts: list[str] = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        users = [m["content"] for m in record.get("messages", []) if m.get("role") == "user"]
+        text = users[0] if users else record.get("prompt")
+        if isinstance(text, str) and text.strip():
+            texts.append(text)
+    unique = sorted(set(texts))
+    if len(unique) < count:
+        raise SystemExit(
+            f"--first-prompts {path}: {len(unique)} distinct prompts, fewer than --conversations {count}"
+        )
+    return random.Random(seed).sample(unique, count)
+
+
+def make_prompts(
+    path: Path, count: int, seed: int, turns: int = 3, natural: bool = False, firsts: list[str] | None = None
+) -> None:
     """Conversations of `turns` user turns (answers regenerated after each): 3 short random words each for
-    the tiny target; for a real one (`natural`) a question on a topic, then follow-ups that refer back to
-    the earlier answers (so what the target writes depends on its context)."""
+    the tiny target; for a real one (`natural`) a question on a topic (or the given `firsts`), then follow-ups
+    that refer back to the earlier answers (so what the target writes depends on its context)."""
     rng = random.Random(seed)
     words = ["".join(rng.choice("abcdefghij") for _ in range(3)) for _ in range(40)]
     lines = []
@@ -141,6 +164,8 @@ def make_prompts(path: Path, count: int, seed: int, turns: int = 3, natural: boo
         for turn in range(turns):
             if not natural:
                 text = " ".join(rng.choice(words) for _ in range(3))
+            elif turn == 0 and firsts is not None:
+                text = firsts[j]
             elif turn == 0:
                 text = rng.choice(FIRST).format(TOPICS[j % len(TOPICS)])
             else:
@@ -205,7 +230,9 @@ timeout_s = {args.timeout_s}
 
 def cli(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m dflash_doctor ARGS` with `checkout`'s code (its folder first on the path)."""
-    env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "2", "COLUMNS": "200"}
+    # the checkout first, then what the caller had (a device machine's carried wheels live there)
+    path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "2", "COLUMNS": "200"}
     # `-m` runs with the working directory first on the path, then PYTHONPATH: `checkout`'s code either way,
     # never an editable install's
     proc = subprocess.run(
@@ -260,6 +287,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--target", type=Path, help="a real HF target folder (ChatML markers) to use with Qwen3's template"
     )
     parser.add_argument("--conversations", type=int, default=80)
+    parser.add_argument(
+        "--first-prompts",
+        type=Path,
+        help="a prompt set (JSONL) whose first user turns open the conversations",
+    )
     parser.add_argument("--turns", type=int, default=3, help="user turns a conversation")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--steps", type=int, default=150)
@@ -284,6 +316,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     json.loads(args.kwargs)  # fail here, not after the regenerate
+    if args.first_prompts is not None and args.target is None:
+        parser.error("--first-prompts: needs --target (the tiny target's conversations are random words)")
+    if args.first_prompts is not None and not args.first_prompts.is_file():
+        parser.error(f"--first-prompts {args.first_prompts}: no such file")
     if args.target is not None and not (args.target / "config.json").is_file():
         parser.error(f"--target {args.target}: no config.json there (examples/smollm2/prepare.py makes one)")
     return args
@@ -298,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         use_target(args.target, target)
     elif not (target / "config.json").is_file():
         make_target(target)
-    make_prompts(prompts, args.conversations, 0, args.turns, natural=args.target is not None)
+    firsts = None if args.first_prompts is None else first_turns(args.first_prompts, args.conversations, 0)
+    make_prompts(prompts, args.conversations, 0, args.turns, natural=args.target is not None, firsts=firsts)
     regen_config = work / "regenerate.toml"
     write_config(regen_config, target, data, work / "unused", json.loads(args.kwargs), 1, args)
     batch = [] if args.regenerate_batch is None else ["--batch-size", str(args.regenerate_batch)]

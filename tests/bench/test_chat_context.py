@@ -64,3 +64,54 @@ def test_a_gpu_run_trains_on_cuda_and_decodes_in_bf16(tmp_path: Path) -> None:
         assert eval_precision(device) == precision
     with pytest.raises(SystemExit):
         parse_args(["--device", "tpu"])
+
+
+def test_first_turns_come_from_a_prompt_set(tmp_path: Path) -> None:
+    from bench.decode.chat_context import first_turns
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"question {j}"}]} for j in range(6)]
+    rows += [
+        {"prompt": "question 0"},
+        {"prompt": "a plain prompt"},
+        {"messages": [{"role": "system", "content": "x"}]},
+    ]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    picked = first_turns(prompts, 7, 0)
+    assert len(set(picked)) == 7 and set(picked) <= {f"question {j}" for j in range(6)} | {"a plain prompt"}
+    assert first_turns(prompts, 7, 0) == picked  # seeded
+    with pytest.raises(SystemExit, match="7 distinct prompts, fewer than --conversations 8"):
+        first_turns(prompts, 8, 0)
+    make_prompts(tmp_path / "c.jsonl", 3, 0, turns=2, natural=True, firsts=picked[:3])
+    records = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in records] == picked[:3]
+    assert all(r["messages"][2]["content"] for r in records)  # the follow-ups stay
+
+
+def test_first_prompts_need_a_real_target_and_a_file(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--first-prompts", str(tmp_path / "p.jsonl")])  # the tiny target's words
+    with pytest.raises(SystemExit):
+        parse_args(["--target", str(tmp_path), "--first-prompts", str(tmp_path / "absent.jsonl")])
+    args = parse_args(["--target", str(tmp_path), "--first-prompts", str(tmp_path / "p.jsonl")])
+    assert args.first_prompts == tmp_path / "p.jsonl"
+
+
+def test_the_checkouts_cli_keeps_the_callers_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a device machine's carried wheels are on PYTHONPATH: the checkout goes first, they stay (S14 lost them)
+    import subprocess
+
+    from bench.decode import chat_context
+
+    seen: dict[str, str] = {}
+
+    def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.update(kwargs["env"])  # type: ignore[arg-type]
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(chat_context.subprocess, "run", fake_run)
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    chat_context.cli(tmp_path, "check")
+    assert seen["PYTHONPATH"].split(":") == [str(tmp_path), "/tmp/site"]
