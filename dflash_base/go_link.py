@@ -33,6 +33,21 @@ GO_FD_ENV = "DFLASH_DOCTOR_GO_FD"
 POLL_S = 0.2  # how often a wait looks up from the socket (a stop signal, a process that ended)
 
 
+# What torch appends to every compile error: not the error, so never the line that names it.
+TORCH_HINTS = (
+    "Set TORCHDYNAMO_VERBOSE=1",
+    "For even more developer context",
+    "You can suppress this exception",
+)
+
+
+def last_line(exc: BaseException) -> str:
+    """The line of an exception's message that says what failed: its last, torch's own hints left out."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(TORCH_HINTS)]
+    return lines[-1] if lines else ""
+
+
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall((json.dumps(message, default=str) + "\n").encode())
 
@@ -110,9 +125,8 @@ class RankLink:
         try:
             yield
         except Exception as exc:
-            last = (str(exc).strip().splitlines() or [""])[-1]
             with contextlib.suppress(OSError):
-                _send(self.sock, {"failed": f"{type(exc).__name__}: {last}"[:500]})
+                _send(self.sock, {"failed": f"{type(exc).__name__}: {last_line(exc)}"[:500]})
             raise
 
     def ready(self, report: dict[str, Any]) -> None:
