@@ -193,6 +193,34 @@ def test_the_rank_compiles_beside_the_gate_and_trains_only_on_its_go(
     assert timeline["first_step_s"] == rows[-1]["end_s"]
 
 
+def test_the_host_memory_the_plan_is_judged_against_is_read_before_the_rank_starts(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone rank builds its models while `launch.memory` may still run: the host's available memory it is
+    judged against is read once, before the gate starts anything, never with our own rank counted in it."""
+    from dflash_doctor.launch import gate
+
+    fake = fake_rank(monkeypatch, tmp_path)
+    reads: list[bool] = []
+
+    def available() -> int:
+        reads.append((fake.folder / "pid").exists())  # had the rank started?
+        return 64 * 1024**3
+
+    monkeypatch.setattr(gate, "host_available_bytes", available)
+
+    def after_the_rank_compiled(ctx):  # type: ignore[no-untyped-def]
+        assert fake.wait("ready")  # launch.memory and the rest ran while the rank was up
+        return iter(())
+
+    late_check(monkeypatch, after_the_rank_compiled)
+    assert run(args(tmp_path)) == 0
+    assert reads == [False]
+    (record,) = RunStore().all()
+    (memory,) = [f for f in record.findings if f["id"] == "launch.memory"]
+    assert memory["evidence"]["available"] == "64.0 GiB"
+
+
 def test_the_second_launch_skips_the_warm_up_and_says_so(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
