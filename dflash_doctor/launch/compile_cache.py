@@ -2,7 +2,9 @@
 
 Workers must never compile concurrently from a cold cache (the story's crash), so before launch the
 managed cache is made warm for this build: restored from a compatible snapshot, or compiled once by
-`cache warm` in a single process. After a successful run the cache is snapshotted (keeping the last N).
+`cache warm` in a single process. A launch of one process in all has no such race: its rank compiles for itself
+beside the gate (`lone_rank.py`), under the same plan (`plan_warm_up`) and leaving the same record
+(`rank_warmed_up`). After a successful run the cache is snapshotted (keeping the last N).
 """
 
 from __future__ import annotations

@@ -87,8 +87,9 @@ class EarlyWarmUp:
         run_id, lock = new_run_id(), OutputLock(Path(training.config.output_dir).resolve())
         try:
             lock.acquire(run_id, os.getpid())
-        except DoctorError:
-            return False  # held by another run, or it cannot be made: said after the gate, as before
+        except (DoctorError, OSError):  # held by another run, or it cannot be made or written
+            lock.abandon()  # (a no-op unless it was half taken)
+            return False  # said at the lock after the gate, as before
         self.run_id, self.lock = run_id, lock
         return True
 

@@ -71,6 +71,9 @@ class OutputLock:
         write_json_atomic(self.owner_path, owner)
 
     def release(self) -> None:
+        """Free the folder; a no-op unless this lock holds it (the owner's note is then another run's)."""
+        if not self._lock.is_locked:
+            return
         with contextlib.suppress(OSError):
             self.owner_path.unlink(missing_ok=True)
         self._lock.release()
@@ -78,7 +81,10 @@ class OutputLock:
     def abandon(self) -> None:
         """Release for a launch that never ran (refused after a lone rank took the folder beside the gate):
         a folder this lock made, holding nothing but the lock, is removed, so a refusal leaves `output.dir`
-        as it found it. The lock file goes while still held: a launch that opens it later makes a new one."""
+        as it found it. The lock file goes while still held: a launch that opens it later makes a new one.
+        A no-op unless this lock holds the folder."""
+        if not self._lock.is_locked:
+            return
         if self.created:
             with contextlib.suppress(OSError):
                 if {p.name for p in self.folder.iterdir()} <= {self._lock_name, self.owner_path.name}:

@@ -221,6 +221,32 @@ def test_the_host_memory_the_plan_is_judged_against_is_read_before_the_rank_star
     assert memory["evidence"]["available"] == "64.0 GiB"
 
 
+def test_a_failing_check_the_compile_depends_on_starts_no_rank(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = fake_rank(monkeypatch, tmp_path)
+
+    def unsafe_cache(ctx):  # type: ignore[no-untyped-def]
+        yield Finding("cache.permissions", Severity.FAIL, "the cache is writable by others", {}, "chmod 700")
+
+    registry.all_checks()
+    original = registry._CHECKS["cache.permissions"]
+    monkeypatch.setitem(registry._CHECKS, "cache.permissions", dataclasses.replace(original, fn=unsafe_cache))
+    assert run(args(tmp_path)) == 1
+    assert fake.commands == [] and not (tmp_path / "out").exists()
+    assert [r.status for r in RunStore().all()] == ["refused"]
+
+
+def test_v_prints_the_rank_on_the_path_and_the_gate_beside_it(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_rank(monkeypatch, tmp_path)
+    assert run(["-v", *args(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rank start" in out and "go wait" in out
+    assert "(beside the rank, not on the path)" in " ".join(out.split())
+
+
 def test_the_second_launch_skips_the_warm_up_and_says_so(
     home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -323,6 +349,7 @@ def test_an_output_folder_another_run_holds_starts_no_rank_and_refuses_as_before
     other.acquire("20990101-000000-beef", 4242)
     try:
         assert run(args(tmp_path)) == 2
+        assert other.owner_path.is_file()  # the holder's note is its own: never removed by the one refused
     finally:
         other.release()
     assert "is in use by run 20990101-000000-beef" in " ".join(capsys.readouterr().err.split())
