@@ -208,6 +208,8 @@ def _launch_or_refuse(request: LaunchRequest, force: bool, console: Console) -> 
         early = request.early  # a lone rank started beside the gate took the run's id (and stopped)
         run_id = early.run_id if early is not None else None
         record = store.create("refused", environment=environment, run_id=run_id, **common)
+        if early is not None:
+            early.recorded = True  # its folder is the refusal's record now
         console.print(
             f"[bold red]✗ launch refused[/]: {len(failing)} failing finding(s): {', '.join(failing)}. "
             f"Nothing was started (record {record.id}). Fix them, or --force to launch anyway.",

@@ -56,6 +56,7 @@ class LoneRank:
 
     def __init__(self, launched: Launched, link: LauncherLink) -> None:
         self.launched, self.link = launched, link
+        self._closed = False  # supervision ended, or it was stopped: nothing left to stop
         self._done = threading.Event()  # no more refreshing: supervision has the tree, or it was stopped
         self._refresher = threading.Thread(target=self._refresh, name="lone-rank-tree", daemon=True)
         self._refresher.start()
@@ -122,6 +123,9 @@ class LoneRank:
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
         """A refused launch (or our own unwinding): no go, its tree stopped and reaped, its output dropped.
         Returns how many processes had to be killed."""
+        if self._closed:
+            return 0
+        self._closed = True
         self._hand_over()
         self.launched.relay.discard()
         self.link.close()  # the rank reads end-of-file: it stops even if our signal missed it
@@ -137,5 +141,6 @@ class LoneRank:
 
     def close(self) -> None:
         """After supervision ended: our end of the link goes too."""
+        self._closed = True
         self._hand_over()
         self.link.close()

@@ -377,10 +377,8 @@ class DrafterLoop:
         del embed, lm_head  # the model holds its own (cast) copies
         release_cached_memory(device)
         run.clock.mark("build")
-        with compiling(run.link):
-            warmup = warm_up_model(
-                self.model, cfg, device
-            )  # compile here, in the main thread, before the loop
+        with compiling(run.link):  # compile here, in the main thread, before the loop
+            warmup = warm_up_model(self.model, cfg, device)
         run.clock.mark("compile")
         if run.link is not None:  # started beside the launcher's gate: nothing below runs before its go
             run.link.ready({**warmup, "startup": run.clock.as_dict(), "at": time.time()})
