@@ -8,8 +8,8 @@ and, where the checkout records one, split into the launch timeline's phases (`r
 
 `--repo` runs another checkout (its packages first on PYTHONPATH, with this interpreter), for a before/after
 on the same machine. `--compare-warm-up` runs a one-process launch both ways in one run, each in a home of its
-own, interleaved (separate cold, lone cold, separate warm, lone warm) so that a loaded machine's drift falls on
-both: the separate warm-up child then the rank (`DFLASH_DOCTOR_SEPARATE_WARM_UP=1`), and the lone rank that is
+own, interleaved (separate cold, lone cold, separate warm, lone warm; `--rounds N` alternates which goes first) so
+that a loaded machine's drift falls on both: the separate warm-up child then the rank (`DFLASH_DOCTOR_SEPARATE_WARM_UP=1`), and the lone rank that is
 its own warm-up, started beside the gate (dflash_doctor/launch/lone_rank.py); it prints the lone/separate ratios. `--only cold|warm` runs one launch (`--home` an existing home: the first launch of a
 second config, its cache warm for another). Each launch runs with DFLASH_DOCTOR_DEBUG=1 (an internal error
 prints its traceback), its stdout and stderr kept beside its output folder (`out-cold.stdout.json`,
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -132,18 +133,51 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines)
 
 
-def ratios(rows: dict[str, dict[str, Any]], names: tuple[str, ...]) -> str:
-    """The lone rank's time to the first step over the separate warm-up's, per launch (cold, warm)."""
+def ratios(rows: dict[str, dict[str, Any]], names: tuple[str, ...], rounds: int = 1) -> str:
+    """The lone rank's time to the first step over the separate warm-up's, per launch (cold, warm) and round;
+    with several rounds, the median ratio too."""
     lines = []
     for name in names:
-        separate, lone = rows[f"{name} (separate)"]["first_step_s"], rows[f"{name} (lone)"]["first_step_s"]
-        if separate and lone:
-            lines.append(
-                f"{name}: lone rank {lone:.1f} s / separate warm-up {separate:.1f} s = {lone / separate:.2f}x"
-            )
-        else:
-            lines.append(f"{name}: no first step in one of the two (see the rows' exit and stderr)")
+        each = []
+        for r in range(rounds):
+            tag = "" if rounds == 1 else f", round {r + 1}"
+            separate = rows[f"{name} (separate{tag})"]["first_step_s"]
+            lone = rows[f"{name} (lone{tag})"]["first_step_s"]
+            if separate and lone:
+                each.append(lone / separate)
+                lines.append(
+                    f"{name}{tag}: lone rank {lone:.1f} s / separate warm-up {separate:.1f} s = {lone / separate:.2f}x"
+                )
+            else:
+                lines.append(f"{name}{tag}: no first step in one of the two (see the rows' exit and stderr)")
+        if len(each) > 1:
+            lines.append(f"{name}: median {statistics.median(each):.2f}x over {len(each)} rounds")
     return "\n".join(lines)
+
+
+def compare_warm_up(
+    args: argparse.Namespace, names: tuple[str, ...], sets: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Both arms in fresh homes of their own, launch by launch: separate then lone in odd rounds, lone then
+    separate in even ones, so that neither always runs first on a machine whose load drifts. `import torch`
+    once before, untimed: the first process after a long idle reads torch from disk, whichever arm it is."""
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    rows: dict[str, dict[str, Any]] = {}
+    for r in range(args.rounds):
+        tag = "" if args.rounds == 1 else f", round {r + 1}"
+        arms = list(ARMS) if r % 2 == 0 else list(reversed(ARMS))
+        for name in names:
+            for arm in arms:
+                where = f"{arm}-{r + 1}" if args.rounds > 1 else arm
+                rows[f"{name} ({arm}{tag})"] = launch(
+                    args.repo.resolve(),
+                    args.workdir / f"home-{where}",
+                    args.workdir / f"out-{name}-{where}",
+                    args.config,
+                    sets,
+                    ARMS[arm],
+                )
+    return rows
 
 
 def main() -> None:
@@ -171,24 +205,16 @@ def main() -> None:
         help="a one-process config both ways, interleaved: the separate warm-up child, and the lone rank as its "
         "own warm-up (each in a fresh home of its own under WORKDIR)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with --compare-warm-up: rounds, the arms' order alternating"
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "time_to_first_step.json")
     args = parser.parse_args()
     sets = [*(TINY if args.config.startswith("tiny-cpu") else []), f"optim.steps={args.steps}", *args.sets]
     home = args.home if args.home is not None else args.workdir / "home"
     names = ("cold", "warm") if args.only == "both" else (args.only,)
     if args.compare_warm_up:
-        rows = {
-            f"{name} ({arm})": launch(
-                args.repo.resolve(),
-                args.workdir / f"home-{arm}",
-                args.workdir / f"out-{name}-{arm}",
-                args.config,
-                sets,
-                ARMS[arm],
-            )
-            for name in names
-            for arm in ARMS
-        }
+        rows = compare_warm_up(args, names, sets)
     else:
         rows = {
             name: launch(args.repo.resolve(), home, args.workdir / f"out-{name}", args.config, sets)
@@ -196,7 +222,7 @@ def main() -> None:
         }
     print(table(rows))
     if args.compare_warm_up:
-        print(ratios(rows, names))
+        print(ratios(rows, names, args.rounds))
     document = {
         "config": args.config,
         "sets": sets,

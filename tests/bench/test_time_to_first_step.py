@@ -74,3 +74,16 @@ def test_the_warm_up_comparison_prints_each_launchs_ratio_and_the_phases_beside_
     assert (
         "(gate, beside)" in printed[0] and printed[2].split()[-1] == "3.00" and printed[1].split()[-1] == "-"
     )
+
+
+def test_several_rounds_give_each_rounds_ratio_and_their_median() -> None:
+    from bench.launch.time_to_first_step import ratios
+
+    rows = {
+        f"cold ({arm}, round {r})": {"first_step_s": first}
+        for r, (separate, lone) in enumerate([(100.0, 50.0), (100.0, 70.0), (80.0, 80.0)], start=1)
+        for arm, first in (("separate", separate), ("lone", lone))
+    }
+    lines = ratios(rows, ("cold",), rounds=3).splitlines()
+    assert lines[1] == "cold, round 2: lone rank 70.0 s / separate warm-up 100.0 s = 0.70x"
+    assert lines[-1] == "cold: median 0.70x over 3 rounds"
