@@ -18,6 +18,7 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.env.visible_devices import VARIABLE
 from dflash_doctor.findings import Finding, fail, ok, warn
+from dflash_doctor.launch.memory_plan import HOST_AVAILABLE, host_available_bytes
 from dflash_doctor.registry import check
 
 if TYPE_CHECKING:  # imported when a launch is checked, not by every `check` (psutil, the plan)
@@ -39,13 +40,6 @@ def _plan(ctx: CheckContext) -> LaunchPlan:
 
 def _gib(value: float) -> str:
     return f"{value / GIB:.1f} GiB"
-
-
-def host_available_bytes() -> int:
-    """Memory a new process can still get on this host (psutil's `available`)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
 
 
 def _topology_remedy(plan: LaunchPlan, gpus: int) -> str:
@@ -146,7 +140,7 @@ def memory(ctx: CheckContext) -> Iterator[Finding]:
     parts = {role: {k: _gib(v) for k, v in est.parts.items()} for role, est in plan.memory.items()}
     if plan.device_type == "cpu":
         need = sum(estimates[r.role] for r in plan.roles if r.node == 0)
-        have = host_available_bytes()
+        have = ctx.shared(HOST_AVAILABLE, host_available_bytes)  # read by the gate before it started anything
         yield from _verdict("host memory", need, have, estimates, parts)
         return
     gpus = gpu_inventory(ctx)

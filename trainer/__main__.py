@@ -4,7 +4,8 @@ Validates the config first (a bad field: one message naming it, exit code 2, no 
 With a rank (RANK/WORLD_SIZE set: by torchrun, or by `dflash-doctor train` for a launch of one process,
 dflash_doctor/launch/direct.py) it runs this process's role. Started by hand, it re-executes itself under
 `torch.distributed.run --standalone --nproc-per-node <ranks> --max-restarts 0` (a split: targets +
-drafters; colocated: `topology.ranks`, else 1), since every rank joins a process group.
+drafters; colocated: `topology.ranks`, else 1), since every rank joins a process group. A lone rank the
+launcher started beside its gate (a link in its environment) compiles, then waits for the launcher's go.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import sys
 
 from dflash_base import timeline
 from dflash_base.errors import DoctorError
+from dflash_base.go_link import RankLink
 from dflash_base.stopping import Stopped, install_stop_handlers
+
+LINK_GRACE_S = 30.0  # as parent_watch's at most: a rank stuck in a call that never returns, after the stop
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -66,9 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     timeline.remember(spawn_phase())  # torchrun's start-up (if any) and this interpreter's, before our code
     args = parse_args(argv)
+    link = None
     if under_torchrun():
         # Before torch is imported: a stop while importing is one line, not a KeyboardInterrupt traceback.
         install_stop_handlers()
+        # A lone rank started beside the launcher's gate trains only on its go (dflash_base/go_link.py); the
+        # link's end closing (a refusal, a launcher killed outright) stops it, from here on.
+        link = RankLink.from_environ()
+        if link is not None:
+            link.watch(grace_s=LINK_GRACE_S)
+            link.hold_stdout()
     try:
         from trainer.spec.config import load_config
 
@@ -78,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         timeline.remember("worker start")  # the config validated in the worker
         from trainer.run.train import main as train_main
 
-        return train_main(cfg)
+        return train_main(cfg, link)
     except DoctorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.hint:

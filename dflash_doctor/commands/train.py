@@ -148,7 +148,8 @@ def train_command(
         master_addr=master_addr,
         master_port=master_port,
     )
-    early = EarlyWarmUp()  # the compile cache warmed beside the gate, once the checks it depends on pass
+    # The compile cache warmed beside the gate once the checks it depends on pass (a lone rank: the rank itself)
+    early = EarlyWarmUp(json_out=json_out, timeline=timeline)
     try:
         gate = run_gate(
             training,
@@ -157,7 +158,7 @@ def train_command(
             deep=deep,
             lock_path=default_lock(None, False),
             timeline=timeline,
-            on_warm_up_ready=None if dry_run else lambda first: early.start(first, training.path, force),
+            on_warm_up_ready=None if dry_run else lambda first: early.start(first, training, force),
         )
         if gate.failing and not force:
             early.stop()  # refused: stopped before anything is recorded
@@ -204,7 +205,11 @@ def _launch_or_refuse(request: LaunchRequest, force: bool, console: Console) -> 
     environment = current_lock(request.gate.context).to_json()
     failing = request.failing
     if failing and not force:
-        record = store.create("refused", environment=environment, **common)
+        early = request.early  # a lone rank started beside the gate took the run's id (and stopped)
+        run_id = early.run_id if early is not None else None
+        record = store.create("refused", environment=environment, run_id=run_id, **common)
+        if early is not None:
+            early.recorded = True  # its folder is the refusal's record now
         console.print(
             f"[bold red]✗ launch refused[/]: {len(failing)} failing finding(s): {', '.join(failing)}. "
             f"Nothing was started (record {record.id}). Fix them, or --force to launch anyway.",

@@ -2,7 +2,9 @@
 
 Workers must never compile concurrently from a cold cache (the story's crash), so before launch the
 managed cache is made warm for this build: restored from a compatible snapshot, or compiled once by
-`cache warm` in a single process. After a successful run the cache is snapshotted (keeping the last N).
+`cache warm` in a single process. A launch of one process in all has no such race: its rank compiles for itself
+beside the gate (`lone_rank.py`), under the same plan (`plan_warm_up`) and leaving the same record
+(`rank_warmed_up`). After a successful run the cache is snapshotted (keeping the last N).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
 from dflash_doctor.cache.warm_record import (
+    WarmRecords,
     cache_files,
     default_records,
     run_reason,
@@ -48,6 +52,101 @@ class CachePreparation:
 
 def current_fingerprint(env: Environment) -> BuildFingerprint:
     return fingerprint_of(env, read_gpu_names())
+
+
+@dataclass
+class WarmUpPlan:
+    """What the launch's warm-up is to do, decided before it runs (`plan_warm_up`): the cache restored if it
+    was cold, the warm-up's key, and whether a record lets it be skipped. The warm-up child runs it
+    (`prepare_compile_cache`), or a lone rank compiling for itself beside the gate (`rank_warmed_up`)."""
+
+    began: float
+    action: str  # "warm" | "restored", so far
+    steps: list[str]
+    records: WarmRecords
+    key: str
+    roots: dict[str, Path]
+    devices: tuple[str, ...]
+    device_type: str
+    skip: str | None  # why the warm-up may be skipped (a record of this very warm-up, its files intact)
+    why: str | None  # why it must run
+    config: Path  # the config the warm-up compiles for, `--set` overrides applied
+    environ: dict[str, str]  # the environment it compiles in
+
+    def skipped(self) -> CachePreparation:
+        return CachePreparation(
+            self.action, "; ".join([*self.steps, self.skip or ""]), time.perf_counter() - self.began
+        )
+
+    def done(self, misses: int, hits: int, seconds: object, by: str) -> CachePreparation:
+        """The warm-up ran (`by` says where) and compiled `misses` graphs: its record is kept."""
+        self.records.save(self.key, self.devices, cache_files(self.roots))
+        where = ", ".join(self.devices) or self.device_type
+        steps = [
+            *self.steps,
+            f"{by} on {where}: {misses} graphs compiled, {hits} from cache, {seconds} s (ran: {self.why})",
+        ]
+        action = "warmed" if misses and self.action == "warm" else self.action
+        return CachePreparation(action, "; ".join(steps), time.perf_counter() - self.began)
+
+
+def plan_warm_up(
+    env: Environment,
+    environ: dict[str, str],
+    config_path: Path,
+    device_type: str,
+    drafter_devices: tuple[str, ...] = (),
+    overrides: tuple[str, ...] = (),
+    local_workers: int = 1,
+) -> WarmUpPlan:
+    """Steps 1 and 3 of `prepare_compile_cache`, and its key: everything but the compile itself."""
+    start = time.perf_counter()
+    fingerprint = current_fingerprint(env)
+    status = gather_status(fingerprint, environ)
+    steps: list[str] = []
+    action = "warm"
+    records = default_records()
+    if warmth_of(status.main, fingerprint).state != "warm":
+        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
+        if compatible:
+            newest = compatible[-1]
+            store = SnapshotStore(snapshots_dir())
+            try:  # a launch that can run cold is never stopped by its cache (issue 37 F2)
+                with store.locked():
+                    result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+            except DoctorError as exc:
+                steps.append(f"! snapshot {newest.name} not restored ({exc}); compiling cold")
+            else:
+                records.adopt(result.manifest.warm_records, newest.name)
+                steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
+                action = "restored"
+    from trainer.spec.config_file import read_raw
+
+    config = _config_with_overrides(config_path, overrides)
+    roots = dict(status.locations.roots())
+    environ = as_workers_see_it(environ, local_workers)
+    key = warm_key(
+        fingerprint,
+        {**graph_fields(read_raw(config)), WORKER_THREADS: environ.get(THREADS_VARIABLE, "default")},
+        device_type,
+        drafter_devices,
+        env.interpreter.executable,
+        environ,
+    )
+    return WarmUpPlan(
+        began=start,
+        action=action,
+        steps=steps,
+        records=records,
+        key=key,
+        roots=roots,
+        devices=drafter_devices,
+        device_type=device_type,
+        skip=skip_reason(records, key, roots, environ),
+        why=run_reason(records, key, roots, environ),
+        config=config,
+        environ=environ,
+    )
 
 
 def prepare_compile_cache(
@@ -75,61 +174,41 @@ def prepare_compile_cache(
        compiled graphs no worker could use (issue 39 U4: on CPU the worker compiled the same graph again).
     4. `cancel`: it runs beside the deep probe (`lifecycle.EarlyWarmUp`); once set, the child is stopped.
     """
-    start = time.perf_counter()
-    fingerprint = current_fingerprint(env)
-    status = gather_status(fingerprint, environ)
-    steps: list[str] = []
-    action = "warm"
-    records = default_records()
-    if warmth_of(status.main, fingerprint).state != "warm":
-        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
-        if compatible:
-            newest = compatible[-1]
-            store = SnapshotStore(snapshots_dir())
-            try:  # a launch that can run cold is never stopped by its cache (issue 37 F2)
-                with store.locked():
-                    result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
-            except DoctorError as exc:
-                steps.append(f"! snapshot {newest.name} not restored ({exc}); compiling cold")
-            else:
-                records.adopt(result.manifest.warm_records, newest.name)
-                steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
-                action = "restored"
-    from trainer.spec.config_file import read_raw
-
-    config = _config_with_overrides(config_path, overrides)
-    roots = status.locations.roots()
-    environ = as_workers_see_it(environ, local_workers)
-    key = warm_key(
-        fingerprint,
-        {**graph_fields(read_raw(config)), WORKER_THREADS: environ.get(THREADS_VARIABLE, "default")},
-        device_type,
-        drafter_devices,
-        env.interpreter.executable,
-        environ,
+    plan = plan_warm_up(
+        env, environ, config_path, device_type, drafter_devices, overrides, local_workers=local_workers
     )
-    skipped = skip_reason(records, key, roots, environ)
-    if skipped is not None:
-        steps.append(skipped)
-        return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
-    why = run_reason(records, key, roots, environ)
+    if plan.skip is not None:
+        return plan.skipped()
     command = child_command(
-        env.interpreter.executable, device_type, WarmShapes(), config=config, trainer_devices=drafter_devices
+        env.interpreter.executable,
+        device_type,
+        WarmShapes(),
+        config=plan.config,
+        trainer_devices=drafter_devices,
     )
     if cancel is None:  # stand-ins for the child in tests take (command, environ)
-        report = run_warm_child(command, environ)
+        report = run_warm_child(command, plan.environ)
     else:
-        report = run_warm_child(command, environ, cancel=cancel)
-    records.save(key, drafter_devices, cache_files(roots))
+        report = run_warm_child(command, plan.environ, cancel=cancel)
     misses, hits = compile_count(report)
-    where = ", ".join(drafter_devices) or device_type
-    steps.append(
-        f"warm-up on {where}: {misses} graphs compiled, {hits} from cache, {report.get('first_call_seconds')} s"
-        f" (ran: {why})"
-    )
-    if misses and action == "warm":
-        action = "warmed"
-    return CachePreparation(action, "; ".join(steps), time.perf_counter() - start)
+    return plan.done(misses, hits, report.get("first_call_seconds"), "warm-up")
+
+
+def rank_warmed_up(plan: WarmUpPlan, report: Mapping[str, Any]) -> CachePreparation:
+    """A lone rank compiled its own graphs beside the gate (`lone_rank.py`), into the folder the warm-up child
+    would have used: the same record is kept for it (the next launch of this config skips the warm-up as after
+    the child), unless one already let it be skipped. Called once its compile succeeded and the gate passed."""
+    if plan.skip is not None:
+        prep = plan.skipped()
+        prep.detail += "; the rank loaded its graphs beside the gate"
+        return prep
+    startup = report.get("startup")
+    seconds = report.get("seconds")
+    if isinstance(startup, dict):  # a colocated rank's target compile counts too
+        seconds = round(sum(float(startup.get(k, 0.0)) for k in ("compile target", "compile")), 3)
+    misses = int(report.get("fxgraph_cache_miss", 0))
+    hits = int(report.get("fxgraph_cache_hit", 0))
+    return plan.done(misses, hits, seconds, "the rank compiled for itself beside the gate")
 
 
 # What of `[optim]` reaches a compiled graph: the shapes (sequences and anchors a micro-batch) and the loss's

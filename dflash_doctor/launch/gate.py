@@ -24,6 +24,7 @@ from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.beside import Beside
 from dflash_doctor.launch.disk_plan import disk_facts
+from dflash_doctor.launch.memory_plan import HOST_AVAILABLE, host_available_bytes
 from dflash_doctor.launch.plan import LaunchPlan, NodeFacts, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
 from dflash_doctor.launch.timeline import LaunchTimeline
@@ -124,7 +125,9 @@ def probe_inductor_cache() -> str:
 
 def node_facts(ctx: CheckContext, output_dir: Path) -> NodeFacts:
     """What the plan reads of this node, read in one place: the GPUs the launch sees and the least free
-    memory among them, the run's checkpoints already in `output_dir`, the managed compile cache's size."""
+    memory among them, the run's checkpoints already in `output_dir`, the managed compile cache's size; and the
+    host's available memory for `launch.memory`, before the gate starts a process of its own beside it."""
+    ctx.shared(HOST_AVAILABLE, host_available_bytes)
     gpus = gpu_inventory(ctx)
     devices = gpus.devices if isinstance(gpus, GpuInventory) else []
     return NodeFacts(

@@ -1,11 +1,12 @@
 """One launch's lifecycle, after the gate passed: take the output folder's lock, record the run as running,
-warm the compile cache, run torchrun (or a lone rank directly: `direct.py`) under supervision, and close the
-record. In every path (a stop signal at any moment, a crash of our own) the record ends as interrupted,
+warm the compile cache, run torchrun (or a lone rank directly: `direct.py`, started beside the gate as its own
+warm-up: `lone_rank.py`) under supervision, and close the record. In every path (a stop signal at any moment, a crash of our own) the record ends as interrupted,
 succeeded or failed, never `running`. `dflash-doctor train` (the CLI) parses options, runs the gate and
 prints; this is what it starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -16,20 +17,37 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from dflash_base.errors import DoctorError
 from dflash_base.stopping import Stopped, handling_stop_signals, signal_name
 from dflash_doctor.launch import supervise
 from dflash_doctor.launch.beside import Beside
 from dflash_doctor.launch.bytecode_cache import with_bytecode_cache
-from dflash_doctor.launch.compile_cache import CachePreparation, prepare_compile_cache, snapshot_after_success
+from dflash_doctor.launch.compile_cache import (
+    CachePreparation,
+    WarmUpPlan,
+    plan_warm_up,
+    prepare_compile_cache,
+    rank_warmed_up,
+    snapshot_after_success,
+)
 from dflash_doctor.launch.direct import rank_environ
 from dflash_doctor.launch.gate import GateResult, TrainingConfig
+from dflash_doctor.launch.lone_rank import SEPARATE_ENV, LoneRank, starts_beside_the_gate
 from dflash_doctor.launch.narrator import Narrator
 from dflash_doctor.launch.output_lock import OutputLock
 from dflash_doctor.launch.plan import LaunchPlan
 from dflash_doctor.launch.run_outputs import last_metrics
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
-from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun
-from dflash_doctor.launch.timeline import LaunchTimeline, timeline_rows
+from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun, supervise_tree
+from dflash_doctor.launch.timeline import TIMELINE_FILE, LaunchTimeline, timeline_rows
+
+
+@dataclass
+class RankStart:
+    """A lone rank started beside the gate (`lone_rank.py`), and the warm-up plan it compiles under."""
+
+    plan: WarmUpPlan
+    rank: LoneRank | None  # None: the launch gave up before the rank was started
 
 
 @dataclass
@@ -37,20 +55,98 @@ class EarlyWarmUp:
     """The compile cache made warm beside the gate: started once the checks it depends on pass
     (`gate.WARM_UP_NEEDS`, or fail under --force), beside the other static checks and the deep probe; stopped
     when the launch is refused (by any check) or unwinds. On an H200 the warm-up and the probe were 30 s and
-    22.5 s one after the other, and on a freshly started one the static checks 10.5 s before it."""
+    22.5 s one after the other, and on a freshly started one the static checks 10.5 s before it.
 
-    beside: Beside[CachePreparation] | None = None
+    For a lone rank what starts here is the rank itself (`lone_rank.py`): it compiles for itself and trains
+    only on the go. It reads `output.dir`'s checkpoints while it starts, so the folder's lock is taken first,
+    under the run id the run's record will have (a folder another run holds: no early rank, and the launch is
+    refused at the lock after the gate, exit 2, as before); a refusal or our own unwinding releases it and
+    removes what the rank's start made (its timeline in the run's folder; `output.dir` if the lock made it)."""
 
-    def start(self, early: GateResult, config_path: Path, force: bool) -> None:
+    json_out: bool = False  # the rank's stdout goes to stderr (`train --json`)
+    timeline: LaunchTimeline = field(default_factory=LaunchTimeline)
+    beside: Beside[CachePreparation | RankStart] | None = None
+    run_id: str | None = None  # set when a lone rank starts here: its run's id from the start
+    lock: OutputLock | None = None  # output.dir's, held from the rank's start until the run takes it
+    recorded: bool = False  # the run's record exists: its folder is the run's now
+
+    def start(self, early: GateResult, training: TrainingConfig, force: bool) -> None:
         if self.beside is not None or (early.failing and not force):
             return
         environ, _ = with_bytecode_cache(early.environ, early.findings)  # what the launch's processes get
-        self.beside = Beside(lambda cancel: _prepare(early, config_path, environ, cancel), "warm-up").start()
+        if starts_beside_the_gate(early.plan, environ) and self._take_output_folder(training):
+            self.beside = Beside[CachePreparation | RankStart](
+                lambda cancel: self._start_rank(early, training.path, environ, cancel), "lone-rank"
+            ).start()
+            return
+        self.beside = Beside[CachePreparation | RankStart](
+            lambda cancel: _prepare(early, training.path, environ, cancel), "warm-up"
+        ).start()
+
+    def _take_output_folder(self, training: TrainingConfig) -> bool:
+        run_id, lock = new_run_id(), OutputLock(Path(training.config.output_dir).resolve())
+        try:
+            lock.acquire(run_id, os.getpid())
+        except (DoctorError, OSError):  # held by another run, or it cannot be made or written
+            lock.abandon()  # (a no-op unless it was half taken)
+            return False  # said at the lock after the gate, as before
+        self.run_id, self.lock = run_id, lock
+        return True
+
+    def _start_rank(
+        self, gate: GateResult, config_path: Path, environ: dict[str, str], cancel: threading.Event
+    ) -> RankStart:
+        """The cache made ready for the rank (a snapshot restored when cold; the warm-up's key), then the rank
+        started into it, its timeline in its run's folder: all in this thread, beside the gate."""
+        plan = gate.plan
+        warm = plan_warm_up(
+            gate.context.env,
+            environ,
+            config_path,
+            plan.device_type,
+            _drafter_devices(plan),
+            tuple(plan.overrides),
+            local_workers=plan.nproc_per_node,
+        )
+        if cancel.is_set() or self.run_id is None:
+            return RankStart(warm, None)
+        folder = RunStore().path(self.run_id).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        rank_env = rank_environ(self.timeline.worker_environ(environ, folder))
+        rank = LoneRank.start(plan.command, rank_env, folder / "stop.log", self.json_out)
+        self.timeline.mark("rank start")
+        return RankStart(warm, rank)
+
+    def rank_start(self) -> RankStart | None:
+        """The lone rank started here, once its start is done (waits); None when the warm-up child runs."""
+        if self.beside is None or self.run_id is None:
+            return None
+        started = self.beside.result()
+        return started if isinstance(started, RankStart) else None
+
+    def take_lock(self) -> OutputLock | None:
+        """The run takes over output.dir's lock (and the run id) from here."""
+        lock, self.lock = self.lock, None
+        return lock
 
     def stop(self) -> None:
-        """Stop it where it still runs (a refused launch, our own unwinding); nothing is left running."""
+        """Stop what still runs (a refused launch, our own unwinding); nothing is left running or held."""
         if self.beside is not None:
             self.beside.stop()
+            future = self.beside.future
+            started = future.result() if future.done() and future.exception() is None else None
+            if isinstance(started, RankStart) and started.rank is not None:
+                started.rank.stop()
+        if self.lock is not None:
+            self.lock.abandon()
+            self.lock = None
+        if self.run_id is not None and not self.recorded:  # no record will hold the rank's files
+            folder = RunStore().path(self.run_id).parent
+            for name in (TIMELINE_FILE, "stop.log"):
+                with contextlib.suppress(OSError):
+                    (folder / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _drafter_devices(plan: LaunchPlan) -> tuple[str, ...]:
@@ -101,10 +197,15 @@ def launch_run(
     request: LaunchRequest, store: RunStore, common: dict[str, Any], environment: Any, console: Console
 ) -> RunRecord:
     """The run, from the output lock to its closed record (returned)."""
-    # One lock per node rank: the nodes of one run may share a folder, two launches of one node may not.
-    output_lock = OutputLock(Path(request.training.config.output_dir).resolve(), request.node_rank)
-    run_id = new_run_id()
-    output_lock.acquire(run_id, os.getpid())  # a folder another run holds: refused here, exit 2
+    early = request.early
+    held = early.take_lock() if early is not None else None
+    if held is not None and early is not None and early.run_id is not None:
+        output_lock, run_id = held, early.run_id  # taken when the lone rank started beside the gate
+    else:
+        # One lock per node rank: the nodes of one run may share a folder, two launches of one node may not.
+        output_lock = OutputLock(Path(request.training.config.output_dir).resolve(), request.node_rank)
+        run_id = new_run_id()
+        output_lock.acquire(run_id, os.getpid())  # a folder another run holds: refused here, exit 2
     try:
         # A multi-node run has one record per node (each launcher's own); say which node this one was.
         node = [f"node rank {request.node_rank} of {request.nnodes}"] if request.nnodes > 1 else []
@@ -117,6 +218,8 @@ def launch_run(
             **this_launcher(),
             run_id=run_id,
         )
+        if early is not None:
+            early.recorded = True
         supervise_run(record, store, request, console)
     finally:
         output_lock.release()
@@ -131,9 +234,9 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
     started = time.time()
     try:
         with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
-            _warm_compile_cache(record, store, request, say)
+            rank = _warm_compile_cache(record, store, request, say, stop_log)
             started = time.time()
-            outcome = _run_torchrun(record, store, request, stop_log, say)
+            outcome = _run_torchrun(record, store, request, stop_log, say, rank)
     except Stopped as stop:
         if request.early is not None:
             request.early.stop()  # a stop while waiting for the warm-up started beside the probe
@@ -176,8 +279,22 @@ def _note_launch_conditions(record: RunRecord, request: LaunchRequest, say: Narr
         say(f"[dim]{escape(bytecode_note)}[/]")
 
 
-def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchRequest, say: Narrator) -> None:
-    """Step 1: compile once, in one process, before any worker starts; record the time before torchrun."""
+@dataclass
+class ReadyRank:
+    """A lone rank that compiled beside the gate (or ended before it could), waiting for its go."""
+
+    rank: LoneRank
+    ended: bool  # it ended before its compile was done: supervision reads how, no go is given
+
+
+def _warm_compile_cache(
+    record: RunRecord, store: RunStore, request: LaunchRequest, say: Narrator, stop_log: Path
+) -> ReadyRank | None:
+    """Step 1: compile once, in one process, before any worker starts; record the time before torchrun.
+    A lone rank started beside the gate compiles for itself: this waits for its report instead (returned)."""
+    started = request.early.rank_start() if request.early is not None else None
+    if started is not None:
+        return _rank_compiled(started, record, store, request, say, stop_log)
     early = request.early.beside if request.early is not None else None
     waiting = (
         "compile cache: making it warm for this build before any worker starts "
@@ -187,6 +304,7 @@ def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchReque
     with say.status("warming the compile cache"):  # animates on a terminal only
         if early is not None:  # started beside the deep probe: wait for what is left of it
             prep = early.result()
+            assert isinstance(prep, CachePreparation)  # a rank's start is handled above
             request.timeline.extra["warm_up_s"] = round(early.seconds or prep.seconds, 3)
         else:
             prep = _prepare(request.gate, request.training.path, request.gate.environ)
@@ -202,12 +320,66 @@ def _warm_compile_cache(record: RunRecord, store: RunStore, request: LaunchReque
     request.timeline.mark("warm-up")
     record.last_seen = time.time()
     store.save(record)
+    return None
+
+
+def _rank_compiled(
+    started: RankStart,
+    record: RunRecord,
+    store: RunStore,
+    request: LaunchRequest,
+    say: Narrator,
+    stop_log: Path,
+) -> ReadyRank:
+    """The lone rank's compile, waited for once the gate passed: its warm-up record kept as the child's would
+    be, the notes saying where its time went. A compile that failed is the warm-up's failure (exit 2, as the
+    child's), its output in the run's stop.log; a rank that ended otherwise before its go fails the run."""
+    rank = started.rank
+    assert rank is not None  # None only when the launch gave up before it started
+    say("[dim]compile cache: the rank compiles its own graphs beside the gate (one process in all)[/]")
+    with say.status("waiting for the rank's compile"):
+        report = rank.wait_report()
+    if report.failed is not None:
+        with contextlib.suppress(OSError):
+            stop_log.write_text("".join(f"{line}\n" for line in rank.held_stderr()))
+        raise DoctorError(
+            f"warm-up failed in the rank, which compiles for itself (exit {report.exit_code}): {report.failed}",
+            hint=f"its output: {stop_log}; {SEPARATE_ENV}=1 runs the separate warm-up child instead",
+        )
+    if report.ready is None:
+        prep = CachePreparation(
+            started.plan.action, f"the rank ended (exit {report.exit_code}) before its compile was done", 0.0
+        )
+    else:
+        prep = rank_warmed_up(started.plan, report.ready)
+    record.notes.append(f"compile cache: {prep.action}: {prep.detail} ({prep.seconds:.1f} s)")
+    say(f"compile cache: {escape(prep.detail)}")
+    now = time.perf_counter() - request.began
+    began_wall = time.time() - now  # the command's start on the wall clock (the timeline's marks)
+    at = request.timeline.marks.get("rank start", began_wall)
+    ready = report.ready.get("at") if report.ready is not None else None
+    compiled = f", its compile done at {ready - began_wall:.1f} s" if isinstance(ready, float) else ""
+    before = (
+        f"before the rank: {at - began_wall:.1f} s (started beside the gate, once the checks its compile "
+        f"depends on passed; gate {request.gate_s:.1f} s{compiled}, go at {now:.1f} s)"
+    )
+    record.notes.append(before)
+    say(f"[dim]{before}[/]")
+    record.last_seen = time.time()
+    store.save(record)
+    return ReadyRank(rank, ended=report.ready is None)
 
 
 def _run_torchrun(
-    record: RunRecord, store: RunStore, request: LaunchRequest, stop_log: Path, say: Narrator
+    record: RunRecord,
+    store: RunStore,
+    request: LaunchRequest,
+    stop_log: Path,
+    say: Narrator,
+    ready: ReadyRank | None = None,
 ) -> TorchrunOutcome:
-    """Step 2: torchrun to its end or a stop signal, the record's "last seen" kept fresh meanwhile."""
+    """Step 2: torchrun to its end or a stop signal, the record's "last seen" kept fresh meanwhile. A lone
+    rank started beside the gate gets its go here and is supervised the same way."""
 
     def heartbeat() -> None:
         record.last_seen = time.time()
@@ -222,6 +394,12 @@ def _run_torchrun(
             f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
         )
 
+    if ready is not None:
+        launched = ready.rank.hand_over_ended() if ready.ended else ready.rank.go()
+        try:
+            return supervise_tree(launched, on_heartbeat=heartbeat, on_stopping=stopping)
+        finally:
+            ready.rank.close()
     # The first drafter appends its phases (torchrun start .. first step) to a file in the run's folder.
     environ = request.timeline.worker_environ(request.gate.environ, store.path(record.id).parent)
     if direct:  # what torchrun would have given its one worker (RANK=0, WORLD_SIZE=1, ...)

@@ -15,6 +15,17 @@ from dataclasses import asdict, dataclass, field
 
 GIB = 1024**3
 MIB = 1024**2
+HOST_AVAILABLE = "host.available"  # the check context's key for the host memory a launch is judged against
+
+
+def host_available_bytes() -> int:
+    """Memory a new process can still get on this host (psutil's `available`). The gate reads it once, before
+    it starts anything (the deep probe, the warm-up, a lone rank that builds its models beside the gate), so
+    `launch.memory` never counts the launch's own processes against it."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
 
 # Measured on an H200 (torch 2.11 cu130): context + cuBLAS + cuDNN workspaces of one process
 # (shared/reference/h200-torch211-cu130-env.json). A lock or the deep probe can supply this machine's.

@@ -38,11 +38,14 @@ class OutputLock:
         self.folder = folder
         self.node_rank = node_rank
         self.owner_path = folder / node_file("owner.json", node_rank)
-        self._lock = FileLock(str(folder / node_file("lock", node_rank)), timeout=0)
+        self._lock_name = node_file("lock", node_rank)
+        self._lock = FileLock(str(folder / self._lock_name), timeout=0)
+        self.created = False  # `acquire` made the folder (a lone rank's early lock: `abandon` removes it)
 
     def acquire(self, run_id: str, pid: int) -> None:
         """Take the folder or raise DoctorError naming the run that has it."""
         try:
+            self.created = not self.folder.exists()
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DoctorError(
@@ -68,9 +71,28 @@ class OutputLock:
         write_json_atomic(self.owner_path, owner)
 
     def release(self) -> None:
+        """Free the folder; a no-op unless this lock holds it (the owner's note is then another run's)."""
+        if not self._lock.is_locked:
+            return
         with contextlib.suppress(OSError):
             self.owner_path.unlink(missing_ok=True)
         self._lock.release()
+
+    def abandon(self) -> None:
+        """Release for a launch that never ran (refused after a lone rank took the folder beside the gate):
+        a folder this lock made, holding nothing but the lock, is removed, so a refusal leaves `output.dir`
+        as it found it. The lock file goes while still held: a launch that opens it later makes a new one.
+        A no-op unless this lock holds the folder."""
+        if not self._lock.is_locked:
+            return
+        if self.created:
+            with contextlib.suppress(OSError):
+                if {p.name for p in self.folder.iterdir()} <= {self._lock_name, self.owner_path.name}:
+                    Path(self._lock.lock_file).unlink(missing_ok=True)
+        self.release()
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only when empty
 
 
 def read_owner(owner_path: Path) -> dict[str, Any]:

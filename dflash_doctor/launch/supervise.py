@@ -51,50 +51,118 @@ class TorchrunOutcome:
 
 
 TAIL_LINES = 40
+HELD_LINES = 2000  # a held rank's stderr kept until the gate's verdict (a compile's traceback fits)
 
 
 class StderrRelay(threading.Thread):
     """Copies the children's stderr to ours line by line; after `quiet()`, into `log` instead. Keeps the
     last lines shown, so a failed run's record can say why; the first error line a rank prints (its reason)
-    is shown, kept in `reason`, and quiets the rest."""
+    is shown, kept in `reason`, and quiets the rest.
 
-    def __init__(self, source: IO[bytes], sink: IO[bytes], log: Path | None) -> None:
+    `hold=True` (a lone rank started beside the gate, `lone_rank.py`): lines are kept, not shown, until
+    `release()` shows them (the gate passed) or `discard()` drops them (it refused: nothing of a rank it stopped
+    reaches the terminal). The pipe is drained either way, so the rank never blocks on a full one."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes], log: Path | None, hold: bool = False) -> None:
         super().__init__(name="stderr-relay", daemon=True)
         self.source, self.sink, self.log_path = source, sink, log
         self._quiet = threading.Event()
         self.diverted = 0  # lines kept out of the terminal
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.reason: str | None = None
+        self._lock = threading.Lock()
+        self._held: list[bytes] | None = [] if hold else None
+        self._log: IO[bytes] | None = None
 
     def quiet(self) -> None:
         self._quiet.set()
 
+    def release(self) -> None:
+        """Show what was held, then relay live."""
+        with self._lock:
+            held, self._held = self._held or [], None
+            for line in held:
+                self._relay(line)
+
+    def discard(self) -> None:
+        """Drop what was held and what follows (a refused launch's rank)."""
+        with self._lock:
+            self._held = []
+            self._quiet.set()
+            self.log_path = None
+
+    @property
+    def held(self) -> list[str]:
+        with self._lock:
+            return [line.decode("utf-8", errors="replace").rstrip() for line in self._held or []]
+
     def run(self) -> None:
-        log: IO[bytes] | None = None
         try:
             for line in iter(self.source.readline, b""):
-                if not self._quiet.is_set():
-                    text = line.decode("utf-8", errors="replace").rstrip()
-                    self.tail.append(text)
-                    with contextlib.suppress(OSError, ValueError):
-                        self.sink.write(line)
-                        self.sink.flush()
-                    reason = reason_of(text)
-                    if reason is not None:
-                        self.reason = reason
-                        self.quiet()  # the rest is its echo: peers losing that rank, torchrun's summary
-                    continue
-                self.diverted += 1
-                if self.log_path is not None and log is None:
-                    with contextlib.suppress(OSError):
-                        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-                        log = open(self.log_path, "ab")  # noqa: SIM115  (closed below)
-                if log is not None:
-                    log.write(line)
+                with self._lock:
+                    if self._held is not None:
+                        self._held.append(line)
+                        del self._held[:-HELD_LINES]
+                    else:
+                        self._relay(line)
         finally:
-            if log is not None:
-                log.close()
+            if self._log is not None:
+                self._log.close()
             self.source.close()
+
+    def _relay(self, line: bytes) -> None:
+        if not self._quiet.is_set():
+            text = line.decode("utf-8", errors="replace").rstrip()
+            self.tail.append(text)
+            with contextlib.suppress(OSError, ValueError):
+                self.sink.write(line)
+                self.sink.flush()
+            reason = reason_of(text)
+            if reason is not None:
+                self.reason = reason
+                self.quiet()  # the rest is its echo: peers losing that rank, torchrun's summary
+            return
+        self.diverted += 1
+        if self.log_path is not None and self._log is None:
+            with contextlib.suppress(OSError):
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log = open(self.log_path, "ab")  # noqa: SIM115  (closed when the stream ends)
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.write(line)
+
+
+@dataclass
+class Launched:
+    """A process tree `train` started and owns: the process, its remembered descendants, its stderr relay."""
+
+    proc: subprocess.Popen[bytes]
+    tree: ProcessTree
+    relay: StderrRelay
+
+
+def launch_tree(
+    command: list[str],
+    environ: dict[str, str],
+    stop_log: Path | None = None,
+    stdout_to_stderr: bool = False,
+    hold: bool = False,
+    pass_fds: tuple[int, ...] = (),
+) -> Launched:
+    """Start `command` in a session of its own, its stderr through a relay (`hold`: kept until released).
+    `stdout_to_stderr`: keep our stdout for one JSON document (`train --json`)."""
+    proc = subprocess.Popen(
+        command,
+        env=environ,
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        stdout=sys.stderr.fileno() if stdout_to_stderr else None,
+        pass_fds=pass_fds,
+    )
+    assert proc.stderr is not None
+    relay = StderrRelay(proc.stderr, sys.stderr.buffer, stop_log, hold=hold)
+    relay.start()
+    return Launched(proc, ProcessTree(proc.pid), relay)
 
 
 def run_torchrun(
@@ -113,19 +181,20 @@ def run_torchrun(
     loop, never inside the signal handler. Always returns with no process of the tree left alive.
     `stdout_to_stderr`: keep our stdout for one JSON document (`train --json`).
     """
+    launched = launch_tree(command, environ, stop_log, stdout_to_stderr)
+    return supervise_tree(launched, on_heartbeat, on_stopping, grace_s)
+
+
+def supervise_tree(
+    launched: Launched,
+    on_heartbeat: Callable[[], None] | None = None,
+    on_stopping: Callable[[int, int], None] | None = None,
+    grace_s: float | None = None,
+) -> TorchrunOutcome:
+    """`run_torchrun`'s supervision of a tree already started (a lone rank started beside the gate)."""
     grace = STOP_GRACE_S if grace_s is None else grace_s
     stops: list[int] = []
-    proc = subprocess.Popen(
-        command,
-        env=environ,
-        start_new_session=True,
-        stderr=subprocess.PIPE,
-        stdout=sys.stderr.fileno() if stdout_to_stderr else None,
-    )
-    assert proc.stderr is not None
-    tree = ProcessTree(proc.pid)
-    relay = StderrRelay(proc.stderr, sys.stderr.buffer, stop_log)
-    relay.start()
+    proc, tree, relay = launched.proc, launched.tree, launched.relay
 
     def on_signal(signum: int, _frame: object) -> None:
         stops.append(signum)

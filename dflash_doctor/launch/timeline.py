@@ -8,6 +8,12 @@ back when torchrun ends. A lone rank started without torchrun (`direct.py`) mark
 of "torchrun start": only its own interpreter's start, no torchrun between. Each phase lasts from the previous mark to its own, so the phases add up to the
 time to the first step; the deep probe's own seconds are kept beside it, since it runs beside the static
 checks (`gate.py`) and only the wait for it after them is on the path.
+
+A lone rank started beside the gate as its own warm-up (`lone_rank.py`) puts the rank on the path instead: the
+launcher's `rank start` (the checks its compile depends on, the cache made ready for it), the rank's own phases
+to its `compile`, its `go wait` (from its compile's end until the launcher's go: the rest of the gate, when that
+was longer), then the first step. The gate and the deep probe ran beside the rank: they are listed apart
+(`beside`), each from the previous one's end, and do not add up to the time to the first step.
 """
 
 from __future__ import annotations
@@ -31,6 +37,21 @@ WORKER_PHASES = (
     "first step",
 )
 PHASES = LAUNCHER_PHASES + WORKER_PHASES
+RANK_START = "rank start"  # the launcher started a lone rank beside its gate (lone_rank.py)
+GO_WAIT = "go wait"  # that rank's wait, compiled, for the launcher's go
+EARLY_PHASES = (
+    "launcher start",
+    RANK_START,
+    "worker spawn",
+    "worker start",
+    "imports",
+    "process group",
+    "model build",
+    "compile",
+    GO_WAIT,
+    "first step",
+)
+BESIDE_THE_RANK = ("gate", "deep probe")  # the launcher's phases while an early rank starts and compiles
 TIMELINE_FILE = "timeline.jsonl"
 
 
@@ -74,15 +95,33 @@ class LaunchTimeline:
         self.path.unlink(missing_ok=True)  # a relaunch into the same record folder starts a new file
         return {**environ, TIMELINE_ENV: str(self.path)}
 
-    def phases(self) -> list[dict[str, Any]]:
-        """Every phase reached, in launch order: start and end in seconds from the command's start."""
+    def _ends(self) -> dict[str, float]:
         ends = dict(self.marks)
         if self.path is not None:
             for item in read_marks(self.path):
-                if item["phase"] in WORKER_PHASES:
+                if item["phase"] in (*WORKER_PHASES, GO_WAIT):
                     ends.setdefault(item["phase"], float(item["at"]))
-        rows, previous = [], self.began
-        for phase in PHASES:
+        return ends
+
+    @property
+    def early_rank(self) -> bool:
+        """A lone rank was started beside the gate: the rank, not the gate, is on the path."""
+        return RANK_START in self.marks
+
+    def phases(self) -> list[dict[str, Any]]:
+        """Every phase reached, in launch order: start and end in seconds from the command's start."""
+        return self._rows(EARLY_PHASES if self.early_rank else PHASES, self.began)
+
+    def beside(self) -> list[dict[str, Any]]:
+        """The launcher's phases that ran beside an early rank (none otherwise), from its own start's end."""
+        if not self.early_rank:
+            return []
+        return self._rows(BESIDE_THE_RANK, self.marks.get("launcher start", self.began))
+
+    def _rows(self, order: tuple[str, ...], since: float) -> list[dict[str, Any]]:
+        ends = self._ends()
+        rows, previous = [], since
+        for phase in order:
             if phase not in ends:
                 continue
             end = ends[phase]
@@ -100,7 +139,8 @@ class LaunchTimeline:
     def to_json(self) -> dict[str, Any]:
         rows = self.phases()
         first = next((r["end_s"] for r in rows if r["phase"] == "first step"), None)
-        return {"phases": rows, "first_step_s": first, **self.extra}
+        beside = {"beside": self.beside()} if self.early_rank else {}
+        return {"phases": rows, "first_step_s": first, **beside, **self.extra}
 
 
 def timeline_rows(data: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -111,6 +151,11 @@ def timeline_rows(data: dict[str, Any]) -> list[tuple[str, str, str]]:
         if row["phase"] == "deep probe" and data.get("probe_s") is not None:
             seconds += f" (probe ran {data['probe_s']:.2f}, beside the static checks)"
         out.append((row["phase"], seconds, f"{row['end_s']:.2f}"))
+    for row in data.get("beside") or []:  # the gate and the probe, while an early rank started and compiled
+        seconds = f"{row['seconds']:.2f} (beside the rank, not on the path)"
+        if row["phase"] == "deep probe" and data.get("probe_s") is not None:
+            seconds += f"; probe ran {data['probe_s']:.2f}"
+        out.append((f"  {row['phase']}", seconds, f"{row['end_s']:.2f}"))
     inside = data.get("inside") or {}
     if inside:  # the launcher's steps inside its phases, in the order they ended
         steps = ", ".join(f"{step} {at:.2f}" for step, at in sorted(inside.items(), key=lambda kv: kv[1]))

@@ -52,3 +52,38 @@ def test_the_launch_prints_its_traceback_and_keeps_the_callers_path(tmp_path: Pa
     assert environ["PYTHONPATH"] == f"{tmp_path / 'repo'}:/tmp/site"
     assert environ["DFLASH_DOCTOR_HOME"] == str(tmp_path / "home")
     assert "TORCHINDUCTOR_CACHE_DIR" not in environ
+
+
+def test_the_warm_up_comparison_prints_each_launchs_ratio_and_the_phases_beside_the_rank() -> None:
+    from bench.launch.time_to_first_step import ratios, table
+
+    def row(first: float | None, beside: dict[str, float]) -> dict:
+        return {"exit": 0, "first_step_s": first, "phases": {"compile": 1.0}, "beside": beside}
+
+    rows = {
+        "cold (separate)": row(100.0, {}),
+        "cold (lone)": row(80.0, {"gate": 3.0}),
+        "warm (separate)": row(50.0, {}),
+        "warm (lone)": row(None, {"gate": 1.0}),
+    }
+    assert ratios(rows, ("cold", "warm")).splitlines() == [
+        "cold: lone rank 80.0 s / separate warm-up 100.0 s = 0.80x",
+        "warm: no first step in one of the two (see the rows' exit and stderr)",
+    ]
+    printed = table(rows).splitlines()
+    assert (
+        "(gate, beside)" in printed[0] and printed[2].split()[-1] == "3.00" and printed[1].split()[-1] == "-"
+    )
+
+
+def test_several_rounds_give_each_rounds_ratio_and_their_median() -> None:
+    from bench.launch.time_to_first_step import ratios
+
+    rows = {
+        f"cold ({arm}, round {r})": {"first_step_s": first}
+        for r, (separate, lone) in enumerate([(100.0, 50.0), (100.0, 70.0), (80.0, 80.0)], start=1)
+        for arm, first in (("separate", separate), ("lone", lone))
+    }
+    lines = ratios(rows, ("cold",), rounds=3).splitlines()
+    assert lines[1] == "cold, round 2: lone rank 70.0 s / separate warm-up 100.0 s = 0.70x"
+    assert lines[-1] == "cold: median 0.70x over 3 rounds"

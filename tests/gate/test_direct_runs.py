@@ -19,7 +19,7 @@ import pytest
 
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.launch.supervise import ProcessTree
-from dflash_doctor.launch.timeline import LAUNCHER_PHASES, WORKER_PHASES
+from dflash_doctor.launch.timeline import BESIDE_THE_RANK, EARLY_PHASES
 from tests.gate.test_interrupts import REAL_DRIVER, stop_once_trained
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ class Watch:
         return any(text in command for command in self.commands.values())
 
 
-@pytest.mark.slow  # a real launch with its warm-up child: ~45 s on a busy 2-core box
+@pytest.mark.slow  # a real launch, the rank its own warm-up: ~45 s on a busy 2-core box
 def test_a_one_process_launch_runs_the_trainer_directly_and_records_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -98,7 +98,8 @@ def test_a_one_process_launch_runs_the_trainer_directly_and_records_it(
     assert watch.ran(" -m trainer --config "), watch.commands
     assert not watch.ran("torch.distributed.run"), watch.commands  # no torchrun in between
     phases = [row["phase"] for row in run["timeline"]["phases"]]
-    assert phases == [*LAUNCHER_PHASES, *(p for p in WORKER_PHASES if p != "torchrun start")]
+    assert phases == list(EARLY_PHASES)  # the rank started beside the gate: it is on the path (lone_rank.py)
+    assert [row["phase"] for row in run["timeline"]["beside"]] == list(BESIDE_THE_RANK)
     assert run["timeline"]["first_step_s"] > 0
     assert run["metrics"]["steps"] == 3
     assert run["snapshot"] and "snapshot" in run["snapshot"]  # the compile cache kept after the success

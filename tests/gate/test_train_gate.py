@@ -12,6 +12,7 @@ from dflash_doctor.cli import run
 from dflash_doctor.env import gpus as gpus_module
 from dflash_doctor.env.gpus import GpuInventory
 from dflash_doctor.launch import lifecycle as train_command  # where the launch runs torchrun
+from dflash_doctor.launch.lone_rank import SEPARATE_ENV
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.launch.supervise import TorchrunOutcome
 from tests.fakeenv import FakeSite, make_venv
@@ -27,6 +28,9 @@ def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]
     monkeypatch.chdir(tmp_path)
     for name in ("TORCHDYNAMO_SUPPRESS_ERRORS", "TORCHINDUCTOR_FORCE_DISABLE_CACHES"):
         monkeypatch.delenv(name, raising=False)
+    # A lone rank is started beside the gate by the launcher itself, not through run_torchrun: here it keeps
+    # the separate warm-up (stubbed below), so nothing real starts (tests/gate/test_lone_rank.py covers it).
+    monkeypatch.setenv(SEPARATE_ENV, "1")
     started: list[list[str]] = []
 
     def fake_torchrun(command: list[str], environ: dict[str, str], **kwargs: object) -> TorchrunOutcome:

@@ -15,7 +15,12 @@ from dflash_base import timeline
 
 # The clock's phases that are also the launch timeline's (`dflash_base.timeline`), under its names; the
 # others ("build target", "optimizer + DDP") fall into the next timeline phase.
-TIMELINE_PHASES = {"process group": "process group", "build": "model build", "compile": "compile"}
+TIMELINE_PHASES = {
+    "process group": "process group",
+    "build": "model build",
+    "compile": "compile",
+    "go wait": "go wait",  # a lone rank started beside the launcher's gate, waiting for its go
+}
 
 
 def _process_age_s() -> float | None:

@@ -12,6 +12,8 @@
 5. `DrafterLoop` (both topologies): build the drafter, compile and warm it in this main thread, wrap it in
    DDP over the drafter ranks, restore a checkpoint if there is one, then per step: sample anchors,
    forward/backward (bf16 autocast on CUDA), clip, step, schedule, metrics, checkpoint. Export at the end.
+   A lone rank the launcher started beside its gate (`link`) stops after its compile until the launcher's go:
+   nothing it does before that writes to `output.dir` (dflash_doctor/launch/lone_rank.py).
 
 No thread ever compiles; shapes are static (fixed seq_len, fixed anchors per sequence) and
 `fail_on_recompile_limit_hit` is on, so a shape change fails loudly instead of silently going dense.
@@ -38,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dflash_base import timeline
 from dflash_base.errors import DoctorError
+from dflash_base.go_link import RankLink, compiling
 from dflash_base.stopping import Stopped, install_stop_handlers
 from trainer.data.order import BatchOrder, make_batch, make_padded_batch
 from trainer.data.prefetch import Prefetch, resolve_workers, start_prefetch
@@ -99,7 +102,8 @@ class Rank:
         )
 
 
-def main(cfg: TrainConfig) -> int:
+def main(cfg: TrainConfig, link: RankLink | None = None) -> int:
+    """`link`: the launcher started this lone rank beside its gate: compile, report, train only on its go."""
     timeline.remember("imports")  # torch and the trainer's modules, imported by the time we get here
     clock = StartupClock()
     me = Rank.from_environ()
@@ -131,7 +135,7 @@ def main(cfg: TrainConfig) -> int:
         drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
         clock.mark("process group")
-        run = RunContext(cfg, plan, split, topology, me.rank, device, drafter_group, resume_step, clock)
+        run = RunContext(cfg, plan, split, topology, me.rank, device, drafter_group, resume_step, clock, link)
         if topology.colocated:
             return run_colocated(run)
         if topology.is_target(me.rank):
@@ -175,6 +179,7 @@ class RunContext:
     # (a split's target ranks take part in creating it only)
     resume_step: int
     clock: StartupClock
+    link: RankLink | None = None  # a lone rank started beside the launcher's gate: its go comes through it
 
     @property
     def drafter_index(self) -> int:
@@ -270,7 +275,8 @@ def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
     release_cached_memory(device)
     run.clock.mark("build target" if colocated else "build")
     if target.compiled:
-        warm_up_target(target, cfg, device)  # compile now, one rank at a time
+        with compiling(run.link):
+            warm_up_target(target, cfg, device)  # compile now, one rank at a time
         run.clock.mark("compile target" if colocated else "compile")
     vocab = int(target_hf_config(cfg.target.path).vocab_size)
     source = build_source(cfg, device, vocab)
@@ -371,8 +377,13 @@ class DrafterLoop:
         del embed, lm_head  # the model holds its own (cast) copies
         release_cached_memory(device)
         run.clock.mark("build")
-        warmup = warm_up_model(self.model, cfg, device)  # compile here, in the main thread, before the loop
+        with compiling(run.link):  # compile here, in the main thread, before the loop
+            warmup = warm_up_model(self.model, cfg, device)
         run.clock.mark("compile")
+        if run.link is not None:  # started beside the launcher's gate: nothing below runs before its go
+            run.link.ready({**warmup, "startup": run.clock.as_dict(), "at": time.time()})
+            run.link.wait_for_go()
+            run.clock.mark("go wait")
         self.ddp = data_parallel(self.model, run.group, device)
         self.optimizer = build_optimizer(self.model, cfg.optim, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, run.plan.total_steps)
