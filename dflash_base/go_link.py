@@ -21,13 +21,13 @@ import io
 import json
 import os
 import select
-import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
+
+from dflash_base.stopping import stop_this_process
 
 GO_FD_ENV = "DFLASH_DOCTOR_GO_FD"
 POLL_S = 0.2  # how often a wait looks up from the socket (a stop signal, a process that ended)
@@ -99,9 +99,7 @@ class RankLink:
                         if json.loads(line).get("go") is True:
                             self.go.set()
             self.gone.set()
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(grace_s)
-            os._exit(128 + signal.SIGTERM)
+            stop_this_process(grace_s)
 
         thread = threading.Thread(target=read, name="launcher-link", daemon=True)
         thread.start()

@@ -8,7 +8,9 @@ so a rank installs it before its first heavy import.
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -29,6 +31,15 @@ class Stopped(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def stop_this_process(grace_s: float) -> None:
+    """From a watching thread, when what this process serves is gone (its parent, its launcher's link):
+    SIGTERM to itself (the stop handlers unwind the main thread, `finally` blocks run), then `os._exit` after
+    `grace_s` if the main thread is stuck in a call that never returns to Python."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_s)
+    os._exit(128 + signal.SIGTERM)
 
 
 def signal_name(signum: int) -> str:

@@ -11,9 +11,10 @@ rank stuck in a blocking call that never returns to Python is ended after `grace
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
+
+from dflash_base.stopping import stop_this_process
 
 POLL_S = 1.0
 
@@ -25,9 +26,7 @@ def watch_parent(grace_s: float, poll_s: float = POLL_S) -> threading.Thread:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
-        os._exit(128 + signal.SIGTERM)
+        stop_this_process(grace_s)
 
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
