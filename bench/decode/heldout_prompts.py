@@ -36,11 +36,16 @@ def main() -> int:
         return 2
     path = Path(cfg.data.eval_path or cfg.data.path)
     records = jsonl_records(path, "data.path")
-    lines = []
-    for j in split_data(cfg).eval_ids[: args.count]:
+    lines: list[str] = []
+    seen: set[str] = set()  # a prompt's greedy and sampled answers are one prompt: once, as `eval` takes it
+    for j in split_data(cfg).eval_ids:
+        if len(lines) == args.count:
+            break
         _, record = records[j]
         before = before_last_answer(record["messages"])
-        if before:
+        key = json.dumps([before, record.get("tools")], sort_keys=True)
+        if before and key not in seen:
+            seen.add(key)
             lines.append(json.dumps({"id": record.get("id", j), "messages": before}) + "\n")
     partial = args.out.with_name(args.out.name + ".partial")
     partial.write_text("".join(lines))

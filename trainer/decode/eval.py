@@ -254,7 +254,8 @@ def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]
 def heldout_prompts(cfg: TrainConfig, prompt_len: int, count: int, tokenizer: Any = None) -> list[list[int]]:
     """Prompts from the run's first `count` held-out sequences (never trained on). Chat data: each held-out
     conversation up to its last answer, rendered with the generation prompt, the context the target wrote that
-    answer in; other data: the first `prompt_len` tokens of each sequence."""
+    answer in, each distinct prompt once (a prompt's greedy and sampled answers are two records of one prompt:
+    decoding it twice measured nothing new); other data: the first `prompt_len` tokens of each sequence."""
     from trainer.data.sources import build_source, split_data
     from trainer.spec.target_shapes import target_shapes
 
@@ -266,8 +267,8 @@ def heldout_prompts(cfg: TrainConfig, prompt_len: int, count: int, tokenizer: An
     )
     if cfg.data.kind == "chat":
         assert path is not None, "load_config requires data.path for chat data"
-        return chat_prompts(
-            Path(path), field_name, split.eval_ids[:count], tokenizer, cfg.data.chat_template_kwargs
+        return distinct_chat_prompts(
+            Path(path), field_name, split.eval_ids, count, tokenizer, cfg.data.chat_template_kwargs
         )
     vocab = target_shapes(cfg.target.path).vocab_size
     source = build_source(cfg, torch.device("cpu"), vocab, path, field_name, eager=False)
@@ -280,15 +281,34 @@ def chat_prompts(
     """Records `ids` of a chat file, each up to (not including) its last assistant turn, with the template's
     generation prompt (and the record's `tools`): where a server starts generating that answer."""
     records = jsonl_records(path, field_name)
-    prompts = []
+    return [_chat_prompt(path, field_name, *records[j], tokenizer, template_kwargs) for j in ids]
+
+
+def distinct_chat_prompts(
+    path: Path, field_name: str, ids: list[int], count: int, tokenizer: Any, template_kwargs: dict[str, Any]
+) -> list[list[int]]:
+    """`chat_prompts` of `ids` in order, each distinct prompt once, until `count` of them."""
+    records = jsonl_records(path, field_name)
+    prompts: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
     for j in ids:
-        number, record = records[j]
-        before = before_last_answer(record["messages"])
-        if not before:
-            raise ConfigError(f"{field_name}: {path} line {number}: no turn before the answer to prompt with")
-        where = f"{field_name}: {path} line {number}"
-        prompts.append(render_prompt(tokenizer, before, template_kwargs, record.get("tools"), where))
+        if len(prompts) == count:
+            break
+        prompt = _chat_prompt(path, field_name, *records[j], tokenizer, template_kwargs)
+        if tuple(prompt) not in seen:
+            seen.add(tuple(prompt))
+            prompts.append(prompt)
     return prompts
+
+
+def _chat_prompt(
+    path: Path, field_name: str, number: int, record: dict[str, Any], tokenizer: Any, kwargs: dict[str, Any]
+) -> list[int]:
+    before = before_last_answer(record["messages"])
+    if not before:
+        raise ConfigError(f"{field_name}: {path} line {number}: no turn before the answer to prompt with")
+    where = f"{field_name}: {path} line {number}"
+    return render_prompt(tokenizer, before, kwargs, record.get("tools"), where)
 
 
 def render_prompt(

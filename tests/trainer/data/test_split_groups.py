@@ -56,3 +56,17 @@ def test_without_prompt_ids_the_split_is_what_it_was(tmp_path: Path, chat_target
     perm = torch.randperm(20, generator=gen).tolist()
     split = split_data(cfg)
     assert split.eval_ids == sorted(perm[:4]) and split.train_ids == sorted(perm[4:])
+
+
+def test_eval_decodes_each_held_out_prompt_once(tmp_path: Path, chat_target: Path) -> None:
+    """A prompt's several answers (greedy + sampled, `cat`-ed into one data.path) are held out together; `eval`'s
+    held-out prompts take each once. Was: every held-out prompt decoded once per answer (twice for the recipe)."""
+    from trainer.decode.eval import heldout_prompts
+    from trainer.target_model.tokenizer import load_tokenizer
+
+    cfg = load_config(_config(tmp_path, chat_target, 3, with_prompt_ids=True))
+    tokenizer = load_tokenizer(str(chat_target))
+    prompts = heldout_prompts(cfg, 0, 100, tokenizer)
+    held = {j // 3 for j in split_data(cfg).eval_ids}
+    assert len(prompts) == len(held) and len({tuple(p) for p in prompts}) == len(held)
+    assert len(heldout_prompts(cfg, 0, 2, tokenizer)) == 2
