@@ -40,17 +40,18 @@ LOG2E = 1.4426950408889634
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile sizes and launch settings. The GPU default follows Triton's fused-attention tutorial for sm90
-    (forward 128 x 64, backward 64-row query tiles against 128-key tiles); the bench sweeps alternatives."""
+    """Tile sizes and launch settings. The GPU default is the set that compiles for sm90 (Triton 3.9, bf16,
+    d 128) with no or almost no register spills (ptxas -v: forward 0, dQ 0, dK/dV 16 and 100 bytes), where
+    the fused-attention tutorial's shapes spilled 0.3-3 KB; the bench sweeps alternatives on the GPU."""
 
     fwd_m: int = 128
     fwd_n: int = 64
     fwd_warps: int = 8
     fwd_stages: int = 3
     bwd_m: int = 64  # dK/dV: query rows per step against a key tile of bwd_n
-    bwd_n: int = 128
+    bwd_n: int = 64
     dq_m: int = 128  # dQ: a query tile of dq_m against key steps of dq_n
-    dq_n: int = 64
+    dq_n: int = 32
     bwd_warps: int = 8
     bwd_stages: int = 3
 
@@ -200,11 +201,11 @@ def _dq_kernel(
     dims = tl.arange(0, HEAD_DIM)
     real = rows < num_rows
     ends = tl.load(ENDS + b * stride_eb + rows // block_size, mask=real, other=0)
-    offset = (
-        b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + rows[:, None] * stride_qm + dims[None, :]
-    )
-    q = tl.load(Q + offset, mask=real[:, None], other=0.0)
-    do = tl.load(DO + offset, mask=real[:, None], other=0.0)
+    head = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh  # a scalar: 2D 64-bit offsets held
+    q = tl.load(Q + head + rows[:, None] * stride_qm + dims[None, :], mask=real[:, None], other=0.0)  # live
+    do = tl.load(
+        DO + head + rows[:, None] * stride_qm + dims[None, :], mask=real[:, None], other=0.0
+    )  # spill
     lse = tl.load(LSE + bh.to(tl.int64) * num_rows + rows, mask=real, other=0.0)
     delta = tl.load(DELTA + bh.to(tl.int64) * num_rows + rows, mask=real, other=0.0)
     k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
@@ -221,7 +222,8 @@ def _dq_kernel(
         dq, q, do, lse, delta, k_ptr, v_ptr, stride_kn, stride_vn, own_start, own_stop, rows, ends,
         context_len, num_rows, kv_len, block_size, scale_log2, False, HEAD_DIM, BLOCK_N,
     )  # fmt: skip
-    tl.store(DQ + offset, (dq * scale).to(DQ.dtype.element_ty), mask=real[:, None])
+    tile_offset = rows[:, None] * stride_qm + dims[None, :]
+    tl.store(DQ + head + tile_offset, (dq * scale).to(DQ.dtype.element_ty), mask=real[:, None])
 
 
 @triton.jit
@@ -253,11 +255,9 @@ def _dkdv_kernel(
         row_stop = tl.minimum((tl.minimum(tile * BLOCK_N + BLOCK_N, num_rows) - 1) // block_size * block_size
                               + block_size, num_rows)  # fmt: skip
     in_range = keys < key_stop
-    kv_offset = (
-        b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh + keys[:, None] * stride_kn + dims[None, :]
-    )
-    k = tl.load(K + kv_offset, mask=in_range[:, None], other=0.0)
-    v = tl.load(V + kv_offset, mask=in_range[:, None], other=0.0)
+    head = b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh  # a scalar (see _dq_kernel)
+    k = tl.load(K + head + keys[:, None] * stride_kn + dims[None, :], mask=in_range[:, None], other=0.0)
+    v = tl.load(V + head + keys[:, None] * stride_kn + dims[None, :], mask=in_range[:, None], other=0.0)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -280,8 +280,9 @@ def _dkdv_kernel(
             dv += tl.dot(p_t.to(do.dtype), do)
             ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
             dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
-    tl.store(DK + kv_offset, (dk * scale).to(DK.dtype.element_ty), mask=in_range[:, None])
-    tl.store(DV + kv_offset, dv.to(DV.dtype.element_ty), mask=in_range[:, None])
+    tile_offset = keys[:, None] * stride_kn + dims[None, :]
+    tl.store(DK + head + tile_offset, (dk * scale).to(DK.dtype.element_ty), mask=in_range[:, None])
+    tl.store(DV + head + tile_offset, dv.to(DV.dtype.element_ty), mask=in_range[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------
