@@ -26,7 +26,6 @@ the default and the fall-back; bench/kernels/dflash_attention.py measures this a
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +60,12 @@ INTERPRETER_TILES = Tiles(16, 16, 1, 1, 16, 16, 16, 16, 1, 1)  # small: the inte
 
 
 def interpreted() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1): the only CPU mode."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter: when it was imported under TRITON_INTERPRET=1.
+
+    Read off triton.language's own jitted functions, not the variable: they are decorated when triton is
+    first imported, so setting it later leaves them compiled-only and an interpreted kernel fails inside.
+    """
+    return type(tl.max).__name__ == "InterpretedFunction"
 
 
 def default_tiles(device: torch.device) -> Tiles:
@@ -408,8 +411,9 @@ def dflash_attention(
     `sdpa_attention(q, k, v, dense_mask(...))` (scale 1/sqrt(D) unless given)."""
     if q.device.type != "cuda" and not interpreted():
         raise RuntimeError(
-            "dflash_attention runs Triton kernels: it needs a CUDA device, or TRITON_INTERPRET=1 (set before "
-            "triton is imported) for CPU tensors"
+            "dflash_attention runs Triton kernels: it needs a CUDA device, or, for CPU tensors, Triton's "
+            "interpreter: export TRITON_INTERPRET=1 before the process starts (it must be set before "
+            "triton is first imported)"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     result: Tensor = _DFlashAttention.apply(

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton.jit decorates: before the import
 pytest.importorskip("triton")
 
+from trainer.model import dflash_kernel
 from trainer.model.anchors import sample_anchors
 from trainer.model.attention import context_ends, dense_mask, sdpa_attention
 from trainer.model.dflash_kernel import (
@@ -30,7 +31,7 @@ from trainer.model.dflash_kernel import (
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and not interpreted(),
-    reason="needs a CUDA GPU or TRITON_INTERPRET=1 set before triton was imported",
+    reason="needs a CUDA GPU, or TRITON_INTERPRET=1 set before triton was first imported",
 )
 
 
@@ -130,7 +131,7 @@ def test_context_row_ranges_cover_exactly_the_blocks_that_see_each_tile() -> Non
 
 
 def test_refuses_cpu_tensors_without_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(dflash_kernel, "interpreted", lambda: False)
     a, ok, q, k, v, _ = make_inputs([[3]], [[True]], 8, 4, 2, 1)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         dflash_attention(q, k, v, context_ends(a, ok), 8, 4)
