@@ -10,7 +10,11 @@ GQA (dK/dV summed over query heads), and flex's padded key layout (context_len >
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,3 +171,46 @@ def test_bf16_on_cuda_within_1e2_of_sdpa() -> None:
         anchors.tolist(), valid.tolist(), 1000, 16, 8, 2, head_dim=128, device="cuda", dtype=torch.bfloat16
     )
     assert_matches_sdpa(a, ok, q, k, v, grad_out, 1000, 16, rtol=1e-2, atol=1e-2)
+
+
+SM90_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from trainer.model import dflash_kernel as dk
+
+types = {"LSE": "*fp32", "DELTA": "*fp32", "ENDS": "*i32", "ROW_RANGES": "*i32", "scale": "fp32",
+         "scale_log2": "fp32"}
+t = dk.GPU_TILES
+jobs = [
+    (dk._forward_kernel, dict(BLOCK_M=t.fwd_m, BLOCK_N=t.fwd_n), t.fwd_warps, t.fwd_stages),
+    (dk._dq_kernel, dict(BLOCK_M=t.dq_m, BLOCK_N=t.dq_n), t.bwd_warps, t.bwd_stages),
+    (dk._dkdv_kernel, dict(CONTEXT=True, BLOCK_M=t.bwd_m, BLOCK_N=t.bwd_n), t.bwd_warps, t.bwd_stages),
+    (dk._dkdv_kernel, dict(CONTEXT=False, BLOCK_M=t.bwd_m, BLOCK_N=t.bwd_n), t.bwd_warps, t.bwd_stages),
+]
+done = []
+for kernel, constants, warps, stages in jobs:
+    constants = {"HEAD_DIM": 128, **constants}
+    signature = {name: "constexpr" if name in constants else types.get(name, "*bf16" if name.isupper() else "i32")
+                 for name in kernel.arg_names}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    done.append([kernel.fn.__name__, "wgmma" in compiled.asm["ptx"]])
+print(json.dumps(done))
+"""
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_with_wgmma(tmp_path: Path) -> None:
+    """The interpreter runs what the GPU compiler may refuse: compile each kernel for an H200 (sm90, bf16,
+    d 128, the GPU tiles) with Triton's bundled ptxas, no GPU needed (~20 s), in a process without it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", SM90_COMPILE], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [name for name, _ in compiled] == ["_forward_kernel", "_dq_kernel", "_dkdv_kernel", "_dkdv_kernel"]
+    assert all(wgmma for _, wgmma in compiled), compiled  # Hopper's tensor-core path, not mma.sync
