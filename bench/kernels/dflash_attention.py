@@ -6,7 +6,8 @@ structure instead; this script decides whether it earns a place as an opt-in: fo
 apart (CUDA events, the median of --repeats after --warmup untimed calls), TFLOP/s from the mask's real
 pairs (bench/lib/flops.py:attended_pairs; forward 2 matmuls, backward 5 with the recomputed QK^T, as
 flex_sweep counts), the share of the measured H200 bf16 peak (790 TFLOP/s, `util`) and of the 989 TFLOP/s
-datasheet dense peak (`util_spec`). Both kernels run on the same tensors: the trainer's anchors, block mask
+datasheet dense peak (`util_spec`). One call is one drafter layer: BENCHMARKS.md 4.0's 16.5 ms of flex backward
+a b16 step is 5 calls, and counts the backward as 4 matmuls, not 5. Both kernels run on the same tensors: the trainer's anchors, block mask
 and padded key layout (flex_context_len), with the recipe's flex_kernel_options for flex.
 
 Each Triton row must match flex (the reference row) to 1e-2 relative in bf16, output and q/k/v gradients
