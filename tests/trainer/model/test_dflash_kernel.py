@@ -1,7 +1,7 @@
 """The DFlash-mask Triton kernel equals the exact SDPA path: output and q, k, v gradients.
 
-On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before triton is imported,
-unless a GPU is present), in fp32, against `sdpa_attention` with `dense_mask`: the reference the trainer's
+On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets for the
+session on a machine without a GPU, before anything imports triton), in fp32, against `sdpa_attention` with `dense_mask`: the reference the trainer's
 CPU path uses. Each case aims at one edge of the kernel's loop bounds: an anchor at position 0 (no context
 key) or 1, padding anchors (context end 0), a context length that is not a multiple of the tile (the last
 context tile partial), a block size that does not divide the tile (a query tile spanning part of a block),
@@ -19,13 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton.jit decorates: before the import
-pytest.importorskip("triton")
-
-from trainer.model import dflash_kernel
 from trainer.model.anchors import sample_anchors
 from trainer.model.attention import context_ends, dense_mask, sdpa_attention
+
+pytest.importorskip("triton")
+from trainer.model import dflash_kernel
 from trainer.model.dflash_kernel import (
     INTERPRETER_TILES,
     context_row_ranges,
