@@ -46,10 +46,6 @@ _SESSION: dict[str, object] = {}
 def pytest_configure(config: pytest.Config) -> None:
     root = Path(tempfile.mkdtemp(prefix="dflash-doctor-tests-", dir=MACHINE_TEMP))
     folders = session_folders(root)
-    if not Path("/dev/nvidiactl").exists():
-        # No GPU: Triton kernels run in its CPU interpreter (tests/trainer/model/test_dflash_kernel.py). Triton
-        # reads this when first imported, which any module importing the trainer may do: so here, first.
-        folders["TRITON_INTERPRET"] = "1"
     (root / "tmp").mkdir()
     _SESSION.update(root=root, saved={k: os.environ.get(k) for k in folders})
     os.environ.update(folders)
