@@ -1,0 +1,50 @@
+"""What a `check` process imports: its wall time is mostly start-up (issue 40: <= 0.5 s warm).
+
+Run in a child interpreter, so that nothing this test session imported counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Heavy for a static audit: torch and transformers take seconds; pydantic (typer >= 0.29) a tenth of one.
+HEAVY = ("torch", "transformers", "pydantic", "numpy", "triton", "safetensors")
+
+PROBE = f"""
+import json, sys
+from dflash_doctor.cli import run
+code = run(["check", "--no-lock", "--json"])
+print("MODULES " + json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)), file=sys.stderr)
+"""
+
+
+def imported_by_check(tmp_path: Path) -> list[str]:
+    environ = dict(os.environ, DFLASH_DOCTOR_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+    )
+    lines = [line for line in done.stderr.splitlines() if line.startswith("MODULES ")]
+    assert lines, f"the probe printed no module list (exit {done.returncode}): {done.stderr[-2000:]}"
+    json.loads(done.stdout)  # check itself ran and printed its report
+    return json.loads(lines[-1].removeprefix("MODULES "))
+
+
+def test_check_imports_nothing_heavy(tmp_path: Path) -> None:
+    assert imported_by_check(tmp_path) == []
+
+
+def test_the_probe_sees_a_heavy_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe itself can fail: a module imported on start-up (here numpy, through a sitecustomize) is seen."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import numpy\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    assert imported_by_check(tmp_path) == ["numpy"]
