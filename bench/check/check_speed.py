@@ -31,7 +31,10 @@ from dflash_base.atomic import write_json_atomic
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def one_check(repo: Path, home: Path, python: str | None) -> tuple[float, list[tuple[str, str]]]:
+def one_check(
+    repo: Path, home: Path, python: str | None
+) -> tuple[float, list[tuple[str, str]], dict[str, float]]:
+    """Wall seconds, the findings (id, severity), and where the time inside `check` went (its own report)."""
     command = [sys.executable, "-m", "dflash_doctor", "check", "--no-lock", "--json"]
     command += ["--python", python] if python else []
     environ = {k: v for k, v in os.environ.items() if k != "DFLASH_DOCTOR_CACHE_DIR"}
@@ -45,7 +48,9 @@ def one_check(repo: Path, home: Path, python: str | None) -> tuple[float, list[t
         report = json.loads(done.stdout)
     except json.JSONDecodeError as exc:
         raise SystemExit(f"check printed no JSON (exit {done.returncode}): {done.stderr[-2000:]}") from exc
-    return seconds, sorted((f["id"], f["severity"]) for f in report["findings"])
+    inner = {"inside_check": float(report["context"]["seconds"])}
+    inner.update({c["id"]: float(c["seconds"]) for c in report.get("checks", [])})
+    return seconds, sorted((f["id"], f["severity"]) for f in report["findings"]), inner
 
 
 def main() -> None:
@@ -61,16 +66,18 @@ def main() -> None:
         compileall.compile_dir(str(repo / package), quiet=1)
     first: list[float] = []
     warm: list[float] = []
+    warm_inner: list[dict[str, float]] = []
     findings: set[tuple[tuple[str, str], ...]] = set()
     with tempfile.TemporaryDirectory(prefix="check-speed-") as scratch:
         for index in range(args.rounds):
             home = Path(scratch) / f"home-{index}"
-            seconds, found = one_check(repo, home, args.python)
+            seconds, found, _ = one_check(repo, home, args.python)
             first.append(seconds)
             findings.add(tuple(found))
             for _ in range(args.warm):
-                seconds, found = one_check(repo, home, args.python)
+                seconds, found, inner = one_check(repo, home, args.python)
                 warm.append(seconds)
+                warm_inner.append(inner)
                 findings.add(tuple(found))
     rows: dict[str, Any] = {
         "first": {
@@ -83,6 +90,11 @@ def main() -> None:
     print(f"{'check':<8}{'best s':>9}{'median s':>10}{'runs':>6}")
     for name, row in rows.items():
         print(f"{name:<8}{row['best_s']:>9.2f}{row['median_s']:>10.2f}{len(row['runs']):>6}")
+    # The warm runs' median inside `check` and per check: start-up (interpreter, imports) is the rest.
+    inside = {k: round(statistics.median(run.get(k, 0.0) for run in warm_inner), 4) for k in warm_inner[0]}
+    slowest = dict(sorted(inside.items(), key=lambda kv: -kv[1])[:6])
+    rows["warm"]["median_inside_s"] = slowest
+    print("warm, median seconds inside check: " + ", ".join(f"{k} {v:.3f}" for k, v in slowest.items()))
     same = len(findings) == 1
     print(
         "findings: the same in every run" if same else f"findings DIFFER between runs: {len(findings)} sets"

@@ -214,7 +214,11 @@ def audit_records(
 
 # Below this many paths one thread stats them all: a pool's start-up costs more than it saves.
 PARALLEL_STAT_MIN = 4096
-STAT_THREADS = 8
+# One thread until a machine shows threads win. This 2-core box, 26,400 paths, median of 8
+# (bench/check/stat_threads.py): 1 thread 78.8 ms, 2 76.5, 4 88.4, 8 129.3 (each stat is a short system
+# call and the threads queue on the GIL between them). The H200's warm `check` read 0.95 s with 8 threads
+# against 0.52 s a lease earlier with one: other machines, not shown to be the threads, but not a win either.
+STAT_THREADS = 1
 
 
 def stat_each(paths: Sequence[str]) -> list[os.stat_result | None]:

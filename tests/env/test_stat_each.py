@@ -28,6 +28,7 @@ def test_stat_each_answers_as_one_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads_from: int
 ) -> None:
     monkeypatch.setattr(record_audit, "PARALLEL_STAT_MIN", threads_from)
+    monkeypatch.setattr(record_audit, "STAT_THREADS", 8)
     monkeypatch.setattr(record_audit.os, "cpu_count", lambda: 4)
     paths = _paths(tmp_path, 61)  # not a multiple of any slice count: the last slice is short
     got = record_audit.stat_each(paths)
@@ -51,6 +52,7 @@ def test_stat_each_uses_threads_only_for_many_paths(tmp_path: Path, monkeypatch:
         return real_pool(workers)
 
     monkeypatch.setattr(record_audit, "ThreadPoolExecutor", counting_pool)
+    monkeypatch.setattr(record_audit, "STAT_THREADS", 8)
     monkeypatch.setattr(record_audit.os, "cpu_count", lambda: 4)
     paths = _paths(tmp_path, 61)
     monkeypatch.setattr(record_audit, "PARALLEL_STAT_MIN", 100)
@@ -60,3 +62,13 @@ def test_stat_each_uses_threads_only_for_many_paths(tmp_path: Path, monkeypatch:
     record_audit.stat_each(paths)
     assert started == [4]  # capped by the cores
     assert record_audit.stat_each([]) == []
+
+
+def test_the_shipped_default_starts_no_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """STAT_THREADS = 1 (threads were no faster where measured): many paths, many cores, still one loop."""
+    started: list[int] = []
+    monkeypatch.setattr(record_audit, "ThreadPoolExecutor", lambda workers: started.append(workers))
+    monkeypatch.setattr(record_audit, "PARALLEL_STAT_MIN", 7)
+    monkeypatch.setattr(record_audit.os, "cpu_count", lambda: 16)
+    assert len(record_audit.stat_each(_paths(tmp_path, 61))) == 61
+    assert started == []
