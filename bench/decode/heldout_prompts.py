@@ -34,7 +34,9 @@ def main() -> int:
     if cfg.data.kind != "chat":
         print(f"--config: {args.config} trains on {cfg.data.kind} data, not chat", file=sys.stderr)
         return 2
-    path = Path(cfg.data.eval_path or cfg.data.path)
+    where = cfg.data.eval_path or cfg.data.path
+    assert where is not None, "load_config requires data.path for chat data"
+    path = Path(where)
     records = jsonl_records(path, "data.path")
     lines: list[str] = []
     seen: set[str] = set()  # a prompt's greedy and sampled answers are one prompt: once, as `eval` takes it
@@ -46,7 +48,10 @@ def main() -> int:
         key = json.dumps([before, record.get("tools")], sort_keys=True)
         if before and key not in seen:
             seen.add(key)
-            lines.append(json.dumps({"id": record.get("id", j), "messages": before}) + "\n")
+            tools = (
+                {"tools": record["tools"]} if record.get("tools") else {}
+            )  # eval renders them as train did
+            lines.append(json.dumps({"id": record.get("id", j), "messages": before, **tools}) + "\n")
     partial = args.out.with_name(args.out.name + ".partial")
     partial.write_text("".join(lines))
     partial.replace(args.out)

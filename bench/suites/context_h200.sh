@@ -8,12 +8,15 @@
 #   run(carry=[".carry1", ".carry-before"], timeout_s=60, command="bash bench/suites/context_h200.sh setup")
 #   run(carry=[".whl"], timeout_s=60, command="bash bench/suites/context_h200.sh wheels")
 #   run(carry=[".carry2"], timeout_s=180, command="bash bench/suites/context_h200.sh start")
-#   run(timeout_s=600, command="bash bench/suites/context_h200.sh wait")   (again while it runs: ~12 min in all)
+#   run(timeout_s=600, command="bash bench/suites/context_h200.sh wait")   (again while it runs)
+# Measured on S18's H200 (default kwargs, both arms): regenerate ~2 min, each arm's train ~4 min, each arm's eval
+# of 100 prompts ~7 min: ~25 min in all, more than a lease holds after its other calls. S18 measured the before
+# arm (BENCHMARKS 5.15); CONTEXT_ARMS=after runs this checkout's arm alone (~14 min).
 # .carry-before/before.tar.gz: the code before the fix, made here (the device gets no .git):
 #   mkdir -p .carry-before && git archive --format=tar.gz -o .carry-before/before.tar.gz 23dabad~1 -- \
 #       dflash_doctor trainer dflash_base checks pyproject.toml
 # .carry1, .carry2, .whl: as for bench/suites/quality_h200.sh (the GGUF in two parts, the prompt sets, the wheels).
-# CONTEXT_NOTHINK=1 runs the `enable_thinking = false` case after the default one (~12 min more).
+# CONTEXT_NOTHINK=1 runs the `enable_thinking = false` case after the default one (~14 min more an arm).
 # CONTEXT_ARGS overrides the sizes (e.g. "--conversations 4000 --steps 300" for a shorter run). A CPU dry run of the
 # plumbing: OUT=/tmp/ctx-out PATH=.venv/bin:$PATH CONTEXT_DEVICE=cpu CONTEXT_ARGS="--conversations 6 --steps 2
 # --layers 1 --block-size 4 --seq-len 256 --batch-size 2 --anchors 8 --max-new-tokens 8 --eval-prompts 2
@@ -47,14 +50,16 @@ wheels)
 start)
     stage convert 120 bash -c 'smollm2_target "$0"' "$ROOT"
     rm -rf "$WORK" && mkdir -p "$WORK"
-    common=(--before /tmp/before --target "$ROOT/target" --first-prompts "$ROOT/prompts/train.jsonl"
+    before=(--before /tmp/before)
+    [ "${CONTEXT_ARMS:-both}" = after ] && before=()
+    common=("${before[@]}" --target "$ROOT/target" --first-prompts "$ROOT/prompts/train.jsonl"
         --conversations 20000 --turns 3 --max-new-tokens 128 --regenerate-batch 2048 --steps 1500 --layers 5
         --block-size 16 --seq-len 1024 --batch-size 32 --anchors 256 --lr 6e-4 --eval-fraction 0.05
-        --eval-prompts 100 --log-every 100 --timeout-s 1500 --device "${CONTEXT_DEVICE:-cuda}" --work "$WORK"
+        --eval-prompts 100 --eval-shards 16 --log-every 100 --timeout-s 1500 --device "${CONTEXT_DEVICE:-cuda}" --work "$WORK"
         ${CONTEXT_ARGS:-})
-    script="python3 bench/decode/chat_context.py ${common[*]} --tag smollm2-gpu > $WORK/default.log 2>&1"
+    script="python3 -u bench/decode/chat_context.py ${common[*]} --tag smollm2-gpu > $WORK/default.log 2>&1"
     if [ -n "${CONTEXT_NOTHINK:-}" ]; then
-        script+="; python3 bench/decode/chat_context.py ${common[*]} --kwargs '{\"enable_thinking\": false}'"
+        script+="; python3 -u bench/decode/chat_context.py ${common[*]} --kwargs '{\"enable_thinking\": false}'"
         script+=" --tag smollm2-gpu-nothink > $WORK/nothink.log 2>&1"
     fi
     # in a process session of its own: it runs on after this call returns, while the machine is held

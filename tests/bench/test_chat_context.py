@@ -115,3 +115,12 @@ def test_the_checkouts_cli_keeps_the_callers_path(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")
     chat_context.cli(tmp_path, "check")
     assert seen["PYTHONPATH"].split(":") == [str(tmp_path), "/tmp/site"]
+
+
+def test_eval_shards_default_to_one_process_and_the_gpu_suite_uses_sixteen() -> None:
+    """One process on a CPU (the dry run's numbers stay as they were); the H200 suite decodes in 16 (S18's
+    100 prompts took ~7 minutes in one process, which lost the after arm's eval to the lease's end)."""
+    assert parse_args([]).eval_shards == 1
+    assert parse_args(["--eval-shards", "16"]).eval_shards == 16
+    suite = (Path(__file__).resolve().parents[2] / "bench" / "suites" / "context_h200.sh").read_text()
+    assert "--eval-shards 16" in suite and "python3 -u bench/decode/chat_context.py" in suite
