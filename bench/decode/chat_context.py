@@ -293,10 +293,12 @@ def sharded_eval(
              "--count", str(args.eval_prompts), "--out", str(prompts)],
             cwd=REPO, check=True, capture_output=True, text=True,
         )  # fmt: skip
+    count = sum(1 for line in prompts.read_text().splitlines() if line.strip())
+    shards = max(1, min(args.eval_shards, count))  # no shard without a prompt (eval refuses an empty file)
     result = work / f"eval-{code}.json"  # every shard's report and the merge, for estimate_vs_eval.py
     path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "decode" / "eval_shards.py"), "--shards", str(args.eval_shards),
+        [sys.executable, str(REPO / "bench" / "decode" / "eval_shards.py"), "--shards", str(shards),
          "--prompts", str(prompts), "--out", str(result), "--", *decode],
         cwd=checkout, env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
         capture_output=True, text=True,
