@@ -41,25 +41,6 @@ app = typer.Typer(
 )
 
 
-def _flags_show_no_type() -> None:
-    """One `--help` style for every flag: a flag takes no value, so none shows typer's `<bool>` (`--help`,
-    `--force`, `--dry-run` did, `--json` did not: `metavar=FLAG` had been set option by option). Typer asks
-    each option's `display_type_rich` what to show; for a flag the answer is now nothing."""
-    from typer.core import TyperOption
-
-    shown = getattr(TyperOption, "display_type_rich", None)
-    if shown is None or getattr(shown, "flags_show_no_type", False):
-        return
-
-    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
-
-    display_type_rich.flags_show_no_type = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-
-
-_flags_show_no_type()
-
 DEBUG_ENV = "DFLASH_DOCTOR_DEBUG"
 BUG_EXIT_CODE = 3
 
