@@ -228,11 +228,16 @@ timeout_s = {args.timeout_s}
     )
 
 
+def checkout_env(checkout: Path, threads: int) -> dict[str, str]:
+    """The environment that runs `checkout`'s code: its folder first on the path, then what the caller had (a
+    device machine's carried wheels live there)."""
+    path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": str(threads), "COLUMNS": "200"}
+
+
 def cli(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m dflash_doctor ARGS` with `checkout`'s code (its folder first on the path)."""
-    # the checkout first, then what the caller had (a device machine's carried wheels live there)
-    path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "2", "COLUMNS": "200"}
+    env = checkout_env(checkout, threads=2)
     # `-m` runs with the working directory first on the path, then PYTHONPATH: `checkout`'s code either way,
     # never an editable install's
     proc = subprocess.run(
@@ -296,11 +301,10 @@ def sharded_eval(
     count = sum(1 for line in prompts.read_text().splitlines() if line.strip())
     shards = max(1, min(args.eval_shards, count))  # no shard without a prompt (eval refuses an empty file)
     result = work / f"eval-{code}.json"  # every shard's report and the merge, for estimate_vs_eval.py
-    path = os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "decode" / "eval_shards.py"), "--shards", str(shards),
          "--prompts", str(prompts), "--out", str(result), "--", *decode],
-        cwd=checkout, env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
+        cwd=checkout, env=checkout_env(checkout, threads=1),
         capture_output=True, text=True,
     )  # fmt: skip
     document = json.loads(result.read_text()) if result.is_file() else {}

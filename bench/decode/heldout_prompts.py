@@ -48,9 +48,8 @@ def main() -> int:
         key = json.dumps([before, record.get("tools")], sort_keys=True)
         if before and key not in seen:
             seen.add(key)
-            tools = (
-                {"tools": record["tools"]} if record.get("tools") else {}
-            )  # eval renders them as train did
+            # a record's tools go with it: eval renders them as train did
+            tools = {"tools": record["tools"]} if record.get("tools") else {}
             lines.append(json.dumps({"id": record.get("id", j), "messages": before, **tools}) + "\n")
     partial = args.out.with_name(args.out.name + ".partial")
     partial.write_text("".join(lines))
