@@ -11,12 +11,12 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dflash_doctor.env.distributions import Distribution, RecordEntry, RecordRow
 from dflash_doctor.env.file_hashes import HashCache
+from dflash_doctor.env.size_survey import survey
 
 # What torch's `_preload_cuda_deps` dlopens from `nvidia/*/lib`: the libraries worth a full sha256
 # when nobody told us which libraries the loader really resolves.
@@ -169,26 +169,29 @@ def audit_records(
     installed_at: dict[str, tuple[int, int]] = {}
     result = RecordAudit(files_checked=len(first))
     single = [path for path in first if path not in several]
-    for path, st in zip(single, stat_each(single), strict=True):
+    watch = [index for index, path in enumerate(single) if path in want_hash] if want_hash else []
+    found = survey(single, [first[path][2] for path in single], frozenset(watch))
+    for index in found.missing:
+        path = single[index]
+        if is_namespace_marker(first[path]):
+            result.namespace_missing.append(path)
+        else:
+            result.missing.setdefault(first_owner[path], []).append(path)
+    for index, on_disk in found.resized:
+        path = single[index]
         row = first[path]
-        if st is None:
-            if is_namespace_marker(row):
-                result.namespace_missing.append(path)
-            else:
-                result.missing.setdefault(first_owner[path], []).append(path)
-            continue
-        expected = row[2]
-        if expected is not None and expected != st.st_size:
-            key = first_owner[path]
-            result.changed.setdefault(key, []).append(ChangedFile(path, expected, st.st_size, row[1], None))
-        elif path in want_hash:
-            key = first_owner[path]
-            if _changed_since_install(st, distributions[key], installed_at):
-                actual = cache.digest(path)
-                if actual is not None and actual != row[1]:
-                    result.changed.setdefault(key, []).append(
-                        ChangedFile(path, expected, st.st_size, row[1], actual)
-                    )
+        result.changed.setdefault(first_owner[path], []).append(
+            ChangedFile(path, row[2], on_disk, row[1], None)
+        )
+    for index, (on_disk, mtime_ns, ctime_ns) in sorted(found.watched.items()):
+        path = single[index]
+        key = first_owner[path]
+        if _changed_since_install(mtime_ns, ctime_ns, distributions[key], installed_at):
+            actual = cache.digest(path)
+            if actual is not None and actual != first[path][1]:
+                result.changed.setdefault(key, []).append(
+                    ChangedFile(path, first[path][2], on_disk, first[path][1], actual)
+                )
     for path, owners in several.items():
         try:
             size: int | None = os.stat(path).st_size
@@ -212,49 +215,13 @@ def audit_records(
     return result
 
 
-# Below this many paths one thread stats them all: a pool's start-up costs more than it saves.
-PARALLEL_STAT_MIN = 4096
-# One thread until a machine shows threads win. This 2-core box, 26,400 paths, median of 8
-# (bench/check/stat_threads.py): 1 thread 78.8 ms, 2 76.5, 4 88.4, 8 129.3 (each stat is a short system
-# call and the threads queue on the GIL between them). The H200's warm `check` read 0.95 s with 8 threads
-# against 0.52 s a lease earlier with one: other machines, not shown to be the threads, but not a win either.
-STAT_THREADS = 1
-
-
-def stat_each(paths: Sequence[str]) -> list[os.stat_result | None]:
-    """`os.stat` of every path in order, None where it fails.
-
-    A warm `check` spends most of its own time here: a CUDA environment's RECORDs list ~40k files. The
-    call releases the GIL while the kernel walks the path, so a few threads, each given a contiguous
-    slice (paths of one package share directories), overlap the system calls.
-    """
-
-    def stat_slice(part: Sequence[str]) -> list[os.stat_result | None]:
-        out: list[os.stat_result | None] = []
-        stat = os.stat
-        for path in part:
-            try:
-                out.append(stat(path))
-            except OSError:
-                out.append(None)
-        return out
-
-    threads = min(STAT_THREADS, os.cpu_count() or 1, len(paths) // PARALLEL_STAT_MIN + 1)
-    if threads <= 1:
-        return stat_slice(paths)
-    size = -(-len(paths) // threads)
-    with ThreadPoolExecutor(threads) as pool:
-        parts = pool.map(stat_slice, [paths[i : i + size] for i in range(0, len(paths), size)])
-        return [st for part in parts for st in part]
-
-
 # A wholesale copy of an environment (`cp -al`, `cp -a`, an image layer unpacked) gives every file a new
 # ctime within minutes of its RECORD's; a library swapped in later with an old mtime (`cp -p`) does not.
 COPY_WINDOW_NS = 600 * 10**9
 
 
 def _changed_since_install(
-    stat: os.stat_result, dist: Distribution, installed_at: dict[str, tuple[int, int]]
+    mtime_ns: int, ctime_ns: int, dist: Distribution, installed_at: dict[str, tuple[int, int]]
 ) -> bool:
     """Was this file written after its owner's RECORD (pip writes RECORD last)?
 
@@ -270,7 +237,7 @@ def _changed_since_install(
         except OSError:
             installed_at[dist.dist_info] = (-1, -1)
     mtime, ctime = installed_at[dist.dist_info]
-    return stat.st_mtime_ns > mtime or stat.st_ctime_ns > ctime + COPY_WINDOW_NS
+    return mtime_ns > mtime or ctime_ns > ctime + COPY_WINDOW_NS
 
 
 def is_shared_library(path: str) -> bool:
