@@ -31,10 +31,19 @@ from dflash_base.atomic import write_json_atomic
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Findings whose evidence says how much work a check had: the cache folders walked, the RECORD files stat'ed.
+SIZE_EVIDENCE = {
+    "cache.location": ("path", "files"),
+    "cache.volatile": ("path", "files"),
+    "ownership.clobbered": ("files_checked",),
+}
+
+
 def one_check(
     repo: Path, home: Path, python: str | None
-) -> tuple[float, list[tuple[str, str]], dict[str, float]]:
-    """Wall seconds, the findings (id, severity), and where the time inside `check` went (its own report)."""
+) -> tuple[float, list[tuple[str, str]], dict[str, float], list[dict[str, Any]]]:
+    """Wall seconds, the findings (id, severity), where the time inside `check` went (its own report), and
+    how much work the slow checks had (SIZE_EVIDENCE)."""
     command = [sys.executable, "-m", "dflash_doctor", "check", "--no-lock", "--json"]
     command += ["--python", python] if python else []
     environ = {k: v for k, v in os.environ.items() if k != "DFLASH_DOCTOR_CACHE_DIR"}
@@ -50,7 +59,12 @@ def one_check(
         raise SystemExit(f"check printed no JSON (exit {done.returncode}): {done.stderr[-2000:]}") from exc
     inner = {"inside_check": float(report["context"]["seconds"])}
     inner.update({c["id"]: float(c["seconds"]) for c in report.get("checks", [])})
-    return seconds, sorted((f["id"], f["severity"]) for f in report["findings"]), inner
+    work = [
+        {"id": f["id"], **{k: f["evidence"].get(k) for k in SIZE_EVIDENCE[f["id"]]}}
+        for f in report["findings"]
+        if f["id"] in SIZE_EVIDENCE and isinstance(f.get("evidence"), dict)
+    ]
+    return seconds, sorted((f["id"], f["severity"]) for f in report["findings"]), inner, work
 
 
 def main() -> None:
@@ -67,15 +81,16 @@ def main() -> None:
     first: list[float] = []
     warm: list[float] = []
     warm_inner: list[dict[str, float]] = []
+    work: list[dict[str, Any]] = []
     findings: set[tuple[tuple[str, str], ...]] = set()
     with tempfile.TemporaryDirectory(prefix="check-speed-") as scratch:
         for index in range(args.rounds):
             home = Path(scratch) / f"home-{index}"
-            seconds, found, _ = one_check(repo, home, args.python)
+            seconds, found, _, _ = one_check(repo, home, args.python)
             first.append(seconds)
             findings.add(tuple(found))
             for _ in range(args.warm):
-                seconds, found, inner = one_check(repo, home, args.python)
+                seconds, found, inner, work = one_check(repo, home, args.python)
                 warm.append(seconds)
                 warm_inner.append(inner)
                 findings.add(tuple(found))
@@ -94,7 +109,9 @@ def main() -> None:
     inside = {k: round(statistics.median(run.get(k, 0.0) for run in warm_inner), 4) for k in warm_inner[0]}
     slowest = dict(sorted(inside.items(), key=lambda kv: -kv[1])[:6])
     rows["warm"]["median_inside_s"] = slowest
+    rows["warm"]["work"] = work
     print("warm, median seconds inside check: " + ", ".join(f"{k} {v:.3f}" for k, v in slowest.items()))
+    print("work: " + "; ".join(", ".join(f"{k} {v}" for k, v in item.items()) for item in work))
     same = len(findings) == 1
     print(
         "findings: the same in every run" if same else f"findings DIFFER between runs: {len(findings)} sets"
