@@ -11,8 +11,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from dflash_doctor.env.distributions import Distribution, RecordEntry, RecordRow
 from dflash_doctor.env.file_hashes import HashCache
@@ -117,6 +119,7 @@ class RecordAudit:
     cache_hits: int = 0
     bytes_hashed: int = 0
     seconds: float = 0.0
+    processes: int = 1  # how many processes stat'ed the files (size_survey)
 
     def twins_of(self, key: str) -> set[str]:
         """Distributions that share at least one file with `key`."""
@@ -129,6 +132,7 @@ class RecordAudit:
             "hash_cache_hits": self.cache_hits,
             "mib_hashed": round(self.bytes_hashed / 2**20, 1),
             "seconds": round(self.seconds, 3),
+            "processes": self.processes,
         }
 
 
@@ -147,50 +151,49 @@ def audit_records(
     # A library may be named through a symlink (libfoo.so.2 -> libfoo.so.2.30.7): match both spellings.
     want_hash = {q for p in hash_paths for q in (os.path.normpath(p), os.path.realpath(p))}
     # Who claims each path: one owner (nearly every path), or several (twins; a RECORD repeating a row).
-    first: dict[str, RecordRow] = {}
-    first_owner: dict[str, str] = {}
-    several: dict[str, list[tuple[str, RecordRow]]] = {}
+    # Flat lists and an index by position, not a dict of rows per path: ~50k rows on a GPU host.
+    all_rows: list[RecordRow] = []
+    owner_at: list[str] = []
     for key, dist in distributions.items():
         audited = rows[key] if rows is not None and key in rows else audited_record_rows(dist)
-        mine = {row[0]: row for row in audited}
-        if len(mine) == len(audited) and mine.keys().isdisjoint(first.keys()):
-            first.update(mine)
-            first_owner.update(dict.fromkeys(mine, key))
-            continue
-        for row in audited:
-            path = row[0]
-            if path in several:
-                several[path].append((key, row))
-            elif path in first:
-                several[path] = [(first_owner[path], first[path]), (key, row)]
-            else:
-                first[path], first_owner[path] = row, key
+        all_rows.extend(audited)
+        owner_at.extend(repeat(key, len(audited)))
+    paths = [row[0] for row in all_rows]
+    position = dict(zip(paths, range(len(paths)), strict=True))  # a path listed twice: its last position
+    several: dict[str, list[tuple[str, RecordRow]]] = {}
+    if len(position) < len(paths):
+        repeated = {path for path, count in Counter(paths).items() if count > 1}
+        for index, path in enumerate(paths):
+            if path in repeated:
+                several.setdefault(path, []).append((owner_at[index], all_rows[index]))
+        kept = [index for index, path in enumerate(paths) if path not in repeated]
+        all_rows, owner_at = [all_rows[i] for i in kept], [owner_at[i] for i in kept]
+        paths = [row[0] for row in all_rows]
+        position = dict(zip(paths, range(len(paths)), strict=True))
 
     installed_at: dict[str, tuple[int, int]] = {}
-    result = RecordAudit(files_checked=len(first))
-    single = [path for path in first if path not in several]
-    watch = [index for index, path in enumerate(single) if path in want_hash] if want_hash else []
-    found = survey(single, [first[path][2] for path in single], frozenset(watch))
+    result = RecordAudit(files_checked=len(paths) + len(several))
+    watch = frozenset(position[path] for path in want_hash if path in position)
+    found = survey(paths, [row[2] for row in all_rows], watch)
+    result.processes = found.processes
     for index in found.missing:
-        path = single[index]
-        if is_namespace_marker(first[path]):
+        path = paths[index]
+        if is_namespace_marker(all_rows[index]):
             result.namespace_missing.append(path)
         else:
-            result.missing.setdefault(first_owner[path], []).append(path)
+            result.missing.setdefault(owner_at[index], []).append(path)
     for index, on_disk in found.resized:
-        path = single[index]
-        row = first[path]
-        result.changed.setdefault(first_owner[path], []).append(
-            ChangedFile(path, row[2], on_disk, row[1], None)
+        row = all_rows[index]
+        result.changed.setdefault(owner_at[index], []).append(
+            ChangedFile(row[0], row[2], on_disk, row[1], None)
         )
     for index, (on_disk, mtime_ns, ctime_ns) in sorted(found.watched.items()):
-        path = single[index]
-        key = first_owner[path]
+        row, key = all_rows[index], owner_at[index]
         if _changed_since_install(mtime_ns, ctime_ns, distributions[key], installed_at):
-            actual = cache.digest(path)
-            if actual is not None and actual != first[path][1]:
+            actual = cache.digest(row[0])
+            if actual is not None and actual != row[1]:
                 result.changed.setdefault(key, []).append(
-                    ChangedFile(path, first[path][2], on_disk, first[path][1], actual)
+                    ChangedFile(row[0], row[2], on_disk, row[1], actual)
                 )
     for path, owners in several.items():
         try:

@@ -306,3 +306,47 @@ def test_twin_whose_stray_another_package_requires_is_not_uninstalled(site: Fake
     assert (
         twins.remedy == "/fake/bin/python -m pip install --force-reinstall --no-deps nvidia-nccl-cu13==2.30.7"
     )
+
+
+def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite, monkeypatch) -> None:
+    """Twins, a RECORD listing one path twice, a file gone, one resized, a library rewritten: the same audit
+    whether one process stats every file or four do (the slices' indexes map back to the right rows)."""
+    import dataclasses
+
+    from dflash_doctor.env import record_audit as audit_module
+    from dflash_doctor.env import size_survey
+    from dflash_doctor.env.file_hashes import HashCache
+    from tests.conftest import env_for
+
+    for index in range(6):
+        site.add_dist(f"pkg{index}", "1.0", {f"pkg{index}/m{n}.py": b"p" * (n + index) for n in range(9)})
+    site.add_dist("nvidia-nccl-cu12", "2.21.5", {"nvidia/nccl/lib/libnccl.so.2": b"a" * 40})
+    site.add_dist("nvidia-nccl-cu13", "2.28.9", {"nvidia/nccl/lib/libnccl.so.2": b"b" * 40})
+    record = next(site.root.glob("pkg2-*.dist-info")) / "RECORD"
+    record.write_text(record.read_text() + record.read_text().splitlines()[0] + "\n")  # one row listed twice
+    (site.root / "pkg1/m3.py").unlink()
+    (site.root / "pkg4/m5.py").write_bytes(b"longer than its RECORD says")
+    dists = env_for(site).distributions
+    lib = site.root / "pkg5/m7.py"
+    monkeypatch.setattr(audit_module, "_changed_since_install", lambda *args: True)
+
+    def audit(processes: int) -> dict[str, object]:
+        monkeypatch.setattr(size_survey, "MAX_PROCESSES", processes)
+        found = audit_module.audit_records(dists, HashCache(), [str(lib)])
+        assert found.files_hashed + found.cache_hits >= 1  # the watched file, by its sha256
+        assert found.processes == processes
+        keep = ("shared", "missing", "changed", "files_checked")
+        return {k: v for k, v in dataclasses.asdict(found).items() if k in keep}
+
+    monkeypatch.setattr(size_survey, "PATHS_PER_PROCESS", 5)
+    monkeypatch.setattr(size_survey, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(size_survey.threading, "active_count", lambda: 1)
+    one = audit(1)
+    lib.write_bytes(b"q" * len(lib.read_bytes()))  # same size, other bytes: found by its sha256 alone
+    one_after, four_after = audit(1), audit(4)
+    assert one_after == four_after != one
+    assert set(four_after["missing"]) == {"pkg1"}  # type: ignore[arg-type]
+    assert set(four_after["changed"]) == {"pkg4", "pkg5"}  # type: ignore[arg-type]
+    shared = {s["path"].split("/site/")[-1]: s["owners"] for s in four_after["shared"]}  # type: ignore[attr-defined]
+    assert len(shared) == 2 and ("pkg2", "pkg2") in shared.values()
+    assert ("nvidia-nccl-cu12", "nvidia-nccl-cu13") in shared.values()
