@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import marshal
 import os
+import signal
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ PATHS_PER_PROCESS = 8192
 MAX_PROCESSES = 4
 
 StatFacts = tuple[int, int, int]  # size, mtime_ns, ctime_ns
+# A child dies of these as any process does; it never runs a handler the parent installed.
+CHILD_DEFAULT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
 
 
 @dataclass
@@ -139,6 +144,10 @@ def _fork_slice(
     if pid == 0:  # the child: never returns, never runs the parent's exit handlers or flushes its buffers
         code = 1
         try:
+            for (
+                number
+            ) in CHILD_DEFAULT_SIGNALS:  # the parent's handlers (a lock's clean-up) are not the child's
+                signal.signal(number, signal.SIG_DFL)
             os.close(read_end)
             data = marshal.dumps(survey_slice(paths, sizes, watch, start, stop))
             view = memoryview(data)

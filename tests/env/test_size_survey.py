@@ -139,3 +139,36 @@ def test_empty_and_tiny_inputs(tmp_path: Path, forkable: None) -> None:
     got = size_survey.survey(paths, sizes, watch, processes=4)
     assert got.processes == 1  # fewer paths than a slice
     assert got.missing == [0]
+
+
+def test_a_child_never_runs_the_parents_signal_handlers(tmp_path: Path, forkable: None) -> None:
+    """A child interrupted mid-slice dies as a plain process would: the parent's SIGTERM handler (which
+    could remove a lock or write a record) runs in the parent only."""
+    import signal
+
+    handled = tmp_path / "handled"  # the handler leaves a file: seen whichever process ran it
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: handled.write_text(str(os.getpid())))
+    try:
+        paths, sizes, watch = _tree(tmp_path, 61)
+        original = size_survey.survey_slice
+
+        def slice_that_is_terminated(*args: object) -> object:
+            if os.getpid() != parent:
+                os.kill(os.getpid(), signal.SIGTERM)  # the child: default action, it dies here
+            return original(*args)  # type: ignore[arg-type]
+
+        parent = os.getpid()
+        size_survey.survey_slice = slice_that_is_terminated  # type: ignore[assignment]
+        try:
+            got = size_survey.survey(paths, sizes, watch, processes=4)
+        finally:
+            size_survey.survey_slice = original  # type: ignore[assignment]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    want = _expected(paths, sizes, watch)
+    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
+        want.missing,
+        want.resized,
+        want.watched,
+    )
+    assert not handled.exists()  # not in a child (they died of it), and nobody signalled the parent
