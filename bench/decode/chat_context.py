@@ -11,7 +11,9 @@ before the Q1 fix) runs exactly the commands this one does:
 2. `--conversations` prompts of `--turns` user turns -> `data regenerate --engine torch` (greedy), with this
    checkout (random words for the tiny target, short English questions and follow-ups for a real one);
 3. per checkout: `train` (held-out data) then `eval --dtype fp32 --strict --json` on the held-out
-   conversations; the estimate (`summary.json`'s `heldout_accept_len`) against eval's tau.
+   conversations; the estimate (`summary.json`'s `heldout_accept_len`) against eval's tau, and, from a checkout
+   that keeps it, the walk over each held-out conversation's last answer (`heldout_accept_len_last_answer`: the
+   answers eval decodes, so Q7's difference is out of that comparison).
 
     .venv/bin/python bench/decode/chat_context.py --before .tmp/before [--kwargs '{"enable_thinking": false}']
     python bench/decode/chat_context.py --before .tmp/before --target /tmp/smol/target --tag smollm2 \
@@ -41,7 +43,8 @@ from bench.lib.roles import RESULTS, print_rows, write_result
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "tests" / "trainer" / "data" / "templates" / "qwen3.jinja"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-COLUMNS = ("code", "kwargs", "heldout_estimate", "eval_tau", "estimate_vs_eval", "identical", "train_s")
+COLUMNS = ("code", "kwargs", "heldout_estimate", "heldout_last_answer", "eval_tau", "estimate_vs_eval",
+           "last_answer_vs_eval", "identical", "train_s")  # fmt: skip
 
 
 def _byte_chars() -> dict[int, str]:
@@ -273,9 +276,12 @@ def measure(
         (work / f"eval-{code}.json").write_text(evaluated.stdout)  # for bench/decode/estimate_vs_eval.py
     eval_s = time.monotonic() - began
     estimate, tau = summary["heldout_accept_len"], report["mean_accept_len"]
+    last = summary.get("heldout_accept_len_last_answer")  # None from a checkout that did not keep it yet
     return {
         "code": code, "checkout": str(checkout), "kwargs": args.kwargs, "heldout_estimate": round(estimate, 3),
         "eval_tau": round(tau, 3), "estimate_vs_eval": f"{100 * (estimate / tau - 1):+.1f}%",
+        "heldout_last_answer": round(last, 3) if last is not None else None,
+        "last_answer_vs_eval": f"{100 * (last / tau - 1):+.1f}%" if last is not None else None,
         "identical": report["identical"], "train_s": round(train_s, 1), "eval_s": round(eval_s, 1), "eval_prompts": report["prompts"],
         "eval_new_tokens": report["new_tokens"], "final_loss": summary.get("final_loss"),
         "heldout_sequences": summary.get("heldout_sequences"), "train_warning": said[0].strip() if said else None,

@@ -17,7 +17,8 @@ emit A(a) tokens (at most to the answer's end), move to a + A(a), repeat; tokens
 on positions with a bias: a long accepted run is crossed in one forward, so its many easy positions are
 never anchors. A mean of A over uniformly sampled anchors counts them all and ran 26-37% above real decoding
 on chat data. The walk follows `dflash-doctor eval`'s rule, but over every supervised answer of each held-out
-sequence, where `eval`'s default prompts decode each conversation's last answer (docs/eval.md).
+sequence, where `eval`'s default prompts decode each conversation's last answer (docs/eval.md); the walk over
+each sequence's last answer alone is kept beside it (`accept_len_last_answer`), the figure to hold against `eval`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class HeldoutSums:
     anchors: float = 0.0
     # held-out sequences with a supervised token (a padding row of the last batch has none)
     sequences: int = 0
+    # the walks over each sequence's last answer alone: what `eval`'s default prompts decode (docs/eval.md)
+    last_tokens: float = 0.0
+    last_forwards: float = 0.0
 
     def add(self, other: HeldoutSums) -> None:
         self.walk_tokens += other.walk_tokens
@@ -58,6 +62,8 @@ class HeldoutSums:
         self.accept_labels += other.accept_labels
         self.anchors += other.anchors
         self.sequences += other.sequences
+        self.last_tokens += other.last_tokens
+        self.last_forwards += other.last_forwards
 
     def as_tensor(self, device: torch.device) -> Tensor:
         values = [
@@ -66,18 +72,25 @@ class HeldoutSums:
             self.accept_labels,
             self.anchors,
             float(self.sequences),
+            self.last_tokens,
+            self.last_forwards,
         ]
         return torch.tensor(values, dtype=torch.float64, device=device)
 
     @classmethod
     def from_tensor(cls, t: Tensor) -> HeldoutSums:
-        a, b, c, d, e = t.double().cpu().tolist()
-        return cls(a, b, c, d, int(e))
+        a, b, c, d, e, f, g = t.double().cpu().tolist()
+        return cls(a, b, c, d, int(e), f, g)
 
     @property
     def accept_len_target(self) -> float:
         """Tokens per verify forward of greedy decoding with this drafter on these answers (the headline)."""
         return self.walk_tokens / max(self.walk_forwards, 1.0)
+
+    @property
+    def accept_len_last_answer(self) -> float:
+        """The same walk over each held-out sequence's last answer only: the answers `eval` decodes."""
+        return self.last_tokens / max(self.last_forwards, 1.0)
 
     @property
     def accept_len_labels(self) -> float:
@@ -133,9 +146,15 @@ def every_anchor(loss_mask: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
 
 
 def decoding_walk(accept: dict[int, int], loss_mask: list[bool]) -> tuple[int, int]:
-    """(tokens, forwards) of greedy speculative decoding over each answer of one sequence: from the answer's
-    first token, a verify forward at anchor a emits accept[a] tokens, cut at the answer's end."""
-    tokens = forwards = 0
+    """(tokens, forwards) of greedy speculative decoding over every answer of one sequence (`answer_walks`)."""
+    walks = answer_walks(accept, loss_mask)
+    return sum(t for t, _ in walks), sum(f for _, f in walks)
+
+
+def answer_walks(accept: dict[int, int], loss_mask: list[bool]) -> list[tuple[int, int]]:
+    """(tokens, forwards) of greedy speculative decoding over each answer of one sequence, in order: from the
+    answer's first token, a verify forward at anchor a emits accept[a] tokens, cut at the answer's end."""
+    walks: list[tuple[int, int]] = []
     position, length = 0, len(loss_mask)
     while position < length:
         if not loss_mask[position]:
@@ -145,11 +164,13 @@ def decoding_walk(accept: dict[int, int], loss_mask: list[bool]) -> tuple[int, i
         while end + 1 < length and loss_mask[end + 1]:
             end += 1
         anchor = position  # the answer's first token comes from the prefill; verifying starts after it
+        tokens = forwards = 0
         while anchor < end:
             emitted = min(accept.get(anchor, 1), end - anchor)
             tokens, forwards, anchor = tokens + emitted, forwards + 1, anchor + emitted
+        walks.append((tokens, forwards))
         position = end + 1
-    return tokens, forwards
+    return walks
 
 
 def score_batch(model: DFlashDrafter, batch: CapturedBatch, anchors_per_seq: int) -> HeldoutSums:
@@ -170,20 +191,25 @@ def score_batch(model: DFlashDrafter, batch: CapturedBatch, anchors_per_seq: int
     accept_target = (1 + torch.cat(vs_target_parts, dim=1)).tolist()
     accept_labels = 1 + torch.cat(vs_labels_parts, dim=1)
     weight = all_valid.float()
-    walk_tokens = walk_forwards = 0
+    walk_tokens = walk_forwards = last_tokens = last_forwards = 0
     masks, anchor_rows, valid_rows = batch.loss_mask.bool().tolist(), all_anchors.tolist(), all_valid.tolist()
     for row, mask in enumerate(masks):
         accept = {
             a: n for a, n, ok in zip(anchor_rows[row], accept_target[row], valid_rows[row], strict=True) if ok
         }
-        tokens, forwards = decoding_walk(accept, mask)
-        walk_tokens, walk_forwards = walk_tokens + tokens, walk_forwards + forwards
+        walks = answer_walks(accept, mask)
+        walk_tokens += sum(t for t, _ in walks)
+        walk_forwards += sum(f for _, f in walks)
+        if walks:
+            last_tokens, last_forwards = last_tokens + walks[-1][0], last_forwards + walks[-1][1]
     return HeldoutSums(
         walk_tokens=float(walk_tokens),
         walk_forwards=float(walk_forwards),
         accept_labels=float((accept_labels * weight).sum()),
         anchors=float(weight.sum()),
         sequences=int(batch.loss_mask.bool().any(dim=1).sum()),
+        last_tokens=float(last_tokens),
+        last_forwards=float(last_forwards),
     )
 
 

@@ -49,6 +49,9 @@ class StepMetrics:
     data_wait_s: float
     heldout_accept_len: float | None = None  # held-out, against the target's greedy tokens
     heldout_accept_len_labels: float | None = None  # held-out, against the data labels
+    heldout_accept_len_last_answer: float | None = (
+        None  # held-out, each sequence's last answer (what eval decodes)
+    )
     heldout_s: float | None = None  # seconds the held-out evaluation took (not in step_time_s)
     heldout_sequences: int | None = None  # held-out sequences that evaluation scored (every one held out)
     tokens: float = (
@@ -201,6 +204,7 @@ def summarize(records: list[dict[str, Any]], status: str, wall_s: float, **extra
         "steps": last.get("step", 0),
         "heldout_accept_len": evals[-1]["heldout_accept_len"] if evals else None,
         "heldout_accept_len_labels": evals[-1]["heldout_accept_len_labels"] if evals else None,
+        "heldout_accept_len_last_answer": evals[-1].get("heldout_accept_len_last_answer") if evals else None,
         "heldout_evals": len(evals),
         "heldout_sequences": evals[-1].get("heldout_sequences") if evals else 0,
         "heldout_share_of_time": (

@@ -150,6 +150,7 @@ def step_metrics(
         data_wait_s=waited,
         heldout_accept_len=heldout.accept_len_target if heldout else None,
         heldout_accept_len_labels=heldout.accept_len_labels if heldout else None,
+        heldout_accept_len_last_answer=heldout.accept_len_last_answer if heldout else None,
         heldout_s=heldout_s if heldout else None,
         heldout_sequences=heldout.sequences if heldout else None,
         tokens=s.real_tokens,

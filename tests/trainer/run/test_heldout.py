@@ -12,7 +12,9 @@ from trainer.data.sources import split_data
 from trainer.model.batch import CapturedBatch
 from trainer.run.heldout import (
     HeldoutEvaluator,
+    HeldoutSums,
     acceptance_hits,
+    answer_walks,
     decoding_walk,
     every_anchor,
     leading_run,
@@ -128,6 +130,36 @@ def test_the_held_out_figure_walks_each_answer_as_decoding_does() -> None:
     assert (tokens, forwards) == (7, 4)
     two_answers = [*mask[:-2], False, True, True, True]  # a second answer at 11..13
     assert decoding_walk({**accept, 11: 5, 12: 1}, two_answers) == (7 + 2, 4 + 1)  # 5 is cut to the 2 left
+    assert answer_walks({**accept, 11: 5, 12: 1}, two_answers) == [
+        (7, 4),
+        (2, 1),
+    ]  # the last: what eval decodes
+    assert answer_walks(accept, [False] * 6) == []
+
+
+def test_the_last_answer_walk_is_kept_beside_the_headline() -> None:
+    """Two sequences of two answers each: the headline walks all four, `accept_len_last_answer` the second
+    of each; both survive the all-reduce's packing."""
+    cfg = tiny_config(block_size=4)
+    model = tiny_drafter(cfg).eval()
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, cfg.vocab_size - 1, (2, 32), generator=gen)
+    mask = torch.zeros(2, 32, dtype=torch.bool)
+    mask[:, 4:12] = True  # an earlier answer
+    mask[:, 18:30] = True  # the last answer
+    hidden = torch.randn(2, 32, cfg.num_context_features * cfg.hidden_size, generator=gen)
+    greedy = torch.roll(ids, -1, dims=1)
+    batch = CapturedBatch(ids, mask, hidden, target_ids=greedy)
+    last_only = mask.clone()
+    last_only[:, :12] = False
+    with torch.no_grad():
+        both = score_batch(model, batch, 8)
+        last = score_batch(model, CapturedBatch(ids, last_only, hidden, target_ids=greedy), 8)
+    assert (both.last_tokens, both.last_forwards) == (last.walk_tokens, last.walk_forwards)
+    assert both.walk_forwards > both.last_forwards > 0
+    assert both.accept_len_last_answer == pytest.approx(last.accept_len_target)
+    packed = HeldoutSums.from_tensor(both.as_tensor(torch.device("cpu")))
+    assert packed == both
 
 
 def test_every_anchor_is_scored_in_chunks_of_the_training_count() -> None:

@@ -128,6 +128,8 @@ def test_grad_accumulation_and_heldout_evaluation(tmp_path: Path) -> None:
     assert all(m["supervised_tok_s"] < m["tok_s"] for m in metrics)  # prompts are context, not supervised
     summary = run.summary
     assert summary["heldout_accept_len"] == metrics[-1]["heldout_accept_len"]
+    # tiny-cpu's data are single-answer records: the last answer is every answer
+    assert summary["heldout_accept_len_last_answer"] == summary["heldout_accept_len"]
     assert [m["heldout_sequences"] for m in metrics if m["step"] in evaluated] == [13, 13]
     assert summary["heldout_sequences"] == 13 and summary["sequences_per_step"] == 8
     assert summary["heldout_evals"] == 2 and 0 < summary["heldout_share_of_time"] < 1
