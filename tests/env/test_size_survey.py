@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ def _tree(tmp_path: Path, count: int) -> tuple[list[str], list[int | None], froz
     sizes: list[int | None] = []
     for index in range(count):
         folder = tmp_path / f"pkg{index % 5}"
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"f{index}.py"
         if index % 3:
             path.write_bytes(b"x" * index)
@@ -41,6 +42,20 @@ def _expected(paths: list[str], sizes: list[int | None], watch: frozenset[int]) 
     return want
 
 
+def _survey_is_complete(tmp_path: Path, processes: int) -> size_survey.Survey:
+    """Survey a fresh `_tree` and check the answer against `_expected`, whatever the children did."""
+    paths, sizes, watch = _tree(tmp_path, 61)  # not a multiple of any slice count: the last slice is short
+    got = size_survey.survey(paths, sizes, watch, processes=processes)
+    want = _expected(paths, sizes, watch)
+    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
+        want.missing,
+        want.resized,
+        want.watched,
+    )
+    assert want.missing and want.resized and want.watched  # the tree has every kind of exception
+    return got
+
+
 @pytest.fixture
 def forkable(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small slices are worth a process, 4 CPUs are usable, no other thread runs (whatever the test runner
@@ -52,16 +67,7 @@ def forkable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("processes", [1, 3, 4])
 def test_survey_answers_as_one_loop(tmp_path: Path, forkable: None, processes: int) -> None:
-    paths, sizes, watch = _tree(tmp_path, 61)  # not a multiple of any slice count: the last slice is short
-    got = size_survey.survey(paths, sizes, watch, processes=processes)
-    want = _expected(paths, sizes, watch)
-    assert got.processes == processes
-    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
-        want.missing,
-        want.resized,
-        want.watched,
-    )
-    assert want.missing and want.resized and want.watched  # the tree has every kind of exception
+    assert _survey_is_complete(tmp_path, processes).processes == processes
 
 
 def test_no_child_is_left_behind(tmp_path: Path, forkable: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,14 +98,7 @@ def test_a_failing_child_has_its_slice_done_by_the_parent(
         raise ValueError("unmarshallable")
 
     monkeypatch.setattr(size_survey.marshal, "dumps", broken_dumps)
-    paths, sizes, watch = _tree(tmp_path, 61)
-    got = size_survey.survey(paths, sizes, watch, processes=4)
-    want = _expected(paths, sizes, watch)
-    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
-        want.missing,
-        want.resized,
-        want.watched,
-    )
+    _survey_is_complete(tmp_path, processes=4)
 
 
 def test_a_failed_fork_is_done_in_this_process(
@@ -109,14 +108,7 @@ def test_a_failed_fork_is_done_in_this_process(
         raise OSError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(size_survey.os, "fork", no_fork)
-    paths, sizes, watch = _tree(tmp_path, 61)
-    got = size_survey.survey(paths, sizes, watch, processes=4)
-    want = _expected(paths, sizes, watch)
-    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
-        want.missing,
-        want.resized,
-        want.watched,
-    )
+    _survey_is_complete(tmp_path, processes=4)
 
 
 def test_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,34 +133,25 @@ def test_empty_and_tiny_inputs(tmp_path: Path, forkable: None) -> None:
     assert got.missing == [0]
 
 
-def test_a_child_never_runs_the_parents_signal_handlers(tmp_path: Path, forkable: None) -> None:
+def test_a_child_never_runs_the_parents_signal_handlers(
+    tmp_path: Path, forkable: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A child interrupted mid-slice dies as a plain process would: the parent's SIGTERM handler (which
     could remove a lock or write a record) runs in the parent only."""
     import signal
 
     handled = tmp_path / "handled"  # the handler leaves a file: seen whichever process ran it
     previous = signal.signal(signal.SIGTERM, lambda number, frame: handled.write_text(str(os.getpid())))
+    parent, original = os.getpid(), size_survey.survey_slice
+
+    def slice_that_is_terminated(*args: Any) -> Any:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)  # the child: default action, it dies here
+        return original(*args)
+
+    monkeypatch.setattr(size_survey, "survey_slice", slice_that_is_terminated)
     try:
-        paths, sizes, watch = _tree(tmp_path, 61)
-        original = size_survey.survey_slice
-
-        def slice_that_is_terminated(*args: object) -> object:
-            if os.getpid() != parent:
-                os.kill(os.getpid(), signal.SIGTERM)  # the child: default action, it dies here
-            return original(*args)  # type: ignore[arg-type]
-
-        parent = os.getpid()
-        size_survey.survey_slice = slice_that_is_terminated  # type: ignore[assignment]
-        try:
-            got = size_survey.survey(paths, sizes, watch, processes=4)
-        finally:
-            size_survey.survey_slice = original  # type: ignore[assignment]
+        _survey_is_complete(tmp_path / "tree", processes=4)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    want = _expected(paths, sizes, watch)
-    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
-        want.missing,
-        want.resized,
-        want.watched,
-    )
     assert not handled.exists()  # not in a child (they died of it), and nobody signalled the parent
