@@ -10,8 +10,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from dflash_doctor.env import size_survey
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,19 +29,32 @@ print("MODULES " + json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)),
 """
 
 
-def imported_by_check(tmp_path: Path) -> list[str]:
+def check_in_a_child(tmp_path: Path) -> tuple[list[str], dict[str, Any]]:
+    """(the heavy modules a `check` process imported, its JSON report)."""
     environ = dict(os.environ, DFLASH_DOCTOR_HOME=str(tmp_path / "home"))
     done = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
     )
     lines = [line for line in done.stderr.splitlines() if line.startswith("MODULES ")]
     assert lines, f"the probe printed no module list (exit {done.returncode}): {done.stderr[-2000:]}"
-    json.loads(done.stdout)  # check itself ran and printed its report
-    return json.loads(lines[-1].removeprefix("MODULES "))
+    return json.loads(lines[-1].removeprefix("MODULES ")), json.loads(done.stdout)
 
 
-def test_check_imports_nothing_heavy(tmp_path: Path) -> None:
-    assert imported_by_check(tmp_path) == []
+def imported_by_check(tmp_path: Path) -> list[str]:
+    return check_in_a_child(tmp_path)[0]
+
+
+def test_check_imports_nothing_heavy_and_stats_in_processes(tmp_path: Path) -> None:
+    """Nothing heavy imported; and no thread runs while the RECORD files are stat'ed, so the survey forks as
+    many processes as this machine and this environment's size allow (a stray thread makes it one)."""
+    heavy, report = check_in_a_child(tmp_path)
+    assert heavy == []
+    clobbered = next(f for f in report["findings"] if f["id"] == "ownership.clobbered")
+    files = clobbered["evidence"]["files_checked"]
+    allowed = min(
+        size_survey.MAX_PROCESSES, size_survey.usable_cpus(), files // size_survey.PATHS_PER_PROCESS
+    )
+    assert clobbered["evidence"]["processes"] == max(1, allowed)
 
 
 def test_the_probe_sees_a_heavy_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,9 +23,11 @@ import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-# Below this many paths a slice is not worth a process: a fork and its pipe cost ~1 ms.
+# Below this many paths a slice is not worth a process: a fork, exit and wait of a process holding a 50k-file
+# environment cost ~2 ms on a 2-core box (~25 ms of stat work at ~3 µs a path).
 PATHS_PER_PROCESS = 8192
-# At most this many processes. An H200 host has 16 cores; 4 slices of ~12k paths each take ~40 ms.
+# At most this many processes: 4 slices of ~12k paths on an H200 host's 16 cores (the 2-process figure is 0.58x one
+# process on a 2-core box; 4 on the H200 not measured yet: bench/check/stat_survey.py in bench/suites/check_h200.sh).
 MAX_PROCESSES = 4
 
 StatFacts = tuple[int, int, int]  # size, mtime_ns, ctime_ns
@@ -41,9 +43,8 @@ class Survey:
 
     missing: list[int] = field(default_factory=list)  # the stat failed: the file is gone (or unreadable)
     resized: list[tuple[int, int]] = field(default_factory=list)  # (index, size on disk) != the expected size
-    watched: dict[int, StatFacts] = field(
-        default_factory=dict
-    )  # the facts of each watched path whose size matched
+    # the facts of each watched path whose size matched (the caller may hash it)
+    watched: dict[int, StatFacts] = field(default_factory=dict)
     processes: int = 1  # how many processes did the work (the parent counts as one)
 
     def absorb(self, part: tuple[list[int], list[tuple[int, int]], dict[int, StatFacts]]) -> None:
