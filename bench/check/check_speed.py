@@ -44,7 +44,7 @@ def one_check(
 ) -> tuple[float, list[tuple[str, str]], dict[str, float], list[dict[str, Any]]]:
     """Wall seconds, the findings (id, severity), where the time inside `check` went (its own report), and
     how much work the slow checks had (SIZE_EVIDENCE)."""
-    command = [sys.executable, "-m", "dflash_doctor", "check", "--no-lock", "--json"]
+    command = [os.path.abspath(sys.executable), "-m", "dflash_doctor", "check", "--no-lock", "--json"]
     command += ["--python", python] if python else []
     environ = {k: v for k, v in os.environ.items() if k != "DFLASH_DOCTOR_CACHE_DIR"}
     # the repo first (a before/after of two checkouts), then what the caller had (a device's carried wheels)

@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# Issue 40 §2's `check` row on one H200 (~1 min): first and warm (bench/check/check_speed.py, with where the time
-# inside `check` went), then the RECORD audit's survey in 1, 2, 4 and 8 processes and threads (bench/check/stat_survey.py,
-# which decides size_survey.MAX_PROCESSES). S17 read 0.52 s warm (best of 9); S18 0.95 s on another machine.
-#   run(kind="nvidia-h200", carry=[".whl"], timeout_s=120, command="bash bench/suites/check_h200.sh")
+# Issue 40 §2's `check` row on one H200 (~2 min): first and warm (bench/check/check_speed.py, with where the time
+# inside `check` went and how much work the slow checks had), this checkout against the code before S19's forked
+# survey when it is carried (.carry-check-before: after, before, after, so the machine's drift reaches both), then
+# the RECORD audit's survey in 1, 2, 4 and 8 processes beside 2, 4 and 8 threads (bench/check/stat_survey.py, which
+# decides size_survey.MAX_PROCESSES). Warm, best: S17 0.52 s, S18 0.95 s, S19 0.65 s (one stat loop, other machines).
+#   run(kind="nvidia-h200", carry=[".whl", ".carry-check-before"], timeout_s=180, command="bash bench/suites/check_h200.sh")
+# .carry-check-before/before.tar.gz, the code before the survey (the device gets no .git), made here:
+#   mkdir -p .carry-check-before && git archive --format=tar.gz -o .carry-check-before/before.tar.gz 78180d9 -- \
+#       dflash_doctor checks dflash_base trainer pyproject.toml
 # Results: $OUT/results-check_h200.json. CPU dry run (nothing installed):
 #   SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/suites/check_h200.sh
 set -u
 cd "$(dirname "$0")/../.."
-SUITE_BUDGET_S=${SUITE_BUDGET_S:-110}
+SUITE_BUDGET_S=${SUITE_BUDGET_S:-160}
 source bench/lib/suite_lib.sh
 stage setup 25 bash -c install_carried_wheels
-stage check_first_warm 50 python3 bench/check/check_speed.py --rounds 3 --warm 6 --json "$RES/check_speed_40.json"
+speed=(python3 bench/check/check_speed.py --rounds 3 --warm 6)
+if [ -f .carry-check-before/before.tar.gz ]; then
+    rm -rf /tmp/check-before && mkdir -p /tmp/check-before &&
+        tar -xzf .carry-check-before/before.tar.gz -C /tmp/check-before
+    stage check_after_1 40 "${speed[@]}" --json "$RES/check_speed_40.json"
+    stage check_before 40 "${speed[@]}" --repo /tmp/check-before --json "$RES/check_speed_40_before.json"
+    stage check_after_2 40 "${speed[@]}" --json "$RES/check_speed_40_again.json"
+else
+    stage check_first_warm 50 "${speed[@]}" --json "$RES/check_speed_40.json"
+fi
 stage stat_survey 25 python3 bench/check/stat_survey.py --threads --json "$RES/stat_survey.json"
 finish check_h200
