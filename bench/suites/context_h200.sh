@@ -12,9 +12,12 @@
 # Measured on S18's H200 (default kwargs, both arms): regenerate ~2 min, each arm's train ~4 min, each arm's eval
 # of 100 prompts ~7 min: ~25 min in all, more than a lease holds after its other calls. S18 measured the before
 # arm (BENCHMARKS 5.15); CONTEXT_ARMS=after runs this checkout's arm alone (~14 min).
-# .carry-before/before.tar.gz: the code before the fix, made here (the device gets no .git):
-#   mkdir -p .carry-before && git archive --format=tar.gz -o .carry-before/before.tar.gz 23dabad~1 -- \
-#       dflash_doctor trainer dflash_base checks pyproject.toml
+# .carry-before/before.tar.gz: the code before the fix, with today's last-answer walk patched in so that both arms
+# report it (bench/decode/patches/before-q1-last-answer.patch: scoring only), made here (the device gets no .git):
+#   rm -rf /tmp/mkbefore && mkdir -p /tmp/mkbefore .carry-before && git archive 23dabad~1 -- dflash_doctor trainer \
+#       dflash_base checks pyproject.toml | tar -x -C /tmp/mkbefore && (cd /tmp/mkbefore && patch -p1 -s < \
+#       "$OLDPWD/bench/decode/patches/before-q1-last-answer.patch" && tar -czf "$OLDPWD/.carry-before/before.tar.gz" \
+#       dflash_doctor trainer dflash_base checks pyproject.toml)
 # .carry1, .carry2, .whl: as for bench/suites/quality_h200.sh (the GGUF in two parts, the prompt sets, the wheels).
 # CONTEXT_NOTHINK=1 runs the `enable_thinking = false` case after the default one (~14 min more an arm).
 # CONTEXT_ARGS overrides the sizes (e.g. "--conversations 4000 --steps 300" for a shorter run). A CPU dry run of the
