@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dflash_doctor.env import size_survey
+from dflash_doctor.env import forked, size_survey
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,9 +51,7 @@ def test_check_imports_nothing_heavy_and_stats_in_processes(tmp_path: Path) -> N
     assert heavy == []
     clobbered = next(f for f in report["findings"] if f["id"] == "ownership.clobbered")
     files = clobbered["evidence"]["files_checked"]
-    allowed = min(
-        size_survey.MAX_PROCESSES, size_survey.usable_cpus(), files // size_survey.PATHS_PER_PROCESS
-    )
+    allowed = min(size_survey.MAX_PROCESSES, forked.usable_cpus(), files // size_survey.PATHS_PER_PROCESS)
     assert clobbered["evidence"]["processes"] == max(1, allowed)
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dflash_base.atomic import write_json_atomic
-from dflash_doctor.env import record_audit, size_survey
+from dflash_doctor.env import forked, record_audit, size_survey
 from dflash_doctor.env.environment import Environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def main() -> None:
         }
         for label, runs in seconds.items()
     }
-    cpus = size_survey.usable_cpus()
+    cpus = forked.usable_cpus()
     print(f"{len(paths)} paths, {cpus} usable CPUs, {args.rounds} rounds")
     print(f"{'arm':<13}{'median ms':>11}{'best ms':>9}{'vs 1':>7}")
     for label, row in table.items():

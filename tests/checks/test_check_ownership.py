@@ -313,8 +313,8 @@ def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite,
     whether one process stats every file or four do (the slices' indexes map back to the right rows)."""
     import dataclasses
 
+    from dflash_doctor.env import forked, size_survey
     from dflash_doctor.env import record_audit as audit_module
-    from dflash_doctor.env import size_survey
     from dflash_doctor.env.file_hashes import HashCache
     from tests.conftest import env_for
 
@@ -339,8 +339,8 @@ def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite,
         return {k: v for k, v in dataclasses.asdict(found).items() if k in keep}
 
     monkeypatch.setattr(size_survey, "PATHS_PER_PROCESS", 5)
-    monkeypatch.setattr(size_survey, "usable_cpus", lambda: 4)
-    monkeypatch.setattr(size_survey.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
     one = audit(1)
     lib.write_bytes(b"q" * len(lib.read_bytes()))  # same size, other bytes: found by its sha256 alone
     one_after, four_after = audit(1), audit(4)

@@ -1,0 +1,100 @@
+"""`forked.map_slices`: slices of a job in forked children must give what one process gives, in order, and
+fall back to this process whenever a child cannot help; no child is left behind or runs our handlers."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from dflash_doctor.env import forked
+
+
+def squares(start: int, stop: int) -> list[int]:
+    """A job whose answer says which slice ran: the squares of its numbers."""
+    return [n * n for n in range(start, stop)]
+
+
+def joined(parts: list[list[int]]) -> list[int]:
+    return [n for part in parts for n in part]
+
+
+@pytest.fixture(autouse=True)
+def no_other_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the test runner has started, forking counts as safe here."""
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 7])
+def test_slices_come_back_in_order(processes: int) -> None:
+    parts = forked.map_slices(squares, 61, processes)  # 61: the last slice is short
+    assert len(parts) == min(processes, 61) and joined(parts) == squares(0, 61)
+    assert forked.map_slices(squares, 0, 4) == []
+
+
+def test_no_child_is_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[int] = []
+    real_fork = os.fork
+
+    def counting_fork() -> int:
+        pid = real_fork()
+        if pid:
+            started.append(pid)
+        return pid
+
+    monkeypatch.setattr(forked.os, "fork", counting_fork)
+    assert joined(forked.map_slices(squares, 40, 4)) == squares(0, 40)
+    assert len(started) == 3  # the parent does the first slice itself
+    for pid in started:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # already reaped
+
+
+def test_a_failing_child_has_its_slice_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The children cannot encode their answer (they exit 1): the answer is still whole."""
+
+    def broken_dumps(value: object) -> bytes:
+        raise ValueError("unmarshallable")
+
+    monkeypatch.setattr(forked.marshal, "dumps", broken_dumps)
+    assert joined(forked.map_slices(squares, 40, 4)) == squares(0, 40)
+
+
+def test_a_failed_fork_is_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fork() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(forked.os, "fork", no_fork)
+    assert joined(forked.map_slices(squares, 40, 4)) == squares(0, 40)
+
+
+def test_a_child_never_runs_the_parents_signal_handlers(tmp_path: Path) -> None:
+    """A child interrupted mid-slice dies as a plain process would: the parent's SIGTERM handler (which could
+    remove a lock or write a record) runs in the parent only."""
+    handled = tmp_path / "handled"  # the handler leaves a file: seen whichever process ran it
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: handled.write_text(str(os.getpid())))
+    parent = os.getpid()
+
+    def terminated_in_a_child(start: int, stop: int) -> list[int]:
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)  # the child: default action, it dies here
+        return squares(start, stop)
+
+    try:
+        assert joined(forked.map_slices(terminated_in_a_child, 40, 4)) == squares(0, 40)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not handled.exists()  # not in a child (they died of it), and nobody signalled the parent
+
+
+def test_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 16)
+    assert forked.process_count(99, per_process=100, limit=4) == 1  # one slice's worth: no fork
+    assert forked.process_count(250, per_process=100, limit=4) == 2
+    assert forked.process_count(50_000, per_process=100, limit=4) == 4
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    assert forked.process_count(50_000, per_process=100, limit=4) == 2  # the CPUs this process may use
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 3)
+    assert forked.process_count(50_000, per_process=100, limit=4) == 1  # another thread runs: not safe
