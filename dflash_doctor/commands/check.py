@@ -41,6 +41,7 @@ def audit(
             ids = ", ".join(sorted({c.area for c in all_checks()}))
             raise DoctorError(f"--only: no check matches {', '.join(unknown)}", hint=f"areas are: {ids}")
         env = Environment.load(python, probe=probe)
+        env.prefetch_records()  # a first run: every RECORD parsed in a few processes, not one after another
     except BaseException:
         if probe is not None:
             probe.cancel()

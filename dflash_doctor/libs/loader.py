@@ -473,16 +473,19 @@ def cuda_extension_libraries(env: Environment, read: Callable[[str], ElfInfo | N
 
     torch's own files and the nvidia-* libraries are covered by the import simulation already.
     """
+    candidates = [
+        path
+        for key, dist in env.distributions.items()
+        if key != "torch" and not key.startswith("nvidia-")
+        for path, _, _ in dist.record_rows
+        if ".so" in path and _SHARED_OBJECT.search(path)
+    ]
+    env.prefetch_elf(candidates)  # a first run: ~800 headers of a GPU host's image, read in a few processes
     found: list[str] = []
-    for key, dist in env.distributions.items():
-        if key == "torch" or key.startswith("nvidia-"):
-            continue
-        for path, _, _ in dist.record_rows:
-            if ".so" not in path or not _SHARED_OBJECT.search(path):
-                continue
-            info = read(path)
-            if info is not None and any(is_cuda_soname(n) for n in info.needed):
-                found.append(path)
+    for path in candidates:
+        info = read(path)
+        if info is not None and any(is_cuda_soname(n) for n in info.needed):
+            found.append(path)
     return found
 
 

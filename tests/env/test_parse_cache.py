@@ -261,3 +261,86 @@ def test_cli_check_cold_then_warm_gives_the_same_report(tmp_path: Path, capsys) 
         reports.append((code, [(f["id"], f["severity"], f["summary"]) for f in report["findings"]]))
     assert reports[0] == reports[1]
     assert any((tmp_path / "home" / "cache" / "parse-cache").iterdir())
+
+
+@pytest.fixture
+def forkable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forking allowed and worth it for a few files (whatever threads the test runner has started)."""
+    from dflash_doctor.env import forked
+
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 4)
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+
+
+def test_prefill_parses_what_the_cache_never_saw_in_processes(tmp_path: Path, forkable: None) -> None:
+    """A first run: every key parsed in forked slices and stored as `get` stores it, so `get` is then a hit
+    with the same value; a key the cache holds (even a stale one) is left to `get`; a gone file is not stored."""
+    files = []
+    for index in range(13):
+        path = tmp_path / f"f{index}.txt"
+        path.write_text(f"content {index}\n")
+        files.append(str(path))
+    cache = ParseCache(tmp_path / "cache.bin")
+    cache.tables["records"][files[0]] = ((0, 0, 0, 0, 0), "stale")  # an entry from an earlier install
+    gone = str(tmp_path / "gone.txt")
+    parsed_here = cache.prefill(
+        "records", [*files, gone], lambda p: Path(p).read_text().split(), per_process=3
+    )
+    assert parsed_here == 13  # 12 new files and the gone one; the stale entry was not touched
+    assert cache.tables["records"][files[0]][1] == "stale" and gone not in cache.tables["records"]
+
+    def must_not_parse() -> list[str]:
+        raise AssertionError("prefilled: get must not parse again")
+
+    for index, path in enumerate(files[1:], start=1):
+        assert cache.get("records", path, parse_cache.stamp_of(path), must_not_parse) == [
+            "content",
+            str(index),
+        ]
+    assert cache.get("records", files[0], parse_cache.stamp_of(files[0]), lambda: ["fresh"]) == ["fresh"]
+
+
+def test_prefill_leaves_too_few_files_and_racy_ones_alone(
+    tmp_path: Path, forkable: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = [str(tmp_path / f"f{i}.txt") for i in range(6)]
+    for path in files:
+        Path(path).write_text("x")
+    cache = ParseCache(tmp_path / "cache.bin")
+    assert cache.prefill("records", files, lambda p: "x", per_process=6) == 0  # one process's worth: lazily
+    assert cache.tables["records"] == {}
+    monkeypatch.setattr(parse_cache, "RACY_SECONDS", 3600.0)  # every file just written: parsed, not kept
+    assert cache.prefill("records", files, lambda p: "x", per_process=2) == 6
+    assert cache.tables["records"] == {}
+
+
+def test_a_first_check_in_processes_reports_what_one_process_does(
+    site: FakeSite, cuda_libs, tmp_path: Path, forkable: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RECORDs and extensions' ELF headers prefilled in forked processes (thresholds lowered to this small
+    site): the findings are those of a run that parses everything in this process."""
+    from dflash_doctor.env import environment
+
+    install_cuda_torch(site, cuda_libs, preloads=ALL_PRELOADS)
+    extensions = {
+        f"ext/_op{index}.so": build_elf(
+            tmp_path / "built" / f"_op{index}.so", None, ["libcudart.so.13"] if index % 2 else ["libc.so.6"]
+        )
+        for index in range(4)
+    }
+    site.add_dist("ext", "1.0", extensions)
+    one, _ = audit(site, cached=False)
+    monkeypatch.setattr(environment, "RECORDS_PER_PROCESS", 2)
+    monkeypatch.setattr(environment, "ELF_FILES_PER_PROCESS", 1)
+    prefilled: list[int] = []
+    real = Environment.prefetch_elf
+    monkeypatch.setattr(
+        Environment, "prefetch_elf", lambda env, paths: prefilled.append(real(env, paths)) or 0
+    )
+    env = Environment.from_interpreter(interpreter(site), cached=True)
+    assert env.prefetch_records() == len(env.distributions)
+    env.save_parse_cache()
+    first, cache = audit(site)
+    assert prefilled == [4]  # the extension headers, read in forked slices
+    assert cache is not None and {str(site.root / rel) for rel in extensions} <= set(cache.tables["elf"])
+    assert verdicts(first) == verdicts(one)
