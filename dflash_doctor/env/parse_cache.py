@@ -104,12 +104,18 @@ class ParseCache:
             return value
         self.misses += 1
         value = parse()
-        if stamp is not None and not _racy(stamp):
-            rows.pop(key, None)  # re-insert at the end: the newest rows survive the size bound
-            rows[key] = (stamp, value)
-            self.used[table].add(key)
-            self._dirty = True
+        self._keep(table, key, stamp, value)
         return value
+
+    def _keep(self, table: str, key: str, stamp: Any, value: Any) -> None:
+        """Store a fresh parse, unless its file is gone or racily new."""
+        if stamp is None or _racy(stamp):
+            return
+        rows = self.tables[table]
+        rows.pop(key, None)  # re-insert at the end: the newest rows survive the size bound
+        rows[key] = (stamp, value)
+        self.used[table].add(key)
+        self._dirty = True
 
     def prefill(
         self, table: str, keys: Sequence[str], parse: Callable[[str], Any], per_process: int, limit: int = 4
@@ -134,9 +140,7 @@ class ParseCache:
 
         parsed = [pair for part in map_slices(stamp_and_parse, len(todo), count) for pair in part]
         for key, (stamp, value) in zip(todo, parsed, strict=True):
-            if stamp is not None and not _racy(stamp):
-                rows[key] = (tuple(stamp), value)
-                self._dirty = True
+            self._keep(table, key, stamp, value)
         self.misses += len(todo)
         return len(todo)
 
