@@ -24,7 +24,7 @@ each sequence's last answer alone is kept beside it (`accept_len_last_answer`), 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
@@ -57,30 +57,20 @@ class HeldoutSums:
     last_forwards: float = 0.0
 
     def add(self, other: HeldoutSums) -> None:
-        self.walk_tokens += other.walk_tokens
-        self.walk_forwards += other.walk_forwards
-        self.accept_labels += other.accept_labels
-        self.anchors += other.anchors
-        self.sequences += other.sequences
-        self.last_tokens += other.last_tokens
-        self.last_forwards += other.last_forwards
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_tensor(self, device: torch.device) -> Tensor:
-        values = [
-            self.walk_tokens,
-            self.walk_forwards,
-            self.accept_labels,
-            self.anchors,
-            float(self.sequences),
-            self.last_tokens,
-            self.last_forwards,
-        ]
+        """Every sum in field order, for one all-reduce."""
+        values = [float(getattr(self, f.name)) for f in fields(self)]
         return torch.tensor(values, dtype=torch.float64, device=device)
 
     @classmethod
     def from_tensor(cls, t: Tensor) -> HeldoutSums:
-        a, b, c, d, e, f, g = t.double().cpu().tolist()
-        return cls(a, b, c, d, int(e), f, g)
+        zero, values = cls(), t.double().cpu().tolist()  # each field back to its own type (sequences: int)
+        return cls(
+            **{f.name: type(getattr(zero, f.name))(v) for f, v in zip(fields(cls), values, strict=True)}
+        )
 
     @property
     def accept_len_target(self) -> float:
