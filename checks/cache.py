@@ -13,7 +13,7 @@ import stat
 from collections.abc import Iterator
 
 from dflash_base.errors import DoctorError
-from dflash_doctor.audit.cache import cache_status
+from dflash_doctor.audit.cache import cache_status, start_cache_walks
 from dflash_doctor.cache.inspection import SAMPLE, FolderReport, volatility
 from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, check_apart, managed_inductor_dir, snapshots_dir
 from dflash_doctor.cache.status import warmth_of
@@ -35,7 +35,7 @@ def persistent_cache_remedy() -> str:
     )
 
 
-@check("cache.location", "compile cache")
+@check("cache.location", "compile cache", starts=start_cache_walks)
 def cache_location(ctx: CheckContext) -> Iterator[Finding]:
     status = cache_status(ctx)
     try:
@@ -88,7 +88,7 @@ def _parent_findings(folder: FolderReport) -> Iterator[Finding]:
         )
 
 
-@check("cache.permissions", "compile cache")
+@check("cache.permissions", "compile cache", starts=start_cache_walks)
 def cache_permissions(ctx: CheckContext) -> Iterator[Finding]:
     status = cache_status(ctx)
     for folder in status.folders:
@@ -143,7 +143,7 @@ def home_findings() -> Iterator[Finding]:
             )
 
 
-@check("cache.store", "compile cache")
+@check("cache.store", "compile cache", starts=start_cache_walks)
 def cache_store(ctx: CheckContext) -> Iterator[Finding]:
     """The snapshot store holds code a restore installs: it must be yours and private, like the cache."""
     yield from home_findings()
@@ -174,7 +174,7 @@ def cache_store(ctx: CheckContext) -> Iterator[Finding]:
             yield skip("cache.store", f"no snapshot store yet at {store}")
 
 
-@check("cache.warm", "compile cache")
+@check("cache.warm", "compile cache", starts=start_cache_walks)
 def cache_warm(ctx: CheckContext) -> Iterator[Finding]:
     status = cache_status(ctx)
     folder = status.main

@@ -18,6 +18,7 @@ from dflash_doctor.audit.packages import (
     removable,
     requirement_graph,
     resolved_library_paths,
+    start_ownership_survey,
     torch_closure,
     twin_remedy,
     wanted_pin,
@@ -31,7 +32,7 @@ from dflash_doctor.registry import check
 SHOWN = 8  # files listed in evidence; the count says how many in all
 
 
-@check("ownership.twins", "no file claimed by two distributions")
+@check("ownership.twins", "no file claimed by two distributions", starts=start_ownership_survey)
 def twins_check(ctx: CheckContext) -> Iterator[Finding]:
     audit = record_audit(ctx)
     groups: dict[tuple[str, ...], list[SharedFile]] = defaultdict(list)
@@ -148,7 +149,7 @@ def _record_finding(
     return ok(check_id, f"{summary} (information: torch does not load {dist.name})", **facts)
 
 
-@check("ownership.clobbered", "installed files match their RECORD")
+@check("ownership.clobbered", "installed files match their RECORD", starts=start_ownership_survey)
 def clobbered_check(ctx: CheckContext) -> Iterator[Finding]:
     audit = record_audit(ctx)
     for key, changed in sorted(audit.changed.items()):
@@ -171,7 +172,7 @@ def clobbered_check(ctx: CheckContext) -> Iterator[Finding]:
         )
 
 
-@check("ownership.missing_files", "no file listed in a RECORD is gone")
+@check("ownership.missing_files", "no file listed in a RECORD is gone", starts=start_ownership_survey)
 def missing_files_check(ctx: CheckContext) -> Iterator[Finding]:
     audit = record_audit(ctx)
     closure = torch_closure(ctx)

@@ -9,13 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:  # types only: the core imports nothing above it
     from dflash_doctor.env.environment import Environment
     from trainer.spec.config import TrainConfig
 
 T = TypeVar("T")
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
 
 
 @dataclass
@@ -35,6 +39,7 @@ class CheckContext:
     env: Environment
     options: CheckOptions = field(default_factory=CheckOptions)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+    _started: dict[str, Cancellable] = field(default_factory=dict, repr=False)
 
     def shared(self, name: str, factory: Callable[[], T]) -> T:
         """Compute an analysis once per run and hand the same object to every check that asks."""
@@ -45,6 +50,22 @@ class CheckContext:
             value = self._shared[name] = value.get()
         result: T = value
         return result
+
+    def start(self, name: str, starter: Callable[[], Cancellable]) -> None:
+        """Start work beside the checks once per run (forked children); `started(name)` hands it over."""
+        if name not in self._started:
+            self._started[name] = starter()
+
+    def started(self, name: str) -> Any | None:
+        """The work `start(name)` began, handed over once (the taker collects it), or None when nothing
+        started it or it was taken already: the caller then does the work itself."""
+        return self._started.pop(name, None)
+
+    def close(self) -> None:
+        """Cancel what was started and never taken (its check did not run, or crashed first)."""
+        while self._started:
+            _, work = self._started.popitem()
+            work.cancel()
 
     def pending(self, name: str, get: Callable[[], Any]) -> None:
         """`shared(name)` will be `get()`, called by the first check that asks (it may wait for a thread)."""

@@ -18,6 +18,8 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, Severity
 
 CheckFn = Callable[[CheckContext], Iterable[Finding]]
+# Starts slow, independent work a check will wait for (in forked children, `ctx.start`), before any check runs.
+Starter = Callable[[CheckContext], None]
 
 # A check may need something a plain `check` run does not do: "deep" (a child process importing
 # torch), "config" (a training config), "lock" (a lock file to compare against).
@@ -30,6 +32,7 @@ class Check:
     title: str
     fn: CheckFn
     requires: frozenset[str] = frozenset()
+    starts: Starter | None = None
 
     @property
     def area(self) -> str:
@@ -39,8 +42,14 @@ class Check:
 _CHECKS: dict[str, Check] = {}
 
 
-def check(id: str, title: str, requires: Iterable[str] = ()) -> Callable[[CheckFn], CheckFn]:
-    """Register a check function under a stable dotted id (its findings' ids start with its area)."""
+def check(
+    id: str, title: str, requires: Iterable[str] = (), starts: Starter | None = None
+) -> Callable[[CheckFn], CheckFn]:
+    """Register a check function under a stable dotted id (its findings' ids start with its area).
+
+    `starts`: work this check will wait for that depends on no other check (a walk of the disk), started before
+    any check runs; the check itself then runs after the checks that start nothing, so the work overlaps them.
+    """
     needs = frozenset(requires)
     unknown = needs - REQUIREMENTS
     if unknown:
@@ -49,7 +58,7 @@ def check(id: str, title: str, requires: Iterable[str] = ()) -> Callable[[CheckF
     def register(fn: CheckFn) -> CheckFn:
         if id in _CHECKS and _CHECKS[id].fn is not fn:
             raise ValueError(f"check id {id!r} registered twice")
-        _CHECKS[id] = Check(id, title, fn, needs)
+        _CHECKS[id] = Check(id, title, fn, needs, starts)
         return fn
 
     return register
@@ -102,7 +111,8 @@ def run_checks(
     static checks, then `after_first(their runs)`: the launch's warm-up starts once the checks it depends on
     have passed, beside the rest. `defer` (selectors): run those last, after `between(runs so far)`: the gate
     runs the static checks while the deep probe's child runs beside them, and only then the checks that judge
-    its report."""
+    its report. The chosen checks' `starts` run first of all; the checks that wait for them run after the other
+    static checks (the report keeps registry order)."""
     selectors = [s.strip() for s in only if s.strip()]
     later = [s.strip() for s in defer if s.strip()]
     early = [s.strip() for s in first if s.strip()]
@@ -111,19 +121,36 @@ def run_checks(
     deferred = [c for c in chosen if later and matches(c.id, later)]
     static = [c for c in chosen if c not in deferred]
     leading = [c for c in static if early and matches(c.id, early)]
-    order = leading + [c for c in static if c not in leading]
+    rest = [c for c in static if c not in leading]
+    order = leading + [c for c in rest if c.starts is None] + [c for c in rest if c.starts is not None]
     done: dict[str, CheckRun] = {}
-    for chk in leading:
-        done[chk.id] = _run_one(ctx, chk)
-    if after_first is not None:
-        after_first([done[c.id] for c in leading])
-    for chk in order[len(leading) :]:
-        done[chk.id] = _run_one(ctx, chk)
-    if between is not None:
-        between([done[c.id] for c in order])
-    for chk in deferred:
-        done[chk.id] = _run_one(ctx, chk)
+    try:
+        _start_all(ctx, chosen)
+        for chk in leading:
+            done[chk.id] = _run_one(ctx, chk)
+        if after_first is not None:
+            after_first([done[c.id] for c in leading])
+        for chk in order[len(leading) :]:
+            done[chk.id] = _run_one(ctx, chk)
+        if between is not None:
+            between([done[c.id] for c in order])
+        for chk in deferred:
+            done[chk.id] = _run_one(ctx, chk)
+    finally:
+        ctx.close()  # work started for a check that never asked for it: its children ended and reaped
     return one_command_per_remedy([done[c.id] for c in chosen])
+
+
+def _start_all(ctx: CheckContext, chosen: list[Check]) -> None:
+    """Each chosen check's starter, once; one that fails leaves its check to do the work itself."""
+    seen: set[Starter] = set()
+    for chk in chosen:
+        if chk.starts is not None and chk.starts not in seen:
+            seen.add(chk.starts)
+            try:
+                chk.starts(ctx)
+            except Exception:  # the check does the same work when it runs, and reports what goes wrong then
+                continue
 
 
 def _run_one(ctx: CheckContext, chk: Check) -> CheckRun:

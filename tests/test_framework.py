@@ -53,6 +53,62 @@ def test_checks_with_unmet_requirements_do_not_run(site, monkeypatch) -> None:
     assert len(registry.run_checks(ctx, ["zz"])) == 1
 
 
+class Work:
+    """Started work that records whether it was collected or cancelled."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        log.append("started")
+
+    def cancel(self) -> None:
+        self.log.append("cancelled")
+
+
+def test_started_work_begins_first_and_its_checks_run_last(site, monkeypatch) -> None:
+    """A check's starter runs before any check; the checks that wait for it run after those that start
+    nothing; the report keeps registry order; work nobody took is cancelled at the end."""
+    log: list[str] = []
+
+    def start_walk(ctx: CheckContext) -> None:
+        ctx.start("zz.walk", lambda: Work(log))
+
+    def waiting(ctx: CheckContext) -> list[Finding]:
+        log.append("a.waiting ran" + (" with its work" if ctx.started("zz.walk") else ""))
+        return [ok("zz.a", "waited")]
+
+    def plain(ctx: CheckContext) -> list[Finding]:
+        log.append("b.plain ran")
+        return [ok("zz.b", "plain")]
+
+    for check in (
+        registry.Check("zz.a", "waits", waiting, starts=start_walk),
+        registry.Check("zz.b", "plain", plain),
+        registry.Check("zz.c", "waits too", lambda ctx: [ok("zz.c", "same starter")], starts=start_walk),
+    ):
+        monkeypatch.setitem(registry._CHECKS, check.id, check)
+    runs = registry.run_checks(CheckContext(env_for(site)), ["zz"])
+    assert [r.check.id for r in runs] == ["zz.a", "zz.b", "zz.c"]  # registry order in the report
+    assert log == ["started", "b.plain ran", "a.waiting ran with its work"]  # started once, taken once
+    log.clear()
+    assert [r.check.id for r in registry.run_checks(CheckContext(env_for(site)), ["zz.b"])] == ["zz.b"]
+    assert log == ["b.plain ran"]  # a check not chosen starts nothing
+    log.clear()
+    registry.run_checks(CheckContext(env_for(site)), ["zz.c"])
+    assert log == ["started", "cancelled"]  # zz.c never takes the work: its children are ended
+
+
+def test_a_starter_that_fails_leaves_the_work_to_its_check(site, monkeypatch) -> None:
+    def broken(ctx: CheckContext) -> None:
+        raise OSError("no fork today")
+
+    def waiting(ctx: CheckContext) -> list[Finding]:
+        return [ok("zz.a", "did the work itself" if ctx.started("zz.walk") is None else "had it")]
+
+    monkeypatch.setitem(registry._CHECKS, "zz.a", registry.Check("zz.a", "waits", waiting, starts=broken))
+    runs = registry.run_checks(CheckContext(env_for(site)), ["zz"])
+    assert [f.summary for r in runs for f in r.findings] == ["did the work itself"]
+
+
 def test_json_report_is_versioned_and_complete(site) -> None:
     site.add_torch()
     runs = registry.run_checks(CheckContext(env_for(site)), ["torch"])

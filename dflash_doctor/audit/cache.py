@@ -8,8 +8,16 @@ about the same walk.
 from __future__ import annotations
 
 from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
-from dflash_doctor.cache.status import CacheStatus, gather_status
+from dflash_doctor.cache.status import CacheStatus, gather_status, start_walks
 from dflash_doctor.context import CheckContext
+
+WALKS = "cache.walks"
+
+
+def start_cache_walks(ctx: CheckContext) -> None:
+    """The `cache.*` checks' starter: the folders' walks begin before any check runs."""
+    environ = ctx.options.extra.get("cache_environ")
+    ctx.start(WALKS, lambda: start_walks(environ))
 
 
 def cache_status(ctx: CheckContext) -> CacheStatus:
@@ -20,4 +28,6 @@ def cache_status(ctx: CheckContext) -> CacheStatus:
     """
     gpus = ctx.shared("cache.gpu_names", read_gpu_names)
     environ = ctx.options.extra.get("cache_environ")
-    return ctx.shared("cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus), environ))
+    return ctx.shared(
+        "cache.status", lambda: gather_status(fingerprint_of(ctx.env, gpus), environ, ctx.started(WALKS))
+    )

@@ -25,6 +25,7 @@ from dflash_doctor.env.record_audit import (
     audit_records,
     audited_record_rows,
     is_preloaded_cuda_library,
+    start_record_survey,
 )
 from dflash_doctor.env.requirement_graph import RequirementGraph, build_requirement_graph, marker_environment
 from dflash_doctor.libs.loader import library_report
@@ -64,13 +65,23 @@ def cuda_families(ctx: CheckContext) -> dict[str, CudaFamily]:
     return ctx.shared("packages.cuda_families", build)
 
 
+SURVEY = "ownership.survey"
+
+
+def start_ownership_survey(ctx: CheckContext) -> None:
+    """The `ownership.*` checks' starter: the stat of every RECORD file begins before any check runs."""
+    ctx.start(SURVEY, lambda: start_record_survey(ctx.env.distributions, audited_rows_by_key(ctx)))
+
+
 def record_audit(ctx: CheckContext) -> RecordAudit:
     """The RECORD audit, with its hash cache saved afterwards."""
 
     def build() -> RecordAudit:
         cache = HashCache.load()
         hash_paths = libraries_worth_hashing(ctx)
-        audit = audit_records(ctx.env.distributions, cache, hash_paths, audited_rows_by_key(ctx))
+        audit = audit_records(
+            ctx.env.distributions, cache, hash_paths, audited_rows_by_key(ctx), started=ctx.started(SURVEY)
+        )
         cache.save()
         return audit
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
-from dflash_doctor.cache.inspection import FolderReport, inspect_folder, read_mounts
+from dflash_doctor.cache.inspection import FolderReport, StartedWalks, inspect_folder, read_mounts
 from dflash_doctor.cache.locations import CacheLocations, resolve_locations, snapshots_dir
 from dflash_doctor.cache.restore import pending_restore
 from dflash_doctor.cache.store import SnapshotInfo, SnapshotStore, folder_distrust
@@ -63,12 +63,21 @@ class CacheStatus:
         }
 
 
-def gather_status(current: BuildFingerprint, environ: Mapping[str, str] | None = None) -> CacheStatus:
+def start_walks(environ: Mapping[str, str] | None = None) -> StartedWalks:
+    """Start walking the cache folders `gather_status` will report (forked children), to overlap other work."""
+    locations = resolve_locations(os.environ if environ is None else environ)
+    return StartedWalks([locations.inductor, *([locations.triton] if locations.triton is not None else [])])
+
+
+def gather_status(
+    current: BuildFingerprint, environ: Mapping[str, str] | None = None, walks: StartedWalks | None = None
+) -> CacheStatus:
+    """`walks`: the folders' walks started beside other work (`start_walks`); the rest is read here."""
     locations = resolve_locations(os.environ if environ is None else environ)
     mounts = read_mounts()
-    folders = [inspect_folder("inductor", locations.inductor, mounts=mounts)]
+    folders = [inspect_folder("inductor", locations.inductor, mounts=mounts, walks=walks)]
     if locations.triton is not None:
-        folders.append(inspect_folder("triton", locations.triton, mounts=mounts))
+        folders.append(inspect_folder("triton", locations.triton, mounts=mounts, walks=walks))
     for folder in folders:  # a journal beside the first root speaks for all of them
         folder.pending = pending_restore(folder.path) or pending_restore(locations.inductor)
     store = SnapshotStore(snapshots_dir())

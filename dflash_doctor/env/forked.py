@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -43,39 +43,104 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
-def process_count(items: int, per_process: int, limit: int) -> int:
-    """Processes for `items` items: one per `per_process`, at most `limit` and the usable CPUs; one where
-    forking is not safe."""
-    wanted = min(limit, usable_cpus(), max(1, items // per_process))
+def process_count(items: int, per_process: int, limit: int, spare: int = 0) -> int:
+    """Processes for `items` items: one per `per_process`, at most `limit` and the usable CPUs less `spare`
+    (kept for other work); one where forking is not safe."""
+    wanted = min(limit, usable_cpus() - spare, max(1, items // per_process))
     return wanted if wanted > 1 and can_fork() else 1
 
 
 def map_slices(work: Callable[[int, int], T], count: int, processes: int) -> list[T]:
     """`work(start, stop)` over `processes` contiguous slices of range(count), in slice order: the first
     slice in this process, the others in forked children (each result must be marshal-able)."""
+    bounds = _bounds(count, processes)
+    if not bounds:
+        return []
+    rest = Started(work, bounds[1:])
+    try:
+        first = work(*bounds[0])
+    except BaseException:
+        rest.cancel()
+        raise
+    return [first, *rest.results()]
+
+
+def start_slices(work: Callable[[int, int], T], count: int, processes: int, fork: bool = True) -> Started[T]:
+    """`work(start, stop)` over `processes` slices of range(count), every slice in a forked child started now,
+    so this process is free for other work until it asks for `results()`. With `fork` false, or where
+    forking is not safe, nothing is forked and `results()` does the whole job then."""
+    bounds = _bounds(count, processes)
+    if fork and can_fork():
+        return Started(work, bounds)
+    return Started(work, [], here=bounds)
+
+
+def start_job(work: Callable[[], T]) -> Started[T]:
+    """`work()` in one forked child started now (where forking is safe); `results()[0]` is its answer."""
+    return start_slices(lambda start, stop: work(), 1, 1)
+
+
+class Started(Generic[T]):
+    """Slices of a job running in forked children since it was made; `results()` waits for them once.
+
+    A slice that could not be forked, or whose child failed, is done in this process when the results are
+    asked for; `cancel()` (a result nobody will ask for) ends and reaps the children.
+    """
+
+    def __init__(
+        self,
+        work: Callable[[int, int], T],
+        forked: list[tuple[int, int]],
+        here: list[tuple[int, int]] | None = None,
+    ) -> None:
+        self._work = work
+        self._bounds = [*(here or []), *forked]
+        self._children: dict[int, tuple[int, int]] = {}  # slice number -> pid, read end
+        self._results: list[T] | None = None
+        first_forked = len(here or [])
+        try:
+            for number, (start, stop) in enumerate(forked, start=first_forked):
+                child = _fork(work, start, stop)
+                if child is not None:  # else the slice is done here, when asked for
+                    self._children[number] = child
+        except BaseException:
+            self.cancel()
+            raise
+
+    @property
+    def children(self) -> int:
+        """How many slices run in children (the others are done here)."""
+        return len(self._children)
+
+    def results(self) -> list[T]:
+        """Every slice's result, in slice order."""
+        if self._results is None:
+            results: list[Any] = [None] * len(self._bounds)
+            try:
+                for number, bounds in enumerate(self._bounds):
+                    done, value = False, None
+                    if number in self._children:
+                        done, value = _collect(*self._children.pop(number))
+                    results[number] = value if done else self._work(*bounds)
+            finally:
+                self.cancel()  # after an interruption: no child left behind
+            self._results = results
+        return self._results
+
+    def cancel(self) -> None:
+        """End the children still running and reap them (their results are not wanted)."""
+        while self._children:
+            _, (pid, read_end) = self._children.popitem()
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            _close_and_wait(pid, read_end)
+
+
+def _bounds(count: int, processes: int) -> list[tuple[int, int]]:
     if count <= 0:
         return []
     step = -(-count // max(1, processes))
-    bounds = [(start, min(start + step, count)) for start in range(0, count, step)]
-    results: list[Any] = [None] * len(bounds)
-    children: list[tuple[int, int, int]] = []  # pid, read end, slice number
-    try:
-        for number, (start, stop) in enumerate(bounds[1:], start=1):
-            child = _fork(work, start, stop)
-            if child is None:  # could not fork: this slice is ours too
-                results[number] = work(start, stop)
-            else:
-                children.append((*child, number))
-        results[0] = work(*bounds[0])
-        while children:
-            pid, read_end, number = children[0]
-            done, value = _collect(pid, read_end)
-            children.pop(0)
-            results[number] = value if done else work(*bounds[number])
-    finally:
-        for pid, read_end, _ in children:  # after an interruption: no child left behind
-            _close_and_wait(pid, read_end)
-    return results
+    return [(start, min(start + step, count)) for start in range(0, count, step)]
 
 
 def _fork(work: Callable[[int, int], Any], start: int, stop: int) -> tuple[int, int] | None:

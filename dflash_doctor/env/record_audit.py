@@ -18,7 +18,7 @@ from itertools import repeat
 
 from dflash_doctor.env.distributions import Distribution, RecordEntry, RecordRow
 from dflash_doctor.env.file_hashes import HashCache
-from dflash_doctor.env.size_survey import survey
+from dflash_doctor.env.size_survey import StatFacts, Survey, SurveyRun, start_survey, survey
 
 # What torch's `_preload_cuda_deps` dlopens from `nvidia/*/lib`: the libraries worth a full sha256
 # when nobody told us which libraries the loader really resolves.
@@ -120,6 +120,7 @@ class RecordAudit:
     bytes_hashed: int = 0
     seconds: float = 0.0
     processes: int = 1  # how many processes stat'ed the files (size_survey)
+    stat_beside: bool = False  # the stat ran in children started before the checks (`start_record_survey`)
 
     def twins_of(self, key: str) -> set[str]:
         """Distributions that share at least one file with `key`."""
@@ -133,25 +134,27 @@ class RecordAudit:
             "mib_hashed": round(self.bytes_hashed / 2**20, 1),
             "seconds": round(self.seconds, 3),
             "processes": self.processes,
+            "stat_beside_checks": self.stat_beside,
         }
 
 
-def audit_records(
-    distributions: Mapping[str, Distribution],
-    cache: HashCache,
-    hash_paths: Iterable[str] = (),
-    rows: Mapping[str, list[RecordRow]] | None = None,
-) -> RecordAudit:
-    """Stat every audited RECORD file; sha256 the shared ones and those in `hash_paths`.
+@dataclass
+class RecordLayout:
+    """Every audited RECORD row in flat lists, the row at a path's position: one owner for nearly every path,
+    and apart from them the paths several rows claim (twins; a RECORD repeating a row). Flat lists and an
+    index by position, not a dict of rows per path: ~50k rows on a GPU host."""
 
-    `rows`: each distribution's `audited_record_rows`, when the caller has them already.
-    """
-    start = time.perf_counter()
-    hits_before, misses_before, bytes_before = cache.hits, cache.misses, cache.bytes_hashed
-    # A library may be named through a symlink (libfoo.so.2 -> libfoo.so.2.30.7): match both spellings.
-    want_hash = {q for p in hash_paths for q in (os.path.normpath(p), os.path.realpath(p))}
-    # Who claims each path: one owner (nearly every path), or several (twins; a RECORD repeating a row).
-    # Flat lists and an index by position, not a dict of rows per path: ~50k rows on a GPU host.
+    rows: list[RecordRow]
+    owners: list[str]
+    paths: list[str]
+    position: dict[str, int]
+    several: dict[str, list[tuple[str, RecordRow]]]
+
+
+def layout_records(
+    distributions: Mapping[str, Distribution], rows: Mapping[str, list[RecordRow]] | None = None
+) -> RecordLayout:
+    """The layout of every distribution's `audited_record_rows` (`rows`: those, when the caller has them)."""
     all_rows: list[RecordRow] = []
     owner_at: list[str] = []
     for key, dist in distributions.items():
@@ -170,12 +173,52 @@ def audit_records(
         all_rows, owner_at = [all_rows[i] for i in kept], [owner_at[i] for i in kept]
         paths = [row[0] for row in all_rows]
         position = dict(zip(paths, range(len(paths)), strict=True))
+    return RecordLayout(all_rows, owner_at, paths, position, several)
+
+
+@dataclass
+class StartedSurvey:
+    """The stat of every single-owner path, started beside the other checks (`start_record_survey`)."""
+
+    layout: RecordLayout
+    run: SurveyRun
+
+    def cancel(self) -> None:
+        self.run.cancel()
+
+
+def start_record_survey(
+    distributions: Mapping[str, Distribution], rows: Mapping[str, list[RecordRow]] | None = None
+) -> StartedSurvey:
+    """Lay the rows out and start their stat in forked children now; `audit_records(started=...)` takes it."""
+    layout = layout_records(distributions, rows)
+    return StartedSurvey(layout, start_survey(layout.paths, [row[2] for row in layout.rows]))
+
+
+def audit_records(
+    distributions: Mapping[str, Distribution],
+    cache: HashCache,
+    hash_paths: Iterable[str] = (),
+    rows: Mapping[str, list[RecordRow]] | None = None,
+    started: StartedSurvey | None = None,
+) -> RecordAudit:
+    """Stat every audited RECORD file; sha256 the shared ones and those in `hash_paths`.
+
+    `rows`: each distribution's `audited_record_rows`, when the caller has them already. `started`: their stat,
+    started earlier by `start_record_survey` over the same distributions.
+    """
+    start = time.perf_counter()
+    hits_before, misses_before, bytes_before = cache.hits, cache.misses, cache.bytes_hashed
+    # A library may be named through a symlink (libfoo.so.2 -> libfoo.so.2.30.7): match both spellings.
+    want_hash = {q for p in hash_paths for q in (os.path.normpath(p), os.path.realpath(p))}
+    layout = started.layout if started is not None else layout_records(distributions, rows)
+    all_rows, owner_at, paths, several = layout.rows, layout.owners, layout.paths, layout.several
+    found = started.run.result() if started is not None else survey(paths, [row[2] for row in all_rows])
 
     installed_at: dict[str, tuple[int, int]] = {}
-    result = RecordAudit(files_checked=len(paths) + len(several))
-    watch = frozenset(position[path] for path in want_hash if path in position)
-    found = survey(paths, [row[2] for row in all_rows], watch)
-    result.processes = found.processes
+    result = RecordAudit(
+        files_checked=len(paths) + len(several), processes=found.processes, stat_beside=found.beside
+    )
     for index in found.missing:
         path = paths[index]
         if is_namespace_marker(all_rows[index]):
@@ -187,7 +230,7 @@ def audit_records(
         result.changed.setdefault(owner_at[index], []).append(
             ChangedFile(row[0], row[2], on_disk, row[1], None)
         )
-    for index, (on_disk, mtime_ns, ctime_ns) in sorted(found.watched.items()):
+    for index, (on_disk, mtime_ns, ctime_ns) in sorted(_wanted_facts(layout, want_hash, found).items()):
         row, key = all_rows[index], owner_at[index]
         if _changed_since_install(mtime_ns, ctime_ns, distributions[key], installed_at):
             actual = cache.digest(row[0])
@@ -216,6 +259,22 @@ def audit_records(
     result.bytes_hashed = cache.bytes_hashed - bytes_before
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _wanted_facts(layout: RecordLayout, want_hash: set[str], found: Survey) -> dict[int, StatFacts]:
+    """The stat facts of each wanted library whose size matched its RECORD: what the survey watched (every
+    `.so` name), and a stat here for a wanted path it did not (a library named otherwise)."""
+    wanted = {layout.position[path] for path in want_hash if path in layout.position}
+    facts = {index: found.watched[index] for index in wanted if index in found.watched}
+    accounted = set(found.missing) | {index for index, _ in found.resized}
+    for index in wanted - facts.keys() - accounted:
+        try:
+            st = os.stat(layout.paths[index])
+        except OSError:
+            continue
+        if layout.rows[index][2] in (None, st.st_size):
+            facts[index] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return facts
 
 
 # A wholesale copy of an environment (`cp -al`, `cp -a`, an image layer unpacked) gives every file a new

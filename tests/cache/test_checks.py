@@ -178,3 +178,27 @@ def test_another_users_archive_in_the_store_fails(
     found = cache_findings(torch_site)
     assert found["cache.store_untrusted"].severity is Severity.FAIL
     assert "cache.cold" not in found or "theirs" not in (found["cache.cold"].remedy or "")
+
+
+def test_a_walk_started_beside_the_checks_reports_what_a_walk_in_place_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cache.*`'s starter walks the folders in a forked child while other checks run: the same counts, bytes
+    and offending entries as the walk `inspect_folder` does itself; a walk for another user is not used."""
+    from dflash_doctor.cache.inspection import StartedWalks, inspect_folder
+    from dflash_doctor.env import forked
+
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)  # whatever the test runner started
+    cache = tmp_path / "inductor"
+    make_tree(cache, files=12)
+    for planted in sorted(p for p in cache.rglob("*") if p.is_file())[:7]:
+        planted.chmod(0o666)  # more than a report names (SAMPLE)
+    walks = StartedWalks([cache, tmp_path / "not-there"])
+    assert len(walks._jobs) == 1 and walks._jobs[str(cache)].children == 1  # a child, only for a folder
+    beside, in_place = inspect_folder("inductor", cache, walks=walks), inspect_folder("inductor", cache)
+    assert beside.to_json() == in_place.to_json()
+    assert beside.unsafe_count == 7 and len(beside.unsafe_writable) == 5 and beside.files >= 12
+    other_user = StartedWalks([cache], uid=os.getuid() + 4242)
+    assert other_user.get(str(cache), os.getuid()) is None  # judged for someone else: walked again
+    other_user.cancel()
+    assert other_user._jobs == {}

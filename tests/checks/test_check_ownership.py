@@ -310,7 +310,9 @@ def test_twin_whose_stray_another_package_requires_is_not_uninstalled(site: Fake
 
 def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite, monkeypatch) -> None:
     """Twins, a RECORD listing one path twice, a file gone, one resized, a library rewritten: the same audit
-    whether one process stats every file or four do (the slices' indexes map back to the right rows)."""
+    whether one process stats every file, four do, or four children started before the audit do (the slices'
+    indexes map back to the right rows). The watched file has no `.so` name: the survey does not watch it,
+    and the audit stats it itself."""
     import dataclasses
 
     from dflash_doctor.env import forked, size_survey
@@ -330,11 +332,13 @@ def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite,
     lib = site.root / "pkg5/m7.py"
     monkeypatch.setattr(audit_module, "_changed_since_install", lambda *args: True)
 
-    def audit(processes: int) -> dict[str, object]:
+    def audit(processes: int, beside: bool = False) -> dict[str, object]:
+        """`beside`: the stat started before the audit, every slice in a child (as `check` runs it)."""
         monkeypatch.setattr(size_survey, "MAX_PROCESSES", processes)
-        found = audit_module.audit_records(dists, HashCache(), [str(lib)])
+        started = audit_module.start_record_survey(dists) if beside else None
+        found = audit_module.audit_records(dists, HashCache(), [str(lib)], started=started)
         assert found.files_hashed + found.cache_hits >= 1  # the watched file, by its sha256
-        assert found.processes == processes
+        assert found.processes == (min(processes, 3) if beside else processes)  # beside: a CPU left to us
         keep = ("shared", "missing", "changed", "files_checked")
         return {k: v for k, v in dataclasses.asdict(found).items() if k in keep}
 
@@ -343,8 +347,8 @@ def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite,
     monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
     one = audit(1)
     lib.write_bytes(b"q" * len(lib.read_bytes()))  # same size, other bytes: found by its sha256 alone
-    one_after, four_after = audit(1), audit(4)
-    assert one_after == four_after != one
+    one_after, four_after, four_beside = audit(1), audit(4), audit(4, beside=True)
+    assert one_after == four_after == four_beside != one
     assert set(four_after["missing"]) == {"pkg1"}  # type: ignore[arg-type]
     assert set(four_after["changed"]) == {"pkg4", "pkg5"}  # type: ignore[arg-type]
     shared = {s["path"].split("/site/")[-1]: s["owners"] for s in four_after["shared"]}  # type: ignore[attr-defined]

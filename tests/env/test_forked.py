@@ -98,3 +98,55 @@ def test_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
     assert forked.process_count(50_000, per_process=100, limit=4) == 2  # the CPUs this process may use
     monkeypatch.setattr(forked.threading, "active_count", lambda: 3)
     assert forked.process_count(50_000, per_process=100, limit=4) == 1  # another thread runs: not safe
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    assert forked.process_count(50_000, per_process=100, limit=4, spare=1) == 1  # a CPU kept for other work
+
+
+def pids(start: int, stop: int) -> list[int]:
+    """A job whose answer says which process ran it."""
+    return [os.getpid()] * (stop - start)
+
+
+def test_started_slices_run_in_children_before_anyone_asks() -> None:
+    started = forked.start_slices(squares, 61, 3)
+    assert started.children == 3  # all three forked at once: this process is free meanwhile
+    assert joined(started.results()) == squares(0, 61)
+    assert started.results() is started.results()  # collected once
+    by_pid = forked.start_slices(pids, 9, 3).results()
+    assert os.getpid() not in {pid for part in by_pid for pid in part}
+
+
+def test_started_slices_without_a_fork_are_done_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = forked.start_slices(pids, 9, 3, fork=False)
+    assert started.children == 0 and joined(started.results()) == [os.getpid()] * 9
+    job = forked.start_job(os.getpid)
+    assert job.children == 1 and job.results() != [os.getpid()]  # a job of its own, in a child
+    monkeypatch.setattr(forked.threading, "active_count", lambda: 2)  # another thread runs: never fork
+    job = forked.start_job(os.getpid)
+    assert job.children == 0 and job.results() == [os.getpid()]
+
+
+def test_a_started_job_nobody_collects_is_ended_and_reaped() -> None:
+    def forever(start: int, stop: int) -> list[int]:
+        import time
+
+        time.sleep(60)
+        return []
+
+    started = forked.start_slices(forever, 4, 2)
+    children = [pid for pid, _ in started._children.values()]
+    assert len(children) == 2
+    started.cancel()
+    for pid in children:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # killed and reaped: no zombie, no sleeper left
+
+
+def test_a_started_child_that_fails_has_its_slice_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_dumps(value: object) -> bytes:
+        raise ValueError("unmarshallable")
+
+    monkeypatch.setattr(forked.marshal, "dumps", broken_dumps)
+    started = forked.start_slices(pids, 6, 2)
+    assert started.children == 2
+    assert joined(started.results()) == [os.getpid()] * 6  # both slices redone in this process

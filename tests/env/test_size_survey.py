@@ -11,7 +11,7 @@ import pytest
 from dflash_doctor.env import forked, size_survey
 
 
-def _tree(tmp_path: Path, count: int) -> tuple[list[str], list[int | None], frozenset[int]]:
+def _tree(tmp_path: Path, count: int) -> tuple[list[str], list[int | None], frozenset[str]]:
     """`count` paths in a few folders: every third never written (gone), every fifth with a wrong expected
     size, every seventh with no expected size; every fourth watched."""
     paths: list[str] = []
@@ -24,10 +24,10 @@ def _tree(tmp_path: Path, count: int) -> tuple[list[str], list[int | None], froz
             path.write_bytes(b"x" * index)
         paths.append(str(path))
         sizes.append(None if index % 7 == 0 else index + (1 if index % 5 == 0 else 0))
-    return paths, sizes, frozenset(range(0, count, 4))
+    return paths, sizes, frozenset(paths[::4])
 
 
-def _expected(paths: list[str], sizes: list[int | None], watch: frozenset[int]) -> size_survey.Survey:
+def _expected(paths: list[str], sizes: list[int | None], watch: frozenset[str]) -> size_survey.Survey:
     """The answer written out plainly, from os.path calls."""
     want = size_survey.Survey()
     for index, path in enumerate(paths):
@@ -35,7 +35,7 @@ def _expected(paths: list[str], sizes: list[int | None], watch: frozenset[int]) 
             want.missing.append(index)
         elif sizes[index] is not None and sizes[index] != os.path.getsize(path):
             want.resized.append((index, os.path.getsize(path)))
-        elif index in watch:
+        elif path in watch:
             st = os.stat(path)
             want.watched[index] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return want
@@ -44,7 +44,7 @@ def _expected(paths: list[str], sizes: list[int | None], watch: frozenset[int]) 
 def _survey_is_complete(tmp_path: Path, processes: int) -> size_survey.Survey:
     """Survey a fresh `_tree` and check the answer against `_expected`, whatever the children did."""
     paths, sizes, watch = _tree(tmp_path, 61)  # not a multiple of any slice count: the last slice is short
-    got = size_survey.survey(paths, sizes, watch, processes=processes)
+    got = size_survey.survey(paths, sizes, watch.__contains__, processes=processes)
     want = _expected(paths, sizes, watch)
     assert (sorted(got.missing), sorted(got.resized), got.watched) == (
         want.missing,
@@ -72,6 +72,36 @@ def test_survey_answers_as_one_loop(tmp_path: Path, forkable: None, processes: i
 def test_empty_and_tiny_inputs(tmp_path: Path, forkable: None) -> None:
     assert size_survey.survey([], []).missing == []
     paths, sizes, watch = _tree(tmp_path, 3)
-    got = size_survey.survey(paths, sizes, watch, processes=4)
+    got = size_survey.survey(paths, sizes, watch.__contains__, processes=4)
     assert got.processes == 1  # fewer paths than a slice
     assert got.missing == [0]
+
+
+@pytest.mark.parametrize("processes", [1, 3, 4])
+def test_a_started_survey_answers_as_one_loop(tmp_path: Path, forkable: None, processes: int) -> None:
+    """Started beside other work, every slice in a child (one child at least): the same answer."""
+    paths, sizes, watch = _tree(tmp_path, 61)
+    run = size_survey.start_survey(paths, sizes, watch.__contains__, processes=processes)
+    children = min(processes, 3)  # one of the 4 CPUs is left to this process
+    assert run.started.children == children  # the children run before anyone asks for the result
+    got, want = run.result(), _expected(paths, sizes, watch)
+    assert (sorted(got.missing), sorted(got.resized), got.watched) == (
+        want.missing,
+        want.resized,
+        want.watched,
+    )
+    assert got.processes == children
+
+
+def test_a_started_survey_of_few_paths_forks_nothing(tmp_path: Path, forkable: None) -> None:
+    paths, sizes, watch = _tree(tmp_path, 5)  # fewer than a slice: the answer is worked out when asked for
+    run = size_survey.start_survey(paths, sizes, watch.__contains__)
+    assert run.started.children == 0
+    assert sorted(run.result().missing) == _expected(paths, sizes, watch).missing
+
+
+def test_library_paths_are_watched_by_name() -> None:
+    assert size_survey.is_library_path("/site/nvidia/nccl/lib/libnccl.so.2")
+    assert size_survey.is_library_path("/site/torch/lib/libtorch.so")
+    assert not size_survey.is_library_path("/site/torch/_C.pyi")
+    assert not size_survey.is_library_path("/site/pkg.so.d/notes.txt")  # `.so.` in a folder's name only

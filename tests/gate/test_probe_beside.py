@@ -226,16 +226,29 @@ def test_checks_named_first_run_first_and_are_reported_in_registry_order(
     registry.all_checks()
     for check_id in ("cache.location", "hazards.compile", "startup.bytecode", "torch.build", "gpu.arch"):
         _replace_check(monkeypatch, check_id, lambda ctx, name=check_id: ran.append(name) or iter(()))
+    walk = dataclasses.replace(
+        registry._CHECKS["cache.location"], starts=lambda ctx: ran.append("walk started")
+    )
+    monkeypatch.setitem(registry._CHECKS, "cache.location", walk)
     seen_first: list[list[str]] = []
     monkeypatch.setattr(registry, "available", lambda ctx: {"deep", "lock", "config"})
     runs = registry.run_checks(
-        object.__new__(CheckContext),  # the replaced checks read nothing of it
+        CheckContext(None),  # type: ignore[arg-type]  # the replaced checks read nothing of it
         only=["cache.location", "hazards", "startup", "torch", "gpu.arch"],
         defer=["gpu.arch"],
         first=["startup", "hazards"],
         after_first=lambda first: seen_first.append([r.check.id for r in first]),
     )
-    assert ran == ["hazards.compile", "startup.bytecode", "cache.location", "torch.build", "gpu.arch"]
+    # what the first checks need comes first; a check that waits for work it started (the cache folders' walk)
+    # after the other static checks, the work begun before any of them
+    assert ran == [
+        "walk started",
+        "hazards.compile",
+        "startup.bytecode",
+        "torch.build",
+        "cache.location",
+        "gpu.arch",
+    ]
     assert seen_first == [["hazards.compile", "startup.bytecode"]]
     assert [r.check.id for r in runs] == [
         "cache.location",
