@@ -43,10 +43,10 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
-def process_count(items: int, per_process: int, limit: int, spare: int = 0) -> int:
-    """Processes for `items` items: one per `per_process`, at most `limit` and the usable CPUs less `spare`
-    (kept for other work); one where forking is not safe."""
-    wanted = min(limit, usable_cpus() - spare, max(1, items // per_process))
+def process_count(items: int, per_process: int, limit: int) -> int:
+    """Processes for `items` items: one per `per_process`, at most `limit` and the usable CPUs; one where
+    forking is not safe."""
+    wanted = min(limit, usable_cpus(), max(1, items // per_process))
     return wanted if wanted > 1 and can_fork() else 1
 
 

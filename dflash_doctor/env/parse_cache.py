@@ -118,13 +118,20 @@ class ParseCache:
         self._dirty = True
 
     def prefill(
-        self, table: str, keys: Sequence[str], parse: Callable[[str], Any], per_process: int, limit: int = 4
+        self,
+        table: str,
+        keys: Sequence[str],
+        parse: Callable[[str], Any],
+        per_process: int,
+        limit: int = 4,
+        stamp: Callable[[str], Any] = stamp_of,
     ) -> int:
         """Parse the keys this cache has no entry for at all (a first run, packages installed since) in forked
         processes (`forked.map_slices`), each stamping and parsing its slice; stored as `get` stores, so the
         `get` that follows is a hit. Worth it on a first `check` of a GPU host: ~200 RECORDs and ~800 ELF
         headers read from a cold disk one after another. Keys with a stale entry are left to `get` (a few
-        upgraded packages). Returns how many keys were parsed here (0: too few to fork, or forking not safe)."""
+        upgraded packages). `stamp`: the key's stamp, as its `get` computes it (a file's own by default).
+        Returns how many keys were parsed here (0: too few to fork, or forking not safe)."""
         rows = self.tables[table]
         todo = [key for key in keys if key not in rows]
         count = process_count(len(todo), per_process, limit)
@@ -134,13 +141,13 @@ class ParseCache:
         def stamp_and_parse(start: int, stop: int) -> list[tuple[Any, Any]]:
             out = []
             for key in todo[start:stop]:
-                stamp = stamp_of(key)
-                out.append((stamp, parse(key) if stamp is not None else None))
+                signature = stamp(key)
+                out.append((signature, parse(key) if signature is not None else None))
             return out
 
         parsed = [pair for part in map_slices(stamp_and_parse, len(todo), count) for pair in part]
-        for key, (stamp, value) in zip(todo, parsed, strict=True):
-            self._keep(table, key, stamp, value)
+        for key, (signature, value) in zip(todo, parsed, strict=True):
+            self._keep(table, key, signature, value)
         self.misses += len(todo)
         return len(todo)
 

@@ -116,11 +116,12 @@ def start_survey(
     processes: int | None = None,
 ) -> SurveyRun:
     """`survey`, every slice in a forked child started now, so the stat runs beside this process's other work
-    (one child at least, for PATHS_PER_PROCESS paths or more; one CPU left to this process: on a 2-core box
-    two children beside it made `check` slower, 0.227 s inside against 0.217 s with one). Where forking is not
-    safe, or for fewer paths, the work is done when the result is asked for."""
+    (one child at least, for PATHS_PER_PROCESS paths or more). As many children as CPUs, though this process
+    runs beside them: a first `check` with the page cache dropped waits for the disk, and on a 2-core box two
+    children took it from 1.20-1.27 s to 0.98-1.00 s, while a warm one (CPU-bound) was 0.25 s either way. Where
+    forking is not safe, or for fewer paths, the work is done when the result is asked for."""
     limit = MAX_PROCESSES if processes is None else processes
-    count = process_count(len(paths), PATHS_PER_PROCESS, limit, spare=1)  # one CPU left for the other checks
+    count = process_count(len(paths), PATHS_PER_PROCESS, limit)
     worth_a_child = len(paths) >= PATHS_PER_PROCESS
     started = start_slices(
         lambda start, stop: survey_slice(paths, sizes, watch, start, stop),

@@ -317,9 +317,9 @@ def test_prefill_leaves_too_few_files_and_racy_ones_alone(
 def test_a_first_check_in_processes_reports_what_one_process_does(
     site: FakeSite, cuda_libs, tmp_path: Path, forkable: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """RECORDs and extensions' ELF headers prefilled in forked processes (thresholds lowered to this small
-    site): the findings are those of a run that parses everything in this process."""
-    from dflash_doctor.env import environment
+    """METADATA, RECORDs and extensions' ELF headers prefilled in forked processes (thresholds lowered to this
+    small site): the findings are those of a run that parses everything in this process."""
+    from dflash_doctor.env import distributions, environment
 
     install_cuda_torch(site, cuda_libs, preloads=ALL_PRELOADS)
     extensions = {
@@ -332,12 +332,22 @@ def test_a_first_check_in_processes_reports_what_one_process_does(
     one, _ = audit(site, cached=False)
     monkeypatch.setattr(environment, "RECORDS_PER_PROCESS", 2)
     monkeypatch.setattr(environment, "ELF_FILES_PER_PROCESS", 1)
+    monkeypatch.setattr(distributions, "DISTS_PER_PROCESS", 2)
     prefilled: list[int] = []
     real = Environment.prefetch_elf
     monkeypatch.setattr(
         Environment, "prefetch_elf", lambda env, paths: prefilled.append(real(env, paths)) or 0
     )
+    by_table: dict[str, int] = {}
+    real_prefill = ParseCache.prefill
+
+    def counted(cache: ParseCache, table: str, *args: object, **kwargs: object) -> int:
+        by_table[table] = real_prefill(cache, table, *args, **kwargs)  # type: ignore[arg-type]
+        return by_table[table]
+
+    monkeypatch.setattr(ParseCache, "prefill", counted)
     env = Environment.from_interpreter(interpreter(site), cached=True)
+    assert by_table == {"dists": len(env.distributions)}  # every METADATA, read in forked slices
     assert env.prefetch_records() == len(env.distributions)
     env.save_parse_cache()
     first, cache = audit(site)

@@ -82,15 +82,14 @@ def test_a_started_survey_answers_as_one_loop(tmp_path: Path, forkable: None, pr
     """Started beside other work, every slice in a child (one child at least): the same answer."""
     paths, sizes, watch = _tree(tmp_path, 61)
     run = size_survey.start_survey(paths, sizes, watch.__contains__, processes=processes)
-    children = min(processes, 3)  # one of the 4 CPUs is left to this process
-    assert run.started.children == children  # the children run before anyone asks for the result
+    assert run.started.children == processes  # the children run before anyone asks for the result
     got, want = run.result(), _expected(paths, sizes, watch)
     assert (sorted(got.missing), sorted(got.resized), got.watched) == (
         want.missing,
         want.resized,
         want.watched,
     )
-    assert got.processes == children
+    assert got.processes == processes
 
 
 def test_a_started_survey_of_few_paths_forks_nothing(tmp_path: Path, forkable: None) -> None:
