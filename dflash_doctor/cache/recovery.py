@@ -23,10 +23,9 @@ from typing import Any
 
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.backups import MovedFolderChanged, finish_deletions, give_record, unowned_backups
-from dflash_doctor.cache.fsops import read_owned
+from dflash_doctor.cache.journal import journal_path, parse_journal
 from dflash_doctor.cache.parent_dir import ParentDir
 from dflash_doctor.cache.swap import (
-    STAGING_TAG,
     SwapRoot,
     is_empty,
     is_our_staging,
@@ -35,13 +34,6 @@ from dflash_doctor.cache.swap import (
     retire_previous,
     swap,
 )
-
-JOURNAL_SUFFIX = ".dflash-restore.json"
-JOURNAL_SCHEMA = "dflash-doctor/restore-journal/v1"
-
-
-def journal_path(target: Path) -> Path:
-    return target.parent / f".{target.name}{JOURNAL_SUFFIX}"
 
 
 def write_journal(parent: ParentDir, target: Path, data: dict[str, Any]) -> None:
@@ -52,49 +44,6 @@ def write_journal(parent: ParentDir, target: Path, data: dict[str, Any]) -> None
             f"{journal_path(target)} belongs to someone else: another user is restoring into this cache's folder",
             hint="point TORCHINDUCTOR_CACHE_DIR at a folder only you can write",
         ) from None
-
-
-def _parse_journal(raw: bytes | None) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if (
-        not isinstance(data, dict)
-        or data.get("schema") != JOURNAL_SCHEMA
-        or data.get("uid") != os.getuid()
-        or data.get("phase") not in ("extracting", "swapping")
-        or not isinstance(data.get("restore_id"), str)
-        or not isinstance(data.get("roots"), dict)
-    ):
-        return None
-    for root in data["roots"].values():
-        if not isinstance(root, dict) or not all(isinstance(root.get(k), str) for k in ("target", "staging")):
-            return None
-        target, staging = Path(root["target"]), Path(root["staging"])
-        if staging.parent != target.parent or not staging.name.startswith(f".{target.name}{STAGING_TAG}"):
-            return None
-        old = root.get("old")
-        if old is not None and not (
-            isinstance(old, list) and len(old) == 2 and all(type(n) is int for n in old)
-        ):
-            return None
-    return data
-
-
-def read_journal(target: Path) -> dict[str, Any] | None:
-    """Our journal beside `target` (a regular file of ours, well-formed), or None."""
-    return _parse_journal(read_owned(journal_path(target)))
-
-
-def pending_restore(target: Path) -> str | None:
-    """A line when a restore into `target` was interrupted and not yet finished (for `cache status`)."""
-    journal = read_journal(target)
-    if journal is None:
-        return None
-    return f"restore {journal['restore_id']} was interrupted while {journal['phase']}"
 
 
 @contextmanager
@@ -214,7 +163,7 @@ def recover_interrupted(target: Path, parent: ParentDir | None = None) -> list[s
             return recover_interrupted(target, opened)
     actions = finish_deletions(parent, target)
     _remove_torn_journals(parent, target)
-    journal = _parse_journal(parent.read_owned(journal_path(target).name))
+    journal = parse_journal(parent.read_owned(journal_path(target).name))
     if journal is None:
         return actions
     with _parents_of(journal, {target: parent}) as parents:

@@ -47,22 +47,24 @@ from dflash_doctor.cache.extract import ReadLimits, extract_verified
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import TIMEOUT_S, folder_locks
 from dflash_doctor.cache.fsops import fd_path, printable, read_only, write_atomic_at
+from dflash_doctor.cache.journal import (
+    JOURNAL_SCHEMA,
+    JOURNAL_SUFFIX,
+    STAGING_TAG,
+    journal_path,
+    pending_restore,
+    read_journal,
+)
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, ArchiveError, CacheManifest, marker_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
 from dflash_doctor.cache.recovery import (
-    JOURNAL_SCHEMA,
-    JOURNAL_SUFFIX,
-    journal_path,
-    pending_restore,
-    read_journal,
     recover_interrupted,
     roll_back,
     untouched,
     write_journal,
 )
 from dflash_doctor.cache.swap import (
-    STAGING_TAG,
     SwapRoot,
     check_shrink,
     is_empty,

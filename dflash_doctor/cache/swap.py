@@ -25,7 +25,6 @@ from dflash_doctor.cache.layout import CacheContent, examine
 from dflash_doctor.cache.manifest import MARKER_NAME, CacheManifest, read_marker
 from dflash_doctor.cache.parent_dir import ParentDir
 
-STAGING_TAG = ".dflash-staging-"
 # A snapshot holding fewer than a quarter of the files of the cache it replaces: the replaced cache is
 # kept out of retention (restored daily, a real cache would otherwise be pruned by tiny or empty archives).
 SHRINK_RATIO = 4

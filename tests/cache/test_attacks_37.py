@@ -20,11 +20,11 @@ import pytest
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache import fsops, restore
 from dflash_doctor.cache.folder_lock import folder_lock
+from dflash_doctor.cache.journal import journal_path
 from dflash_doctor.cache.layout import examine_path
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, backup_owner_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
-from dflash_doctor.cache.recovery import journal_path
 from dflash_doctor.cache.restore import prune_backups
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore
