@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.inspection import FolderReport, StartedWalks, inspect_folder, read_mounts
-from dflash_doctor.cache.locations import CacheLocations, resolve_locations, snapshots_dir
 from dflash_doctor.cache.journal import pending_restore
+from dflash_doctor.cache.locations import CacheLocations, resolve_locations, snapshots_dir
 from dflash_doctor.cache.store import SnapshotInfo, SnapshotStore, folder_distrust
 
 

@@ -141,7 +141,8 @@ def _hex_from_record_hash(value: str) -> str | None:
 
 
 def read_record_rows(record_path: str, site_dir: str) -> list[RecordRow]:
-    """RECORD as (absolute normalised path, sha256 hex or None, size or None) tuples; [] if unreadable."""
+    """RECORD as (absolute normalised path, sha256 hex or None, size or None) tuples; [] if unreadable. The
+    hashless `__pycache__/*.pyc` rows pip writes for the bytecode it compiled are left out."""
     try:
         with open(record_path, newline="", encoding="utf-8") as handle:
             rows = list(csv.reader(handle))
@@ -156,6 +157,9 @@ def read_record_rows(record_path: str, site_dir: str) -> list[RecordRow]:
         if not row or not row[0]:
             continue
         rel = row[0]
+        if (len(row) < 2 or not row[1]) and rel.endswith(".pyc") and "__pycache__/" in rel:
+            continue  # bytecode pip compiled at install: hashless, rewritten at will, never audited (a third of
+            # a GPU host's ~74k rows: kept out of the parse cache, which every `check` loads)
         if (
             prefix is not None
             and not rel.startswith(("/", "."))

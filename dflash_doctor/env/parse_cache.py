@@ -41,7 +41,8 @@ from dflash_doctor.paths import cache_root
 
 T = TypeVar("T")
 
-SCHEMA = "dflash-doctor/parse-cache/v2"  # v2: RECORD rows of `--target` folders resolved against the folder
+# v2: RECORD rows of `--target` folders resolved against the folder; v3: without pip's compiled bytecode rows
+SCHEMA = "dflash-doctor/parse-cache/v3"
 HEADER = f"{SCHEMA} py{sys.version_info[0]}.{sys.version_info[1]} marshal{marshal.version}\n".encode()
 TABLES = ("dists", "records", "elf")
 MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000}

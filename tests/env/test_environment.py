@@ -139,6 +139,31 @@ def test_record_paths_are_normalised_like_normpath(tmp_path: Path) -> None:
         assert got == [os.path.normpath(r if os.path.isabs(r) else os.path.join(site, r)) for r in rels]
 
 
+def test_the_bytecode_pip_compiled_is_left_out_of_record_rows(tmp_path: Path) -> None:
+    """pip lists each `.pyc` it compiled at install without a hash (a third of a GPU host's rows): never
+    audited, so never parsed into rows; a hashed `.pyc` (a sourceless wheel's code) stays."""
+    import csv
+
+    from dflash_doctor.env.distributions import read_record_rows
+
+    record = tmp_path / "RECORD"
+    rows = [
+        ["pkg/__init__.py", "sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU", "0"],
+        ["pkg/__pycache__/__init__.cpython-311.pyc", "", ""],
+        ["pkg/__pycache__/mod.cpython-311.pyc", "", ""],
+        ["pkg/__pycache__/code.cpython-311.pyc", "sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU", "0"],
+        ["pkg-1.0.dist-info/RECORD", "", ""],
+    ]
+    with open(record, "w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    got = [row[0].rsplit("/", 2)[-2:] for row in read_record_rows(str(record), str(tmp_path / "site"))]
+    assert got == [
+        ["pkg", "__init__.py"],
+        ["__pycache__", "code.cpython-311.pyc"],
+        ["pkg-1.0.dist-info", "RECORD"],
+    ]
+
+
 def test_target_folder_record_paths_resolve_inside_the_folder(tmp_path: Path) -> None:
     """`pip install --target DIR` writes RECORD relative to `<tmp>/lib/python` and moves `<tmp>/bin`
     to `DIR/bin`: `../../bin/readelf.py` is `DIR/bin/readelf.py` (seen on the H200 image: reported
