@@ -9,6 +9,7 @@ use) reads dist-info, RECORD and ELF files through a persistent, stat-validated 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -115,31 +116,33 @@ class Environment:
         """(path -> the first distribution listing it, path -> all of them where more than one does).
 
         The same content as `owners`, built with one `dict.fromkeys` per distribution instead of a
-        list per row (~20k rows); only a RECORD that shares paths (twins) or repeats one goes row by row.
+        list per row (~50k rows); only a RECORD that shares paths (twins) or repeats one goes row by row.
         """
-        first: dict[str, str] = {}
-        several: dict[str, list[str]] = {}
-        for key, dist in self.distributions.items():
-            paths = [row[0] for row in dist.record_rows]
-            mine = dict.fromkeys(paths, key)
-            if len(mine) == len(paths) and mine.keys().isdisjoint(first.keys()):
-                first.update(mine)
-                continue
-            for path in paths:  # in RECORD order; a path listed twice counts twice, as it always did
-                if path in several:
-                    several[path].append(key)
-                elif path in first:
-                    several[path] = [first[path], key]
-                else:
-                    first[path] = key
-        return first, several
+        return _index_owners(
+            (key, [row[0] for row in dist.record_rows]) for key, dist in self.distributions.items()
+        )
+
+    @cached_property
+    def library_paths(self) -> dict[str, list[str]]:
+        """Distribution key -> the paths its RECORD lists with `.so` in them (shared libraries and what else
+        has those letters), in RECORD order: the loader's questions are about these few thousand of ~50k rows."""
+        return {
+            key: [row[0] for row in dist.record_rows if ".so" in row[0]]
+            for key, dist in self.distributions.items()
+        }
+
+    @cached_property
+    def _library_owner_index(self) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """`_owner_index` of `library_paths` alone: complete for any path with `.so` in it."""
+        return _index_owners(self.library_paths.items())
 
     @cached_property
     def _realpaths(self) -> dict[str, str]:
         return {}
 
     def _owners(self, path: str) -> list[str]:
-        first, several = self._owner_index
+        # the loader asks about libraries again and again: their index is built from a tenth of the rows
+        first, several = self._library_owner_index if ".so" in path else self._owner_index
         if path in several:
             return several[path]
         key = first.get(path)
@@ -166,3 +169,22 @@ class Environment:
         ):  # realpath lstats every component; the loader asks for the same files again and again
             real = self._realpaths[norm] = os.path.realpath(norm)
         return self._owners(real)
+
+
+def _index_owners(listings: Iterable[tuple[str, list[str]]]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """(path -> the first key listing it, path -> every key where more than one does, or one lists it twice)."""
+    first: dict[str, str] = {}
+    several: dict[str, list[str]] = {}
+    for key, paths in listings:
+        mine = dict.fromkeys(paths, key)
+        if len(mine) == len(paths) and mine.keys().isdisjoint(first.keys()):
+            first.update(mine)
+            continue
+        for path in paths:  # in RECORD order; a path listed twice counts twice, as it always did
+            if path in several:
+                several[path].append(key)
+            elif path in first:
+                several[path] = [first[path], key]
+            else:
+                first[path] = key
+    return first, several

@@ -475,10 +475,10 @@ def cuda_extension_libraries(env: Environment, read: Callable[[str], ElfInfo | N
     """
     candidates = [
         path
-        for key, dist in env.distributions.items()
+        for key, paths in env.library_paths.items()
         if key != "torch" and not key.startswith("nvidia-")
-        for path, _, _ in dist.record_rows
-        if ".so" in path and _SHARED_OBJECT.search(path)
+        for path in paths
+        if _SHARED_OBJECT.search(path)
     ]
     env.prefetch_elf(candidates)  # a first run: ~800 headers of a GPU host's image, read in a few processes
     found: list[str] = []

@@ -40,6 +40,30 @@ def test_owners_map_sees_twins(site: FakeSite) -> None:
     assert sorted(owners) == ["nvidia-nccl-cu12", "nvidia-nccl-cu13"]
 
 
+def test_library_owners_come_from_the_library_rows_alone(site: FakeSite) -> None:
+    """`owners_of` answers a path with `.so` in it from an index of those rows only (the loader's questions),
+    the same answer as the index of every row; a path without `.so` uses that one."""
+    site.add_dist(
+        "nvidia-nccl-cu12", "2.21.5", {"nvidia/nccl/lib/libnccl.so.2": b"a", "nvidia/nccl/x.py": b""}
+    )
+    site.add_dist(
+        "nvidia-nccl-cu13", "2.28.9", {"nvidia/nccl/lib/libnccl.so.2": b"b", "nvidia/nccl/y.py": b""}
+    )
+    site.add_dist(
+        "pkg", "1.0", {"pkg/_ext.cpython-311-x86_64-linux-gnu.so": b"e", "pkg/iso.txt": b"", "pkg/m.py": b""}
+    )
+    env = env_for(site)
+    libraries = [
+        str(site.root / rel)
+        for rel in ("nvidia/nccl/lib/libnccl.so.2", "pkg/_ext.cpython-311-x86_64-linux-gnu.so")
+    ]
+    assert [env.owners_of(path) for path in libraries] == [["nvidia-nccl-cu12", "nvidia-nccl-cu13"], ["pkg"]]
+    assert "_owner_index" not in env.__dict__  # the index of every row was never built
+    every = env.owners
+    for path in [*libraries, str(site.root / "pkg/iso.txt"), str(site.root / "pkg/m.py"), "/nowhere/lib.so"]:
+        assert env.owners_of(path) == every.get(path, [])
+
+
 def test_first_site_wins_and_second_copy_is_shadowed(tmp_path: Path) -> None:
     user, venv = FakeSite(tmp_path / "user"), FakeSite(tmp_path / "venv")
     user.add_dist("torch", "2.9.0")
