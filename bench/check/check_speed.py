@@ -2,7 +2,8 @@
 (issue 40 §2: goals <= 2 s first, <= 0.5 s warm on the H200 machine).
 
 Each round makes a fresh DFLASH_DOCTOR_HOME (no parse cache: every dist-info, RECORD and ELF file parsed),
-runs `check` once (first), then `--warm` more times in that home (warm: parses from the cache). Our bytecode is
+runs `check` once (first), then `--warm` more times in that home (warm: parses from the cache), then `--plain` more
+times as the README runs it, without `--json` (the findings drawn by rich, which `--json` never imports). Our bytecode is
 compiled before the first round, as `pip install` does. `--repo` runs another checkout (its packages first on
 PYTHONPATH, this interpreter) for a before/after on one machine; the findings of every run must be the same
 (ids and severities), else the script says so and exits 1.
@@ -39,12 +40,10 @@ SIZE_EVIDENCE = {
 }
 
 
-def one_check(
-    repo: Path, home: Path, python: str | None
-) -> tuple[float, list[tuple[str, str]], dict[str, float], list[dict[str, Any]]]:
-    """Wall seconds, the findings (id, severity), where the time inside `check` went (its own report), and
-    how much work the slow checks had (SIZE_EVIDENCE)."""
-    command = [os.path.abspath(sys.executable), "-m", "dflash_doctor", "check", "--no-lock", "--json"]
+def run_check(repo: Path, home: Path, python: str | None, json_out: bool) -> tuple[float, str, str, int]:
+    """One `check` in a fresh process: wall seconds, its stdout, its stderr, its exit code."""
+    command = [os.path.abspath(sys.executable), "-m", "dflash_doctor", "check", "--no-lock"]
+    command += ["--json"] if json_out else []
     command += ["--python", python] if python else []
     environ = {k: v for k, v in os.environ.items() if k != "DFLASH_DOCTOR_CACHE_DIR"}
     # the repo first (a before/after of two checkouts), then what the caller had (a device's carried wheels)
@@ -52,11 +51,19 @@ def one_check(
     environ.update(DFLASH_DOCTOR_HOME=str(home), PYTHONPATH=os.pathsep.join([str(repo), *inherited]))
     began = time.perf_counter()
     done = subprocess.run(command, cwd=repo, env=environ, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - began
+    return time.perf_counter() - began, done.stdout, done.stderr, done.returncode
+
+
+def one_check(
+    repo: Path, home: Path, python: str | None
+) -> tuple[float, list[tuple[str, str]], dict[str, float], list[dict[str, Any]]]:
+    """Wall seconds, the findings (id, severity), where the time inside `check` went (its own report), and
+    how much work the slow checks had (SIZE_EVIDENCE)."""
+    seconds, stdout, stderr, code = run_check(repo, home, python, json_out=True)
     try:
-        report = json.loads(done.stdout)
+        report = json.loads(stdout)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"check printed no JSON (exit {done.returncode}): {done.stderr[-2000:]}") from exc
+        raise SystemExit(f"check printed no JSON (exit {code}): {stderr[-2000:]}") from exc
     inner = {"inside_check": float(report["context"]["seconds"])}
     inner.update({c["id"]: float(c["seconds"]) for c in report.get("checks", [])})
     work = [
@@ -71,6 +78,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm", type=int, default=3, help="warm runs after each first run")
+    parser.add_argument(
+        "--plain", type=int, default=3, help="warm runs without --json after those, per round"
+    )
     parser.add_argument("--repo", type=Path, default=ROOT)
     parser.add_argument("--python", default=None, help="audit this interpreter (default: the running one)")
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "check_speed_40.json")
@@ -80,6 +90,7 @@ def main() -> None:
         compileall.compile_dir(str(repo / package), quiet=1)
     first: list[float] = []
     warm: list[float] = []
+    plain: list[float] = []
     warm_inner: list[dict[str, float]] = []
     work: list[dict[str, Any]] = []
     findings: set[tuple[tuple[str, str], ...]] = set()
@@ -94,6 +105,11 @@ def main() -> None:
                 warm.append(seconds)
                 warm_inner.append(inner)
                 findings.add(tuple(found))
+            for _ in range(args.plain):
+                seconds, stdout, stderr, code = run_check(repo, home, args.python, json_out=False)
+                if code not in (0, 1) or "dflash-doctor check" not in stdout:
+                    raise SystemExit(f"check without --json failed (exit {code}): {stderr[-2000:]}")
+                plain.append(seconds)
     rows: dict[str, Any] = {
         "first": {
             "best_s": round(min(first), 3),
@@ -105,9 +121,15 @@ def main() -> None:
         },
         "warm": {"best_s": round(min(warm), 3), "median_s": round(statistics.median(warm), 3), "runs": warm},
     }
-    print(f"{'check':<8}{'best s':>9}{'median s':>10}{'runs':>6}")
+    if plain:  # what the README's `dflash-doctor check` costs: the same audit, drawn by rich
+        rows["warm_plain"] = {
+            "best_s": round(min(plain), 3),
+            "median_s": round(statistics.median(plain), 3),
+            "runs": plain,
+        }
+    print(f"{'check':<12}{'best s':>9}{'median s':>10}{'runs':>6}")
     for name, row in rows.items():
-        print(f"{name:<8}{row['best_s']:>9.2f}{row['median_s']:>10.2f}{len(row['runs']):>6}")
+        print(f"{name:<12}{row['best_s']:>9.2f}{row['median_s']:>10.2f}{len(row['runs']):>6}")
     print(f"the first of all the runs: {first[0]:.2f} s (cold on a freshly started machine)")
     # The warm runs' median inside `check` and per check: start-up (interpreter, imports) is the rest.
     inside = {k: round(statistics.median(run.get(k, 0.0) for run in warm_inner), 4) for k in warm_inner[0]}
