@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 40 §2's `check` row on one H200 (~2 min): first and warm (bench/check/check_speed.py, with where the time
-# inside `check` went and how much work the slow checks had), this checkout against the code before S19's forked
+# inside `check` went and how much work the slow checks had; warm_plain: as the README runs it, without --json),
+# this checkout against the code before S19's forked
 # survey when it is carried (.carry-check-before: after, before, after, so the machine's drift reaches both), then
 # the RECORD audit's survey in 1, 2, 4 and 8 processes beside 2, 4 and 8 threads (bench/check/stat_survey.py, which
 # decides size_survey.MAX_PROCESSES). Warm, best: S17 0.52 s, S18 0.95 s, S19 0.65 s (one stat loop, other machines).
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/../.."
 SUITE_BUDGET_S=${SUITE_BUDGET_S:-160}
 source bench/lib/suite_lib.sh
 stage setup 25 bash -c install_carried_wheels
-speed=(python3 bench/check/check_speed.py --rounds 3 --warm 6)
+speed=(python3 bench/check/check_speed.py --rounds 3 --warm 6 --plain 2)
 if [ -f .carry-check-before/before.tar.gz ]; then
     rm -rf /tmp/check-before && mkdir -p /tmp/check-before &&
         tar -xzf .carry-check-before/before.tar.gz -C /tmp/check-before
