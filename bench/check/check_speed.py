@@ -65,6 +65,8 @@ def one_check(
     except json.JSONDecodeError as exc:
         raise SystemExit(f"check printed no JSON (exit {code}): {stderr[-2000:]}") from exc
     inner = {"inside_check": float(report["context"]["seconds"])}
+    if "cpu_seconds" in report["context"]:  # the process's own CPU time, start-up included (not its helpers')
+        inner["own_cpu"] = float(report["context"]["cpu_seconds"])
     inner.update({c["id"]: float(c["seconds"]) for c in report.get("checks", [])})
     work = [
         {"id": f["id"], **{k: f["evidence"].get(k) for k in SIZE_EVIDENCE[f["id"]]}}
@@ -133,10 +135,16 @@ def main() -> None:
     print(f"the first of all the runs: {first[0]:.2f} s (cold on a freshly started machine)")
     # The warm runs' median inside `check` and per check: start-up (interpreter, imports) is the rest.
     inside = {k: round(statistics.median(run.get(k, 0.0) for run in warm_inner), 4) for k in warm_inner[0]}
+    own_cpu = inside.pop("own_cpu", None)
     slowest = dict(sorted(inside.items(), key=lambda kv: -kv[1])[:6])
     rows["warm"]["median_inside_s"] = slowest
     rows["warm"]["work"] = work
     print("warm, median seconds inside check: " + ", ".join(f"{k} {v:.3f}" for k, v in slowest.items()))
+    if own_cpu is not None:  # what the wall time cannot go below, however many CPUs the helpers get
+        rows["warm"]["own_cpu_median_s"] = own_cpu
+        print(
+            f"warm, median CPU seconds of check's own process (start-up included, helpers not): {own_cpu:.3f}"
+        )
     print("work: " + "; ".join(", ".join(f"{k} {v}" for k, v in item.items()) for item in work))
     same = len(findings) == 1
     print(

@@ -79,7 +79,14 @@ def check_command(
     ctx, runs = audit(python, only, CheckOptions(deep=deep, lock_path=lock_path, strict=strict))
     elapsed = time.perf_counter() - start
     interp = ctx.env.interpreter
-    context = {"python": interp.executable, "python_version": interp.version, "seconds": round(elapsed, 3)}
+    context = {
+        "python": interp.executable,
+        "python_version": interp.version,
+        "seconds": round(elapsed, 3),
+        # this process's own CPU time since it started (its forked helpers' not counted): on a machine with
+        # CPUs to spare for the helpers, what its wall time cannot go below
+        "cpu_seconds": round(time.process_time(), 3),
+    }
     if json_out:
         typer.echo(dumps(to_json(runs, context, strict)))
     else:
