@@ -6,8 +6,8 @@ Threads do not help there (each call is short and they queue on the GIL between 
 of 49,336 paths took 166 ms in one loop, 409 ms in 8 threads). Forked processes share no GIL and inherit the
 job's inputs for free; each sends back one marshal-able result.
 
-A process with other threads running is never forked (a lock another thread holds would stay held in the
-child). A slice whose child fails for any reason, or whose fork fails, is done again in this process, so the
+A process with other threads running, Python's or a native library's, is never forked (a lock another thread
+holds would stay held in the child). A slice whose child fails for any reason, or whose fork fails, is done again in this process, so the
 answer never depends on the fork. A child restores the default action of the stop signals, so a handler the
 parent installed (a lock's clean-up) never runs in it, and it never runs the parent's exit handlers.
 """
@@ -17,12 +17,18 @@ from __future__ import annotations
 import contextlib
 import marshal
 import os
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+# A child that has not answered by then is killed and its slice done here: a lock some thread held at the fork
+# (one `thread_count` cannot see) would hang it forever. A slice takes milliseconds warm, a second or two cold.
+CHILD_DEADLINE_S = 30.0
 
 # A child dies of these as any process does; it never runs a handler the parent installed.
 CHILD_DEFAULT_SIGNALS = tuple(
@@ -38,9 +44,18 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def thread_count() -> int:
+    """Threads of this process: Python's and any a native library started (Linux's /proc/self/task), which
+    `threading` does not see; else Python's own."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 def can_fork() -> bool:
     """Forking is safe here: the platform has fork and no other thread of this process runs."""
-    return hasattr(os, "fork") and threading.active_count() == 1
+    return hasattr(os, "fork") and thread_count() == 1
 
 
 def process_count(items: int, per_process: int, limit: int) -> int:
@@ -172,10 +187,19 @@ def _fork(work: Callable[[int, int], Any], start: int, stop: int) -> tuple[int, 
 
 
 def _collect(pid: int, read_end: int) -> tuple[bool, Any]:
-    """(True, the child's result), or (False, None) when it failed (the caller then does its slice)."""
+    """(True, the child's result), or (False, None) when it failed or did not finish within CHILD_DEADLINE_S
+    (it is killed; the caller then does its slice)."""
     chunks: list[bytes] = []
+    ends = time.monotonic() + CHILD_DEADLINE_S
     try:
-        while chunk := os.read(read_end, 1 << 20):
+        while True:
+            if not select.select([read_end], [], [], max(0.0, ends - time.monotonic()))[0]:
+                os.kill(pid, signal.SIGKILL)  # hung: never wait for it again
+                chunks = []
+                break
+            chunk = os.read(read_end, 1 << 20)
+            if not chunk:
+                break
             chunks.append(chunk)
     except OSError:
         chunks = []

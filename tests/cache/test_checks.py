@@ -188,7 +188,7 @@ def test_a_walk_started_beside_the_checks_reports_what_a_walk_in_place_does(
     from dflash_doctor.cache.inspection import StartedWalks, inspect_folder
     from dflash_doctor.env import forked
 
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)  # whatever the test runner started
+    monkeypatch.setattr(forked, "thread_count", lambda: 1)  # whatever the test runner started
     cache = tmp_path / "inductor"
     make_tree(cache, files=12)
     for planted in sorted(p for p in cache.rglob("*") if p.is_file())[:7]:

@@ -344,7 +344,7 @@ def test_the_audit_answers_the_same_surveyed_in_forked_processes(site: FakeSite,
 
     monkeypatch.setattr(size_survey, "PATHS_PER_PROCESS", 5)
     monkeypatch.setattr(forked, "usable_cpus", lambda: 4)
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(forked, "thread_count", lambda: 1)
     one = audit(1)
     lib.write_bytes(b"q" * len(lib.read_bytes()))  # same size, other bytes: found by its sha256 alone
     one_after, four_after, four_beside = audit(1), audit(4), audit(4, beside=True)

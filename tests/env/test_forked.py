@@ -11,6 +11,8 @@ import pytest
 
 from dflash_doctor.env import forked
 
+REAL_THREAD_COUNT = forked.thread_count  # before the fixture below replaces it
+
 
 def squares(start: int, stop: int) -> list[int]:
     """A job whose answer says which slice ran: the squares of its numbers."""
@@ -24,7 +26,7 @@ def joined(parts: list[list[int]]) -> list[int]:
 @pytest.fixture(autouse=True)
 def no_other_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the test runner has started, forking counts as safe here."""
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(forked, "thread_count", lambda: 1)
 
 
 @pytest.mark.parametrize("processes", [1, 2, 3, 7])
@@ -96,7 +98,7 @@ def test_process_count(monkeypatch: pytest.MonkeyPatch) -> None:
     assert forked.process_count(50_000, per_process=100, limit=4) == 4
     monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
     assert forked.process_count(50_000, per_process=100, limit=4) == 2  # the CPUs this process may use
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 3)
+    monkeypatch.setattr(forked, "thread_count", lambda: 3)
     assert forked.process_count(50_000, per_process=100, limit=4) == 1  # another thread runs: not safe
 
 
@@ -119,7 +121,7 @@ def test_started_slices_without_a_fork_are_done_when_asked(monkeypatch: pytest.M
     assert started.children == 0 and joined(started.results()) == [os.getpid()] * 9
     job = forked.start_job(os.getpid)
     assert job.children == 1 and job.results() != [os.getpid()]  # a job of its own, in a child
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 2)  # another thread runs: never fork
+    monkeypatch.setattr(forked, "thread_count", lambda: 2)  # another thread runs: never fork
     job = forked.start_job(os.getpid)
     assert job.children == 0 and job.results() == [os.getpid()]
 
@@ -148,3 +150,43 @@ def test_a_started_child_that_fails_has_its_slice_done_here(monkeypatch: pytest.
     started = forked.start_slices(pids, 6, 2)
     assert started.children == 2
     assert joined(started.results()) == [os.getpid()] * 6  # both slices redone in this process
+
+
+def test_a_running_thread_forbids_the_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted from /proc/self/task where there is one (a native library's threads too), else by `threading`."""
+    import threading
+
+    monkeypatch.setattr(forked, "thread_count", REAL_THREAD_COUNT)
+    before = forked.thread_count()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert forked.thread_count() == before + 1 and not forked.can_fork()
+        assert forked.start_job(os.getpid).children == 0  # done here instead, when asked
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_hung_child_is_killed_and_its_slice_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that never answers (a lock held at the fork by a thread nobody saw) costs the deadline, not
+    forever: it is killed, reaped, and its slice is done in this process."""
+    import time
+
+    parent = os.getpid()
+
+    def hangs_in_a_child(start: int, stop: int) -> list[int]:
+        if os.getpid() != parent:
+            time.sleep(60)
+        return squares(start, stop)
+
+    monkeypatch.setattr(forked, "CHILD_DEADLINE_S", 0.3)
+    began = time.monotonic()
+    started = forked.start_slices(hangs_in_a_child, 10, 2)
+    children = [pid for pid, _ in started._children.values()]
+    assert joined(started.results()) == squares(0, 10)
+    assert time.monotonic() - began < 5
+    for pid in children:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)

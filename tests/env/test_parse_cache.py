@@ -269,7 +269,7 @@ def forkable(monkeypatch: pytest.MonkeyPatch) -> None:
     from dflash_doctor.env import forked
 
     monkeypatch.setattr(forked, "usable_cpus", lambda: 4)
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(forked, "thread_count", lambda: 1)
 
 
 def test_prefill_parses_what_the_cache_never_saw_in_processes(tmp_path: Path, forkable: None) -> None:

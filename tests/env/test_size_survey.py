@@ -61,7 +61,7 @@ def forkable(monkeypatch: pytest.MonkeyPatch) -> None:
     has started)."""
     monkeypatch.setattr(size_survey, "PATHS_PER_PROCESS", 7)
     monkeypatch.setattr(forked, "usable_cpus", lambda: 4)
-    monkeypatch.setattr(forked.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(forked, "thread_count", lambda: 1)
 
 
 @pytest.mark.parametrize("processes", [1, 3, 4])
