@@ -17,7 +17,7 @@ from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
 from dflash_doctor.env.pip_commands import install_command, reinstall_command, uninstall_command
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
-from dflash_doctor.libs.loader import LibraryReport, Resolution, library_report
+from dflash_doctor.libs.loader import LibraryReport, Resolution, library_report, start_reading_headers
 from dflash_doctor.libs.sonames import cuda_major_of, is_cuda_soname, is_driver_soname, requirement_for
 from dflash_doctor.registry import check
 
@@ -84,7 +84,7 @@ def _reinstall_remedy(ctx: CheckContext, report: LibraryReport, soname: str) -> 
     return install_command(env, shlex.quote(wanted)) if wanted else None
 
 
-@check("libs.resolution", "shared libraries")
+@check("libs.resolution", "shared libraries", starts=start_reading_headers)
 def libs_resolution(ctx: CheckContext) -> Iterator[Finding]:
     env = ctx.env
     if env.torch is None:

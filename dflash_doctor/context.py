@@ -51,10 +51,11 @@ class CheckContext:
         result: T = value
         return result
 
-    def start(self, name: str, starter: Callable[[], Cancellable]) -> None:
-        """Start work beside the checks once per run (forked children); `started(name)` hands it over."""
-        if name not in self._started:
-            self._started[name] = starter()
+    def start(self, name: str, starter: Callable[[], Cancellable | None]) -> None:
+        """Start work beside the checks once per run (forked children); `started(name)` hands it over. A
+        starter that finds nothing to do returns None."""
+        if name not in self._started and (work := starter()) is not None:
+            self._started[name] = work
 
     def started(self, name: str) -> Any | None:
         """The work `start(name)` began, handed over once (the taker collects it), or None when nothing

@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from dflash_doctor.env.distributions import Distribution, RecordEntry, read_record_rows, scan_distributions
 from dflash_doctor.env.elf import ElfInfo, read_elf, read_elf_cached, read_elf_facts
 from dflash_doctor.env.interpreter import InterpreterInfo, InterpreterProbe, interpreter_for
-from dflash_doctor.env.parse_cache import ParseCache
+from dflash_doctor.env.parse_cache import ParseCache, StartedPrefill
 from dflash_doctor.env.torch_build import TorchBuild, read_torch_build
 
 # A first `check` reads what the parse cache lacks in forked processes (`ParseCache.prefill`), this many files a
@@ -71,6 +71,13 @@ class Environment:
         if self.parse_cache is None:
             return 0
         return self.parse_cache.prefill("elf", paths, read_elf_facts, ELF_FILES_PER_PROCESS)
+
+    def start_prefetch_elf(self, paths: list[str]) -> StartedPrefill | None:
+        """`prefetch_elf` begun in forked children beside other work (`absorb()` it before reading); None when
+        the parse cache has them all (a warm run) or there are too few to fork for."""
+        if self.parse_cache is None:
+            return None
+        return self.parse_cache.start_prefill("elf", paths, read_elf_facts, ELF_FILES_PER_PROCESS)
 
     def read_elf(self, path: str) -> ElfInfo | None:
         """`elf.read_elf`, through the parse cache when this environment has one."""

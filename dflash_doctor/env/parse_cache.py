@@ -33,10 +33,11 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dflash_doctor.env.forked import map_slices, process_count
+from dflash_doctor.env.forked import Started, map_slices, process_count, start_slices
 from dflash_doctor.paths import cache_root
 
 T = TypeVar("T")
@@ -133,20 +134,33 @@ class ParseCache:
         headers read from a cold disk one after another. Keys with a stale entry are left to `get` (a few
         upgraded packages). `stamp`: the key's stamp, as its `get` computes it (a file's own by default).
         Returns how many keys were parsed here (0: too few to fork, or forking not safe)."""
-        rows = self.tables[table]
-        todo = [key for key in keys if key not in rows]
+        todo = [key for key in keys if key not in self.tables[table]]
         count = process_count(len(todo), per_process, limit)
         if count <= 1:
             return 0
+        work = _stamp_and_parse(todo, parse, stamp)
+        parsed = [pair for part in map_slices(work, len(todo), count) for pair in part]
+        return self._keep_parsed(table, todo, parsed)
 
-        def stamp_and_parse(start: int, stop: int) -> list[tuple[Any, Any]]:
-            out = []
-            for key in todo[start:stop]:
-                signature = stamp(key)
-                out.append((signature, parse(key) if signature is not None else None))
-            return out
+    def start_prefill(
+        self,
+        table: str,
+        keys: Sequence[str],
+        parse: Callable[[str], Any],
+        per_process: int,
+        limit: int = 4,
+        stamp: Callable[[str], Any] = stamp_of,
+    ) -> StartedPrefill | None:
+        """`prefill` with every slice in a forked child started now, beside this process's other work; its
+        `absorb()` stores what they parsed. None when there is nothing to do or forking is not worth it."""
+        todo = [key for key in keys if key not in self.tables[table]]
+        count = process_count(len(todo), per_process, limit)
+        if count <= 1:
+            return None
+        started = start_slices(_stamp_and_parse(todo, parse, stamp), len(todo), count)
+        return StartedPrefill(self, table, todo, started)
 
-        parsed = [pair for part in map_slices(stamp_and_parse, len(todo), count) for pair in part]
+    def _keep_parsed(self, table: str, todo: list[str], parsed: list[tuple[Any, Any]]) -> int:
         for key, (signature, value) in zip(todo, parsed, strict=True):
             self._keep(table, key, signature, value)
         self.misses += len(todo)
@@ -174,6 +188,38 @@ class ParseCache:
         except OSError:
             return
         self._dirty = False
+
+
+@dataclass
+class StartedPrefill:
+    """A `start_prefill` under way: `absorb()` waits for its children and stores what they parsed."""
+
+    cache: ParseCache
+    table: str
+    todo: list[str]
+    started: Started[list[tuple[Any, Any]]]
+
+    def absorb(self) -> int:
+        parsed = [pair for part in self.started.results() for pair in part]
+        return self.cache._keep_parsed(self.table, self.todo, parsed)
+
+    def cancel(self) -> None:
+        self.started.cancel()
+
+
+def _stamp_and_parse(
+    todo: list[str], parse: Callable[[str], Any], stamp: Callable[[str], Any]
+) -> Callable[[int, int], list[tuple[Any, Any]]]:
+    """A slice's work: each key's stamp and, where its file is there, its parse."""
+
+    def work(start: int, stop: int) -> list[tuple[Any, Any]]:
+        out = []
+        for key in todo[start:stop]:
+            signature = stamp(key)
+            out.append((signature, parse(key) if signature is not None else None))
+        return out
+
+    return work
 
 
 def _is_stamp(value: Any) -> bool:

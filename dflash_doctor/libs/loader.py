@@ -468,18 +468,24 @@ def _shared_objects_in(folder: str) -> list[str]:
     return [os.path.join(folder, n) for n in names if _SHARED_OBJECT.search(n)]
 
 
+def shared_objects(env: Environment, extensions_only: bool = False) -> list[str]:
+    """The shared objects every RECORD lists (no disk walk); `extensions_only`: not torch's own nor the nvidia-*
+    libraries (which the import simulation reads itself)."""
+    return [
+        path
+        for key, paths in env.library_paths.items()
+        if not extensions_only or (key != "torch" and not key.startswith("nvidia-"))
+        for path in paths
+        if _SHARED_OBJECT.search(path)
+    ]
+
+
 def cuda_extension_libraries(env: Environment, read: Callable[[str], ElfInfo | None] = read_elf) -> list[str]:
     """ELF files of other distributions whose NEEDED names a CUDA library (from RECORD, no disk walk).
 
     torch's own files and the nvidia-* libraries are covered by the import simulation already.
     """
-    candidates = [
-        path
-        for key, paths in env.library_paths.items()
-        if key != "torch" and not key.startswith("nvidia-")
-        for path in paths
-        if _SHARED_OBJECT.search(path)
-    ]
+    candidates = shared_objects(env, extensions_only=True)
     env.prefetch_elf(candidates)  # a first run: ~800 headers of a GPU host's image, read in a few processes
     found: list[str] = []
     for path in candidates:
@@ -499,9 +505,27 @@ def resolve_torch_libraries(
     return simulate_import(env, ld_library_path, ldcache, hidden)
 
 
+HEADERS = "libs.headers"
+
+
+def start_reading_headers(ctx: CheckContext) -> None:
+    """The `libs.*` checks' starter: on a first run (nothing in the parse cache) the ELF headers of every shared
+    object the RECORDs list, ~1,000 files on a GPU host's image, are read in forked children while other checks
+    run; a warm run finds them all in the cache and starts nothing."""
+    env = ctx.env
+    ctx.start(HEADERS, lambda: env.start_prefetch_elf(shared_objects(env)))
+
+
 def library_report(ctx: CheckContext) -> LibraryReport:
     """The one LibraryReport of this check run (computed on first use, shared by every check)."""
-    return ctx.shared("libs.report", lambda: resolve_torch_libraries(ctx.env))
+
+    def build() -> LibraryReport:
+        headers = ctx.started(HEADERS)
+        if headers is not None:
+            headers.absorb()
+        return resolve_torch_libraries(ctx.env)
+
+    return ctx.shared("libs.report", build)
 
 
 @dataclass(frozen=True)

@@ -354,3 +354,42 @@ def test_a_first_check_in_processes_reports_what_one_process_does(
     assert prefilled == [4]  # the extension headers, read in forked slices
     assert cache is not None and {str(site.root / rel) for rel in extensions} <= set(cache.tables["elf"])
     assert verdicts(first) == verdicts(one)
+
+
+def test_the_headers_read_beside_the_checks_are_those_the_library_report_reads(
+    site: FakeSite, cuda_libs, tmp_path: Path, forkable: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`libs.*`'s starter reads every shared object's ELF header in forked children on a first run; the report
+    that takes them is the report of a run that reads each header itself; a warm run starts nothing."""
+    from dflash_doctor.env import environment
+    from dflash_doctor.libs import loader
+
+    install_cuda_torch(site, cuda_libs, preloads=ALL_PRELOADS)
+    for index in range(4):
+        needed = ["libcudart.so.13"] if index % 2 else ["libc.so.6"]
+        site.add_dist(
+            f"ext{index}", "1.0", {f"ext{index}/_op.so": build_elf(tmp_path / f"_op{index}.so", None, needed)}
+        )
+    real = loader.resolve_torch_libraries
+    monkeypatch.setattr(loader, "resolve_torch_libraries", lambda env: real(env, ldcache=system_cache()))
+    monkeypatch.setattr(environment, "ELF_FILES_PER_PROCESS", 1)
+    want = real(Environment.from_interpreter(interpreter(site)), ldcache=system_cache())
+
+    env = Environment.from_interpreter(interpreter(site), cached=True)
+    ctx = CheckContext(env)
+    loader.start_reading_headers(ctx)
+    headers = ctx._started[loader.HEADERS]
+    assert headers.started.children >= 2  # read beside whatever this process does next
+    got = loader.library_report(ctx)
+    assert loader.HEADERS not in ctx._started  # taken by the report
+    assert env.parse_cache is not None and set(loader.shared_objects(env)) <= set(
+        env.parse_cache.tables["elf"]
+    )
+    assert (got.loaded_paths, got.import_error) == (want.loaded_paths, want.import_error)
+    assert loader.cuda_extension_libraries(env, env.read_elf) == loader.cuda_extension_libraries(
+        Environment.from_interpreter(interpreter(site))
+    )
+    env.save_parse_cache()
+    warm = CheckContext(Environment.from_interpreter(interpreter(site), cached=True))
+    loader.start_reading_headers(warm)
+    assert loader.HEADERS not in warm._started  # every header in the cache: nothing to start
