@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.env.parse_cache import stamp_of
+from dflash_doctor.env.parse_cache import absorb, stamp_of
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
@@ -277,7 +277,7 @@ def read_dist_info(dist_info: str, cache: ParseCache | None = None) -> Distribut
 
 _DIST_INFO = re.compile(r".+\.dist-info$")
 # A first `check` parses the METADATA of ~200 distributions on a GPU host's image: this many a forked process at
-# least (`ParseCache.prefill`), as RECORDS_PER_PROCESS (a fork ~2 ms; a cold METADATA ~0.5 ms to read and parse).
+# least (`ParseCache.start_prefill`), as RECORDS_PER_PROCESS (a fork ~2 ms; a cold METADATA ~0.5 ms to read and parse).
 DISTS_PER_PROCESS = 24
 
 
@@ -302,7 +302,9 @@ def scan_distributions(
             continue
         folders.extend(os.path.join(site_dir, entry) for entry in names if _DIST_INFO.match(entry))
     if cache is not None:  # a first run: the METADATA files read in a few processes, not one after another
-        cache.prefill("dists", folders, read_dist_facts, DISTS_PER_PROCESS, stamp=dist_info_stamp)
+        absorb(
+            cache.start_prefill("dists", folders, read_dist_facts, DISTS_PER_PROCESS, stamp=dist_info_stamp)
+        )
     visible: dict[str, Distribution] = {}
     shadowed: list[Distribution] = []
     for folder in folders:

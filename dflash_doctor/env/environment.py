@@ -18,10 +18,10 @@ from packaging.utils import canonicalize_name
 from dflash_doctor.env.distributions import Distribution, RecordEntry, read_record_rows, scan_distributions
 from dflash_doctor.env.elf import ElfInfo, read_elf, read_elf_cached, read_elf_facts
 from dflash_doctor.env.interpreter import InterpreterInfo, InterpreterProbe, interpreter_for
-from dflash_doctor.env.parse_cache import ParseCache, StartedPrefill
+from dflash_doctor.env.parse_cache import ParseCache, StartedPrefill, absorb
 from dflash_doctor.env.torch_build import TorchBuild, read_torch_build
 
-# A first `check` reads what the parse cache lacks in forked processes (`ParseCache.prefill`), this many files a
+# A first `check` reads what the parse cache lacks in forked processes (`ParseCache.start_prefill`), this many files a
 # process at least: a fork costs ~2 ms; a RECORD ~1-3 ms to read and parse, an ELF header ~0.4 ms from a cold disk.
 RECORDS_PER_PROCESS = 24
 ELF_FILES_PER_PROCESS = 96
@@ -62,15 +62,16 @@ class Environment:
         if self.parse_cache is None:
             return 0
         site_of = {os.path.join(d.dist_info, "RECORD"): d.site_dir for d in self.distributions.values()}
-        return self.parse_cache.prefill(
+        started = self.parse_cache.start_prefill(
             "records", list(site_of), lambda path: read_record_rows(path, site_of[path]), RECORDS_PER_PROCESS
         )
+        return absorb(started)
 
     def prefetch_elf(self, paths: list[str]) -> int:
         """The dynamic sections of `paths` the parse cache has never seen, read in forked processes; how many."""
         if self.parse_cache is None:
             return 0
-        return self.parse_cache.prefill("elf", paths, read_elf_facts, ELF_FILES_PER_PROCESS)
+        return absorb(self.parse_cache.start_prefill("elf", paths, read_elf_facts, ELF_FILES_PER_PROCESS))
 
     def start_prefetch_elf(self, paths: list[str]) -> StartedPrefill | None:
         """`prefetch_elf` begun in forked children beside other work (`absorb()` it before reading); None when

@@ -1,15 +1,17 @@
 """Independent slices of one job in forked processes, their results sent back through pipes (marshal).
 
-A `check` of a GPU host's environment has three jobs of ~50k small system calls or ~800 small files each:
-the stat of every RECORD file, and on a first run the RECORDs' parsing and the ELF headers of every extension.
+A `check` of a GPU host's environment has jobs of ~50k small system calls or ~1,000 small files each: the stat
+of every RECORD file, the compile cache's walk, and on a first run the METADATA, RECORDs and ELF headers. They
+start in children before the checks that need them run (`start_slices`), so they overlap the other checks.
 Threads do not help there (each call is short and they queue on the GIL between calls: an H200 host's stat
 of 49,336 paths took 166 ms in one loop, 409 ms in 8 threads). Forked processes share no GIL and inherit the
 job's inputs for free; each sends back one marshal-able result.
 
 A process with other threads running, Python's or a native library's, is never forked (a lock another thread
-holds would stay held in the child). A slice whose child fails for any reason, or whose fork fails, is done again in this process, so the
-answer never depends on the fork. A child restores the default action of the stop signals, so a handler the
-parent installed (a lock's clean-up) never runs in it, and it never runs the parent's exit handlers.
+holds would stay held in the child). A slice whose child fails for any reason, or whose fork fails, is done
+again in this process, so the answer never depends on the fork; so is one that has not answered in
+CHILD_DEADLINE_S (killed). A child restores the default action of the stop signals, so a handler the parent
+installed (a lock's clean-up) never runs in it, and it never runs the parent's exit handlers.
 """
 
 from __future__ import annotations
@@ -65,29 +67,11 @@ def process_count(items: int, per_process: int, limit: int) -> int:
     return wanted if wanted > 1 and can_fork() else 1
 
 
-def map_slices(work: Callable[[int, int], T], count: int, processes: int) -> list[T]:
-    """`work(start, stop)` over `processes` contiguous slices of range(count), in slice order: the first
-    slice in this process, the others in forked children (each result must be marshal-able)."""
-    bounds = _bounds(count, processes)
-    if not bounds:
-        return []
-    rest = Started(work, bounds[1:])
-    try:
-        first = work(*bounds[0])
-    except BaseException:
-        rest.cancel()
-        raise
-    return [first, *rest.results()]
-
-
 def start_slices(work: Callable[[int, int], T], count: int, processes: int, fork: bool = True) -> Started[T]:
     """`work(start, stop)` over `processes` slices of range(count), every slice in a forked child started now,
     so this process is free for other work until it asks for `results()`. With `fork` false, or where
     forking is not safe, nothing is forked and `results()` does the whole job then."""
-    bounds = _bounds(count, processes)
-    if fork and can_fork():
-        return Started(work, bounds)
-    return Started(work, [], here=bounds)
+    return Started(work, _bounds(count, processes), fork=fork and can_fork())
 
 
 def start_job(work: Callable[[], T]) -> Started[T]:
@@ -102,19 +86,13 @@ class Started(Generic[T]):
     asked for; `cancel()` (a result nobody will ask for) ends and reaps the children.
     """
 
-    def __init__(
-        self,
-        work: Callable[[int, int], T],
-        forked: list[tuple[int, int]],
-        here: list[tuple[int, int]] | None = None,
-    ) -> None:
+    def __init__(self, work: Callable[[int, int], T], bounds: list[tuple[int, int]], fork: bool) -> None:
         self._work = work
-        self._bounds = [*(here or []), *forked]
+        self._bounds = bounds
         self._children: dict[int, tuple[int, int]] = {}  # slice number -> pid, read end
         self._results: list[T] | None = None
-        first_forked = len(here or [])
         try:
-            for number, (start, stop) in enumerate(forked, start=first_forked):
+            for number, (start, stop) in enumerate(bounds if fork else []):
                 child = _fork(work, start, stop)
                 if child is not None:  # else the slice is done here, when asked for
                     self._children[number] = child

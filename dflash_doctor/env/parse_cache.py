@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dflash_doctor.env.forked import Started, map_slices, process_count, start_slices
+from dflash_doctor.env.forked import Started, process_count, start_slices
 from dflash_doctor.paths import cache_root
 
 T = TypeVar("T")
@@ -119,29 +119,6 @@ class ParseCache:
         self.used[table].add(key)
         self._dirty = True
 
-    def prefill(
-        self,
-        table: str,
-        keys: Sequence[str],
-        parse: Callable[[str], Any],
-        per_process: int,
-        limit: int = 4,
-        stamp: Callable[[str], Any] = stamp_of,
-    ) -> int:
-        """Parse the keys this cache has no entry for at all (a first run, packages installed since) in forked
-        processes (`forked.map_slices`), each stamping and parsing its slice; stored as `get` stores, so the
-        `get` that follows is a hit. Worth it on a first `check` of a GPU host: ~200 RECORDs and ~800 ELF
-        headers read from a cold disk one after another. Keys with a stale entry are left to `get` (a few
-        upgraded packages). `stamp`: the key's stamp, as its `get` computes it (a file's own by default).
-        Returns how many keys were parsed here (0: too few to fork, or forking not safe)."""
-        todo = [key for key in keys if key not in self.tables[table]]
-        count = process_count(len(todo), per_process, limit)
-        if count <= 1:
-            return 0
-        work = _stamp_and_parse(todo, parse, stamp)
-        parsed = [pair for part in map_slices(work, len(todo), count) for pair in part]
-        return self._keep_parsed(table, todo, parsed)
-
     def start_prefill(
         self,
         table: str,
@@ -151,8 +128,13 @@ class ParseCache:
         limit: int = 4,
         stamp: Callable[[str], Any] = stamp_of,
     ) -> StartedPrefill | None:
-        """`prefill` with every slice in a forked child started now, beside this process's other work; its
-        `absorb()` stores what they parsed. None when there is nothing to do or forking is not worth it."""
+        """Parse the keys this cache has no entry for at all (a first run, packages installed since) in forked
+        children started now (`forked.start_slices`), each stamping and parsing its slice, beside this process's
+        other work; `absorb()` stores what they parsed as `get` stores it, so the `get` that follows is a hit.
+        Worth it on a first `check` of a GPU host: ~200 METADATA and RECORDs and ~1,000 ELF headers read from a
+        cold disk one after another otherwise. Keys with a stale entry are left to `get` (a few upgraded
+        packages). `stamp`: the key's stamp, as its `get` computes it (a file's own by default). None when there
+        is nothing to do, too little to fork for, or forking is not safe."""
         todo = [key for key in keys if key not in self.tables[table]]
         count = process_count(len(todo), per_process, limit)
         if count <= 1:
@@ -188,6 +170,11 @@ class ParseCache:
         except OSError:
             return
         self._dirty = False
+
+
+def absorb(started: StartedPrefill | None) -> int:
+    """Wait for a `start_prefill` and store what it parsed: how many keys (0 for None, nothing started)."""
+    return started.absorb() if started is not None else 0
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 A warm `check` on a GPU host's environment (~50k files in RECORDs) spends most of its own time here: ~3 µs a
 `stat`, and as much again in the Python loop around it. Each slice of the paths goes to a forked process
-(`forked.map_slices`; threads lose here, an H200 host: one loop 166 ms, 8 threads 409 ms), which compares the
+(`forked.start_slices`; threads lose here, an H200 host: one loop 166 ms, 8 threads 409 ms), which compares the
 sizes itself and sends back only the exceptions, so the parent's work grows with what is wrong, not with the
 size of the environment. A contiguous slice keeps a package's files, which share folders, together.
 """
@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from dflash_doctor.env.forked import Started, map_slices, process_count, start_slices
+from dflash_doctor.env.forked import Started, process_count, start_slices
 
 # Below this many paths a slice is not worth a process: a fork, exit and wait of a process holding a 50k-file
 # environment cost ~2 ms on a 2-core box (~25 ms of stat work at ~3 µs a path).
@@ -98,15 +98,9 @@ def survey(
     watch: Callable[[str], bool] = is_library_path,
     processes: int | None = None,
 ) -> Survey:
-    """`survey_slice` over every path, in up to MAX_PROCESSES forked processes (`processes`: at most that many),
-    this one among them."""
-    count = process_count(len(paths), PATHS_PER_PROCESS, MAX_PROCESSES if processes is None else processes)
-    result = Survey(processes=count)
-    for part in map_slices(
-        lambda start, stop: survey_slice(paths, sizes, watch, start, stop), len(paths), count
-    ):
-        result.absorb(part)
-    return result
+    """`survey_slice` over every path, in up to MAX_PROCESSES forked processes (`processes`: at most that many)
+    or, for one process's worth, in this one; the answer waited for."""
+    return start_survey(paths, sizes, watch, processes, alone_in_a_child=False).result()
 
 
 def start_survey(
@@ -114,19 +108,17 @@ def start_survey(
     sizes: Sequence[int | None],
     watch: Callable[[str], bool] = is_library_path,
     processes: int | None = None,
+    alone_in_a_child: bool = True,
 ) -> SurveyRun:
     """`survey`, every slice in a forked child started now, so the stat runs beside this process's other work
-    (one child at least, for PATHS_PER_PROCESS paths or more). As many children as CPUs, though this process
-    runs beside them: a first `check` with the page cache dropped waits for the disk, and on a 2-core box two
-    children took it from 1.20-1.27 s to 0.98-1.00 s, while a warm one (CPU-bound) was 0.25 s either way. Where
-    forking is not safe, or for fewer paths, the work is done when the result is asked for."""
-    limit = MAX_PROCESSES if processes is None else processes
-    count = process_count(len(paths), PATHS_PER_PROCESS, limit)
-    worth_a_child = len(paths) >= PATHS_PER_PROCESS
+    (one child at least, for PATHS_PER_PROCESS paths or more, unless `alone_in_a_child` is false). As many
+    children as CPUs, though this process runs beside them: a first `check` with the page cache dropped waits
+    for the disk, and on a 2-core box two children took it from 1.20-1.27 s to 0.98-1.00 s, while a warm one
+    (CPU-bound) was 0.25 s either way. Where forking is not safe, or for fewer paths, the work is done when the
+    result is asked for."""
+    count = process_count(len(paths), PATHS_PER_PROCESS, MAX_PROCESSES if processes is None else processes)
+    fork = len(paths) >= PATHS_PER_PROCESS and (alone_in_a_child or count > 1)
     started = start_slices(
-        lambda start, stop: survey_slice(paths, sizes, watch, start, stop),
-        len(paths),
-        count,
-        fork=worth_a_child,
+        lambda start, stop: survey_slice(paths, sizes, watch, start, stop), len(paths), count, fork=fork
     )
     return SurveyRun(started, processes=max(1, started.children))

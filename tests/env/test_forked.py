@@ -1,4 +1,4 @@
-"""`forked.map_slices`: slices of a job in forked children must give what one process gives, in order, and
+"""`forked.start_slices`: slices of a job in forked children must give what one process gives, in order, and
 fall back to this process whenever a child cannot help; no child is left behind or runs our handlers."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def no_other_thread(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("processes", [1, 2, 3, 7])
 def test_slices_come_back_in_order(processes: int) -> None:
-    parts = forked.map_slices(squares, 61, processes)  # 61: the last slice is short
+    parts = forked.start_slices(squares, 61, processes).results()  # 61: the last slice is short
     assert len(parts) == min(processes, 61) and joined(parts) == squares(0, 61)
-    assert forked.map_slices(squares, 0, 4) == []
+    assert forked.start_slices(squares, 0, 4).results() == []
 
 
 def test_no_child_is_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,8 +47,8 @@ def test_no_child_is_left_behind(monkeypatch: pytest.MonkeyPatch) -> None:
         return pid
 
     monkeypatch.setattr(forked.os, "fork", counting_fork)
-    assert joined(forked.map_slices(squares, 40, 4)) == squares(0, 40)
-    assert len(started) == 3  # the parent does the first slice itself
+    assert joined(forked.start_slices(squares, 40, 4).results()) == squares(0, 40)
+    assert len(started) == 4  # every slice in a child
     for pid in started:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # already reaped
@@ -61,7 +61,7 @@ def test_a_failing_child_has_its_slice_done_here(monkeypatch: pytest.MonkeyPatch
         raise ValueError("unmarshallable")
 
     monkeypatch.setattr(forked.marshal, "dumps", broken_dumps)
-    assert joined(forked.map_slices(squares, 40, 4)) == squares(0, 40)
+    assert joined(forked.start_slices(squares, 40, 4).results()) == squares(0, 40)
 
 
 def test_a_failed_fork_is_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,7 +69,7 @@ def test_a_failed_fork_is_done_here(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(forked.os, "fork", no_fork)
-    assert joined(forked.map_slices(squares, 40, 4)) == squares(0, 40)
+    assert joined(forked.start_slices(squares, 40, 4).results()) == squares(0, 40)
 
 
 def test_a_child_never_runs_the_parents_signal_handlers(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_a_child_never_runs_the_parents_signal_handlers(tmp_path: Path) -> None:
         return squares(start, stop)
 
     try:
-        assert joined(forked.map_slices(terminated_in_a_child, 40, 4)) == squares(0, 40)
+        assert joined(forked.start_slices(terminated_in_a_child, 40, 4).results()) == squares(0, 40)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert not handled.exists()  # not in a child (they died of it), and nobody signalled the parent

@@ -283,8 +283,8 @@ def test_prefill_parses_what_the_cache_never_saw_in_processes(tmp_path: Path, fo
     cache = ParseCache(tmp_path / "cache.bin")
     cache.tables["records"][files[0]] = ((0, 0, 0, 0, 0), "stale")  # an entry from an earlier install
     gone = str(tmp_path / "gone.txt")
-    parsed_here = cache.prefill(
-        "records", [*files, gone], lambda p: Path(p).read_text().split(), per_process=3
+    parsed_here = parse_cache.absorb(
+        cache.start_prefill("records", [*files, gone], lambda p: Path(p).read_text().split(), per_process=3)
     )
     assert parsed_here == 13  # 12 new files and the gone one; the stale entry was not touched
     assert cache.tables["records"][files[0]][1] == "stale" and gone not in cache.tables["records"]
@@ -307,10 +307,10 @@ def test_prefill_leaves_too_few_files_and_racy_ones_alone(
     for path in files:
         Path(path).write_text("x")
     cache = ParseCache(tmp_path / "cache.bin")
-    assert cache.prefill("records", files, lambda p: "x", per_process=6) == 0  # one process's worth: lazily
+    assert cache.start_prefill("records", files, lambda p: "x", per_process=6) is None  # one process's worth
     assert cache.tables["records"] == {}
     monkeypatch.setattr(parse_cache, "RACY_SECONDS", 3600.0)  # every file just written: parsed, not kept
-    assert cache.prefill("records", files, lambda p: "x", per_process=2) == 6
+    assert parse_cache.absorb(cache.start_prefill("records", files, lambda p: "x", per_process=2)) == 6
     assert cache.tables["records"] == {}
 
 
@@ -339,13 +339,14 @@ def test_a_first_check_in_processes_reports_what_one_process_does(
         Environment, "prefetch_elf", lambda env, paths: prefilled.append(real(env, paths)) or 0
     )
     by_table: dict[str, int] = {}
-    real_prefill = ParseCache.prefill
+    real_prefill = ParseCache.start_prefill
 
-    def counted(cache: ParseCache, table: str, *args: object, **kwargs: object) -> int:
-        by_table[table] = real_prefill(cache, table, *args, **kwargs)  # type: ignore[arg-type]
-        return by_table[table]
+    def counted(cache: ParseCache, table: str, *args: object, **kwargs: object) -> object:
+        started = real_prefill(cache, table, *args, **kwargs)  # type: ignore[arg-type]
+        by_table[table] = len(started.todo) if started is not None else 0
+        return started
 
-    monkeypatch.setattr(ParseCache, "prefill", counted)
+    monkeypatch.setattr(ParseCache, "start_prefill", counted)
     env = Environment.from_interpreter(interpreter(site), cached=True)
     assert by_table == {"dists": len(env.distributions)}  # every METADATA, read in forked slices
     assert env.prefetch_records() == len(env.distributions)
