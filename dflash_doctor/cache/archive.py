@@ -26,9 +26,11 @@ from dflash_doctor.cache.frames import FramedWriter
 from dflash_doctor.cache.fsops import printable, rename_noreplace
 from dflash_doctor.cache.locations import TRANSIENT_FOLDERS
 from dflash_doctor.cache.manifest import (
+    ARCHIVE_SUFFIX,
     BACKUP_OWNER_NAME,
     MANIFEST_MEMBER,
     MARKER_NAME,
+    PARTIAL_TAG,
     ArchiveError,
     CacheManifest,
     FileEntry,
@@ -45,8 +47,6 @@ __all__ = [
     "write_archive",
 ]
 
-ARCHIVE_SUFFIX = ".tar.zst"
-PARTIAL_TAG = ".partial-"  # `.<name>.tar.zst.partial-<random>`: an archive being written
 READ_CHUNK = 4 << 20  # bytes per read when hashing and archiving files
 
 

@@ -18,6 +18,11 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.fsops import printable
 
+# A snapshot is `<name>.tar.zst` in the store (named here, not in `archive.py`, so that listing the store imports
+# none of the archive writer).
+ARCHIVE_SUFFIX = ".tar.zst"
+PARTIAL_TAG = ".partial-"  # `.<name>.tar.zst.partial-<random>`: an archive being written
+
 # v2: the archive is zstd frames with a seek table at the end (frames.py); v1 archives (one zstd
 # stream) are still read. Versions before v2 stop at the first frame of a v2 archive: the bump makes
 # them refuse it by its manifest schema, clearly, rather than as a truncated archive.

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_base.errors import DoctorError
-from dflash_doctor.cache.archive import ARCHIVE_SUFFIX, PARTIAL_TAG, read_manifest
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
 from dflash_doctor.cache.fsops import printable, read_only
-from dflash_doctor.cache.manifest import ArchiveError, CacheManifest
+from dflash_doctor.cache.manifest import ARCHIVE_SUFFIX, PARTIAL_TAG, ArchiveError, CacheManifest
 from dflash_doctor.paths import HOME_ENV, check_folder_path, make_private_dirs
 
 LOCK_NAME = ".store.lock"
@@ -268,6 +267,10 @@ class SnapshotStore:
         """Every archive in the store, newest first; damaged or unreadable ones are listed with their error."""
         if not self.root.is_dir():
             return []
+        from dflash_doctor.cache.extract import (
+            read_manifest,
+        )  # only for a listing (zstandard, tar): not on import
+
         found = []
         store_distrust = folder_distrust(self.root)
         for path in self.root.glob(f"*{ARCHIVE_SUFFIX}"):
