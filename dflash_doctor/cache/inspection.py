@@ -227,10 +227,14 @@ class StartedWalks:
     def __init__(self, folders: Iterable[Path], uid: int | None = None) -> None:
         self.me = os.getuid() if uid is None else uid
         self._jobs: dict[str, Started[Walked]] = {}
-        for folder in folders:
-            top = str(folder)
-            if top not in self._jobs and os.path.isdir(top) and not os.path.islink(top):
-                self._jobs[top] = start_job(functools.partial(walk_folder, top, self.me))
+        try:
+            for folder in folders:
+                top = str(folder)
+                if top not in self._jobs and os.path.isdir(top) and not os.path.islink(top):
+                    self._jobs[top] = start_job(functools.partial(walk_folder, top, self.me))
+        except BaseException:  # no child left behind by a walk that could not be started
+            self.cancel()
+            raise
 
     def get(self, top: str, me: int) -> Walked | None:
         """The walk of `top` for user `me`, or None when none was started for them (the caller walks it)."""
