@@ -69,9 +69,7 @@ class Environment:
 
     def prefetch_elf(self, paths: list[str]) -> int:
         """The dynamic sections of `paths` the parse cache has never seen, read in forked processes; how many."""
-        if self.parse_cache is None:
-            return 0
-        return absorb(self.parse_cache.start_prefill("elf", paths, read_elf_facts, ELF_FILES_PER_PROCESS))
+        return absorb(self.start_prefetch_elf(paths))
 
     def start_prefetch_elf(self, paths: list[str]) -> StartedPrefill | None:
         """`prefetch_elf` begun in forked children beside other work (`absorb()` it before reading); None when

@@ -18,7 +18,14 @@ from itertools import repeat
 
 from dflash_doctor.env.distributions import Distribution, RecordEntry, RecordRow
 from dflash_doctor.env.file_hashes import HashCache
-from dflash_doctor.env.size_survey import StatFacts, Survey, SurveyRun, start_survey, survey
+from dflash_doctor.env.size_survey import (
+    StatFacts,
+    Survey,
+    SurveyRun,
+    is_shared_library,
+    start_survey,
+    survey,
+)
 
 # What torch's `_preload_cuda_deps` dlopens from `nvidia/*/lib`: the libraries worth a full sha256
 # when nobody told us which libraries the loader really resolves.
@@ -300,11 +307,6 @@ def _changed_since_install(
             installed_at[dist.dist_info] = (-1, -1)
     mtime, ctime = installed_at[dist.dist_info]
     return mtime_ns > mtime or ctime_ns > ctime + COPY_WINDOW_NS
-
-
-def is_shared_library(path: str) -> bool:
-    name = os.path.basename(path)
-    return name.endswith(".so") or ".so." in name
 
 
 def _libraries_first(path: str) -> tuple[bool, str]:

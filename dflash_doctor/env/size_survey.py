@@ -67,7 +67,7 @@ def survey_slice(
     return missing, resized, watched
 
 
-def is_library_path(path: str) -> bool:
+def is_shared_library(path: str) -> bool:
     """`libfoo.so`, `libfoo.so.2`: the files the RECORD audit may hash (the substring test first: ~50k calls)."""
     if ".so" not in path:
         return False
@@ -80,7 +80,11 @@ class SurveyRun:
     """A survey started in forked children (`start_survey`): this process is free until it asks for `result()`."""
 
     started: Started[Part]
-    processes: int
+
+    @property
+    def processes(self) -> int:
+        """How many processes do the stat: the children, or this one alone."""
+        return max(1, self.started.children)
 
     def result(self) -> Survey:
         found = Survey(processes=self.processes, beside=self.started.children > 0)
@@ -95,7 +99,7 @@ class SurveyRun:
 def survey(
     paths: Sequence[str],
     sizes: Sequence[int | None],
-    watch: Callable[[str], bool] = is_library_path,
+    watch: Callable[[str], bool] = is_shared_library,
     processes: int | None = None,
 ) -> Survey:
     """`survey_slice` over every path, in up to MAX_PROCESSES forked processes (`processes`: at most that many)
@@ -106,7 +110,7 @@ def survey(
 def start_survey(
     paths: Sequence[str],
     sizes: Sequence[int | None],
-    watch: Callable[[str], bool] = is_library_path,
+    watch: Callable[[str], bool] = is_shared_library,
     processes: int | None = None,
     alone_in_a_child: bool = True,
 ) -> SurveyRun:
@@ -121,4 +125,4 @@ def start_survey(
     started = start_slices(
         lambda start, stop: survey_slice(paths, sizes, watch, start, stop), len(paths), count, fork=fork
     )
-    return SurveyRun(started, processes=max(1, started.children))
+    return SurveyRun(started)

@@ -100,7 +100,7 @@ def test_a_started_survey_of_few_paths_forks_nothing(tmp_path: Path, forkable: N
 
 
 def test_library_paths_are_watched_by_name() -> None:
-    assert size_survey.is_library_path("/site/nvidia/nccl/lib/libnccl.so.2")
-    assert size_survey.is_library_path("/site/torch/lib/libtorch.so")
-    assert not size_survey.is_library_path("/site/torch/_C.pyi")
-    assert not size_survey.is_library_path("/site/pkg.so.d/notes.txt")  # `.so.` in a folder's name only
+    assert size_survey.is_shared_library("/site/nvidia/nccl/lib/libnccl.so.2")
+    assert size_survey.is_shared_library("/site/torch/lib/libtorch.so")
+    assert not size_survey.is_shared_library("/site/torch/_C.pyi")
+    assert not size_survey.is_shared_library("/site/pkg.so.d/notes.txt")  # `.so.` in a folder's name only
