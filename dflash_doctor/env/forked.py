@@ -169,9 +169,11 @@ def _collect(pid: int, read_end: int) -> tuple[bool, Any]:
     (it is killed; the caller then does its slice)."""
     chunks: list[bytes] = []
     ends = time.monotonic() + CHILD_DEADLINE_S
+    ready = select.poll()  # not select.select: that refuses a descriptor numbered 1024 or more
+    ready.register(read_end, select.POLLIN)
     try:
         while True:
-            if not select.select([read_end], [], [], max(0.0, ends - time.monotonic()))[0]:
+            if not ready.poll(max(0.0, ends - time.monotonic()) * 1000):
                 os.kill(pid, signal.SIGKILL)  # hung: never wait for it again
                 chunks = []
                 break
