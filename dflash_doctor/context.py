@@ -6,6 +6,7 @@ context with `ctx.shared(name, factory)` and get the one result computed for thi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,9 @@ class CheckContext:
     options: CheckOptions = field(default_factory=CheckOptions)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
     _started: dict[str, Cancellable] = field(default_factory=dict, repr=False)
+    # seconds each `start(name)` took in this process (reading what the work needs, starting its helpers):
+    # time no check's own figure shows (`check --json`'s context)
+    start_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     def shared(self, name: str, factory: Callable[[], T]) -> T:
         """Compute an analysis once per run and hand the same object to every check that asks."""
@@ -54,7 +58,14 @@ class CheckContext:
     def start(self, name: str, starter: Callable[[], Cancellable | None]) -> None:
         """Start work beside the checks once per run (forked children); `started(name)` hands it over. A
         starter that finds nothing to do returns None."""
-        if name not in self._started and (work := starter()) is not None:
+        if name in self._started:
+            return
+        began = time.perf_counter()
+        try:
+            work = starter()
+        finally:
+            self.start_seconds[name] = self.start_seconds.get(name, 0.0) + time.perf_counter() - began
+        if work is not None:
             self._started[name] = work
 
     def started(self, name: str) -> Any | None:

@@ -86,12 +86,15 @@ def test_started_work_begins_first_and_its_checks_run_last(site, monkeypatch) ->
         registry.Check("zz.c", "waits too", lambda ctx: [ok("zz.c", "same starter")], starts=start_walk),
     ):
         monkeypatch.setitem(registry._CHECKS, check.id, check)
-    runs = registry.run_checks(CheckContext(env_for(site)), ["zz"])
+    ctx = CheckContext(env_for(site))
+    runs = registry.run_checks(ctx, ["zz"])
     assert [r.check.id for r in runs] == ["zz.a", "zz.b", "zz.c"]  # registry order in the report
     assert log == ["started", "b.plain ran", "a.waiting ran with its work"]  # started once, taken once
+    assert list(ctx.start_seconds) == ["zz.walk"] and ctx.start_seconds["zz.walk"] >= 0  # what it cost here
     log.clear()
-    assert [r.check.id for r in registry.run_checks(CheckContext(env_for(site)), ["zz.b"])] == ["zz.b"]
-    assert log == ["b.plain ran"]  # a check not chosen starts nothing
+    ctx = CheckContext(env_for(site))
+    assert [r.check.id for r in registry.run_checks(ctx, ["zz.b"])] == ["zz.b"]
+    assert log == ["b.plain ran"] and ctx.start_seconds == {}  # a check not chosen starts nothing
     log.clear()
     registry.run_checks(CheckContext(env_for(site)), ["zz.c"])
     assert log == ["started", "cancelled"]  # zz.c never takes the work: its children are ended

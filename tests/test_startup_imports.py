@@ -56,6 +56,9 @@ def test_check_imports_nothing_heavy_and_stats_in_processes(tmp_path: Path) -> N
     allowed = min(size_survey.MAX_PROCESSES, forked.usable_cpus(), files // size_survey.PATHS_PER_PROCESS)
     assert clobbered["evidence"]["stat_beside_checks"] is True
     assert clobbered["evidence"]["processes"] == max(1, allowed)
+    # what starting the work cost the checks' process, by starter: no check's own figure includes it
+    assert {"ownership.survey", "cache.walks"} <= set(report["context"]["start_seconds"])
+    assert all(seconds >= 0 for seconds in report["context"]["start_seconds"].values())
 
 
 def test_the_probe_sees_a_heavy_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,6 +68,8 @@ def one_check(
     if "cpu_seconds" in report["context"]:  # the process's own CPU time, start-up included (not its helpers')
         inner["own_cpu"] = float(report["context"]["cpu_seconds"])
     inner.update({c["id"]: float(c["seconds"]) for c in report.get("checks", [])})
+    # what each starter cost this process before any check ran (S21 on; older code reports none)
+    inner.update({f"start:{k}": float(v) for k, v in report["context"].get("start_seconds", {}).items()})
     work = [
         {"id": f["id"], **{k: f["evidence"].get(k) for k in SIZE_EVIDENCE[f["id"]]}}
         for f in report["findings"]

@@ -86,6 +86,8 @@ def check_command(
         # this process's own CPU time since it started (its forked helpers' not counted): on a machine with
         # CPUs to spare for the helpers, what its wall time cannot go below
         "cpu_seconds": round(time.process_time(), 3),
+        # the work started beside the checks, as this process paid for it (the checks' own figures leave it out)
+        "start_seconds": {name: round(s, 4) for name, s in ctx.start_seconds.items()},
     }
     if json_out:
         typer.echo(dumps(to_json(runs, context, strict)))
