@@ -27,7 +27,7 @@ from dflash_doctor.env.record_audit import (
     is_preloaded_cuda_library,
     start_record_survey,
 )
-from dflash_doctor.env.requirement_graph import RequirementGraph, build_requirement_graph, marker_environment
+from dflash_doctor.env.requirement_graph import RequirementGraph, cached_requirement_graph, marker_environment
 from dflash_doctor.libs.loader import library_report
 
 
@@ -35,7 +35,9 @@ def requirement_graph(ctx: CheckContext) -> RequirementGraph:
     env = ctx.env
     return ctx.shared(
         "packages.requirement_graph",
-        lambda: build_requirement_graph(env.distributions, marker_environment(env.interpreter)),
+        lambda: cached_requirement_graph(
+            env.distributions, marker_environment(env.interpreter), env.parse_cache
+        ),
     )
 
 

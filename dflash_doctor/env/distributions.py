@@ -93,15 +93,26 @@ class Distribution:
         """Every parseable Requires-Dist line (an invalid one is skipped)."""
         return [req for index in range(len(self.requires)) if (req := self._requirement(index)) is not None]
 
-    def requirements_maybe_in_base(self) -> list[Requirement]:
-        """`requirements` without the lines whose whole marker is `extra == "name"`: those cannot hold
-        for the base install, and are parsed only when an extra of this distribution is asked for
-        (fsspec, setuptools, networkx: ~200 such lines in a CUDA environment)."""
+    def numbered_requirements(self, maybe_in_base: bool = False) -> list[tuple[int, Requirement]]:
+        """(line number in `requires`, its parse) of every parseable line; with `maybe_in_base`, without the
+        lines whose whole marker is `extra == "name"`: those cannot hold for the base install, and are parsed
+        only when an extra of this distribution is asked for (fsspec, setuptools, networkx: ~200 such lines in
+        a CUDA environment)."""
         return [
-            req
+            (index, req)
             for index, line in enumerate(self.requires)
-            if not _EXTRA_ONLY.match(line) and (req := self._requirement(index)) is not None
+            if not (maybe_in_base and _EXTRA_ONLY.match(line))
+            and (req := self._requirement(index)) is not None
         ]
+
+    def requirement_line(self, index: int) -> Requirement:
+        """Line `index` of Requires-Dist, parsed (once); a line that does not parse is a caller's bug."""
+        req = self._requirement(index)
+        if req is None:
+            raise ValueError(
+                f"{self.name}: Requires-Dist line {index} does not parse: {self.requires[index]!r}"
+            )
+        return req
 
     def _requirement(self, index: int) -> Requirement | None:
         """Line `index` of Requires-Dist, parsed once (the same object every time it is asked for)."""

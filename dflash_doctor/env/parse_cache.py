@@ -42,11 +42,12 @@ from dflash_doctor.paths import cache_root
 
 T = TypeVar("T")
 
-# v2: RECORD rows of `--target` folders resolved against the folder; v3: without pip's compiled bytecode rows
-SCHEMA = "dflash-doctor/parse-cache/v3"
+# v2: RECORD rows of `--target` folders resolved against the folder; v3: without pip's compiled bytecode rows;
+# v4: the requirement graph ("graphs", stamped with a digest of its inputs)
+SCHEMA = "dflash-doctor/parse-cache/v4"
 HEADER = f"{SCHEMA} py{sys.version_info[0]}.{sys.version_info[1]} marshal{marshal.version}\n".encode()
-TABLES = ("dists", "records", "elf")
-MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000}
+TABLES = ("dists", "records", "elf", "graphs")
+MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000, "graphs": 8}
 RACY_SECONDS = 2.0
 _CRC = struct.Struct("<I")
 
@@ -214,7 +215,10 @@ def _is_stamp(value: Any) -> bool:
 
 
 def _racy(stamp: Any) -> bool:
-    """Whether a file behind this stamp (one Stamp, or a tuple of Stamp | None) changed too recently."""
+    """Whether a file behind this stamp (one Stamp, or a tuple of Stamp | None) changed too recently; a
+    digest of content (a str) never is."""
+    if isinstance(stamp, str):
+        return False
     parts = [stamp] if _is_stamp(stamp) else [p for p in stamp if _is_stamp(p)]
     newest = max((max(p[1], p[3]) for p in parts), default=0)
     return newest > time.time_ns() - int(RACY_SECONDS * 1e9)

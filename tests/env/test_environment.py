@@ -121,7 +121,12 @@ def test_extra_only_requirements_are_parsed_only_when_that_extra_is_asked_for(si
     env = env_for(site)
     pkg = env.get("pkg")
     assert pkg is not None
-    assert [r.name for r in pkg.requirements_maybe_in_base()] == ["b", "c", "d", "e"]
+    assert [(i, r.name) for i, r in pkg.numbered_requirements(maybe_in_base=True)] == [
+        (1, "b"),
+        (2, "c"),
+        (3, "d"),
+        (4, "e"),
+    ]
     assert 0 not in pkg._parsed_requirements  # `a; extra == "x"` untouched so far
     graph = build_requirement_graph(env.distributions, marker_environment(env.interpreter))
     assert {(e.requester, e.target, e.extra) for e in graph.edges if e.requester == "pkg"} == {
