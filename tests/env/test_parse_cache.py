@@ -182,7 +182,9 @@ CORRUPTIONS = {
     "other schema": lambda good: good.replace(SCHEMA.encode(), b"dflash-doctor/parse-cache/v0", 1),
     "json": lambda good: json.dumps({"schema": SCHEMA}).encode(),
     "wrong shape, right checksum": lambda good: framed([1, 2]),
-    "bad entry, right checksum": lambda good: framed({"dists": {"x": 1}, "records": {}, "elf": {}, "graphs": {}}),
+    "bad entry, right checksum": lambda good: framed(
+        {"dists": {"x": 1}, "records": {}, "elf": {}, "graphs": {}}
+    ),
 }
 
 

@@ -60,12 +60,20 @@ def test_a_change_to_what_the_graph_is_made_of_builds_it_again(site: FakeSite) -
     site.add_dist("nvidia-cudnn-cu13", "9.13.0.50")  # installed since: a version and its requirements
     later = env_for(site)
     graph = cached_requirement_graph(later.distributions, markers, cache)
-    assert cache.misses == 2 and shape(graph) == shape(rg.build_requirement_graph(later.distributions, markers))
+    assert cache.misses == 2 and shape(graph) == shape(
+        rg.build_requirement_graph(later.distributions, markers)
+    )
 
-    older_python = {**markers, "python_version": "2.7", "python_full_version": "2.7.18"}  # another interpreter
+    older_python = {
+        **markers,
+        "python_version": "2.7",
+        "python_full_version": "2.7.18",
+    }  # another interpreter
     graph = cached_requirement_graph(later.distributions, older_python, cache)
     assert cache.misses == 3
-    assert "cuda-toolkit" not in {e.target for e in graph.edges if e.requester == "user"}  # its marker fails now
+    assert "cuda-toolkit" not in {
+        e.target for e in graph.edges if e.requester == "user"
+    }  # its marker fails now
 
 
 def test_an_entry_that_does_not_fit_is_built_again(site: FakeSite) -> None:
