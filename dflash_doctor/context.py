@@ -44,6 +44,8 @@ class CheckContext:
     # seconds each `start(name)` took in this process (reading what the work needs, starting its helpers):
     # time no check's own figure shows (`check --json`'s context)
     start_seconds: dict[str, float] = field(default_factory=dict, repr=False)
+    # seconds of the run's other phases, by name (`check`: reading the environment, saving the parse cache)
+    phase_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     def shared(self, name: str, factory: Callable[[], T]) -> T:
         """Compute an analysis once per run and hand the same object to every check that asks."""

@@ -59,6 +59,7 @@ def test_check_imports_nothing_heavy_and_stats_in_processes(tmp_path: Path) -> N
     # what starting the work cost the checks' process, by starter: no check's own figure includes it
     assert {"ownership.survey", "cache.walks"} <= set(report["context"]["start_seconds"])
     assert all(seconds >= 0 for seconds in report["context"]["start_seconds"].values())
+    assert set(report["context"]["phase_seconds"]) == {"environment", "save"}
 
 
 def test_the_probe_sees_a_heavy_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

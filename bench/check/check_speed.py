@@ -70,6 +70,7 @@ def one_check(
     inner.update({c["id"]: float(c["seconds"]) for c in report.get("checks", [])})
     # what each starter cost this process before any check ran (S21 on; older code reports none)
     inner.update({f"start:{k}": float(v) for k, v in report["context"].get("start_seconds", {}).items()})
+    inner.update({f"phase:{k}": float(v) for k, v in report["context"].get("phase_seconds", {}).items()})
     work = [
         {"id": f["id"], **{k: f["evidence"].get(k) for k in SIZE_EVIDENCE[f["id"]]}}
         for f in report["findings"]

@@ -40,6 +40,7 @@ def audit(
         if unknown:
             ids = ", ".join(sorted({c.area for c in all_checks()}))
             raise DoctorError(f"--only: no check matches {', '.join(unknown)}", hint=f"areas are: {ids}")
+        began = time.perf_counter()
         env = Environment.load(python, probe=probe)
         env.prefetch_records()  # a first run: every RECORD parsed in a few processes, not one after another
     except BaseException:
@@ -47,8 +48,11 @@ def audit(
             probe.cancel()
         raise
     ctx = CheckContext(env, options)
+    ctx.phase_seconds["environment"] = time.perf_counter() - began
     runs = run_checks(ctx, selectors)
+    began = time.perf_counter()
     ctx.env.save_parse_cache()
+    ctx.phase_seconds["save"] = time.perf_counter() - began
     return ctx, runs
 
 
@@ -88,6 +92,8 @@ def check_command(
         "cpu_seconds": round(time.process_time(), 3),
         # the work started beside the checks, as this process paid for it (the checks' own figures leave it out)
         "start_seconds": {name: round(s, 4) for name, s in ctx.start_seconds.items()},
+        # reading the environment (the parse cache, every dist-info) before any check; writing the cache after
+        "phase_seconds": {name: round(s, 4) for name, s in ctx.phase_seconds.items()},
     }
     if json_out:
         typer.echo(dumps(to_json(runs, context, strict)))
