@@ -52,9 +52,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "stat_survey.json")
     args = parser.parse_args()
     env = Environment.load(args.python)
-    rows = [row for dist in env.distributions.values() for row in record_audit.audited_record_rows(dist)]
-    paths = [row[0] for row in rows]
-    sizes = [row[2] for row in rows]
+    record_rows = record_audit.RecordRows.of(env.distributions)
+    paths = [row[0] for dist in env.distributions.values() for row in record_audit.audited_record_rows(dist)]
     size_survey.PATHS_PER_PROCESS = 1  # every count below really runs with that many processes
     arms = {f"{count} process{'es' if count > 1 else ''}": count for count in COUNTS}
     if args.threads:
@@ -64,7 +63,7 @@ def main() -> None:
         for label, count in arms.items():
             began = time.perf_counter()
             if count > 0:
-                size_survey.survey(paths, sizes, processes=count)
+                size_survey.survey(record_rows.rows, record_rows.records, processes=count)
             else:
                 threaded_stat(paths, -count)
             seconds[label].append(time.perf_counter() - began)

@@ -17,13 +17,12 @@ from dflash_doctor.env.cuda_family import (
     is_cuda_flavoured,
     toolkit_pins,
 )
-from dflash_doctor.env.distributions import Distribution, RecordRow
+from dflash_doctor.env.distributions import Distribution
 from dflash_doctor.env.file_hashes import HashCache
 from dflash_doctor.env.pip_commands import pinned, reinstall_command, uninstall_command
 from dflash_doctor.env.record_audit import (
     RecordAudit,
     audit_records,
-    audited_record_rows,
     is_preloaded_cuda_library,
     start_record_survey,
 )
@@ -72,7 +71,7 @@ SURVEY = "ownership.survey"
 
 def start_ownership_survey(ctx: CheckContext) -> None:
     """The `ownership.*` checks' starter: the stat of every RECORD file begins before any check runs."""
-    ctx.start(SURVEY, lambda: start_record_survey(ctx.env.distributions, audited_rows_by_key(ctx)))
+    ctx.start(SURVEY, lambda: start_record_survey(ctx.env.distributions))
 
 
 def record_audit(ctx: CheckContext) -> RecordAudit:
@@ -81,8 +80,9 @@ def record_audit(ctx: CheckContext) -> RecordAudit:
     def build() -> RecordAudit:
         cache = HashCache.load()
         hash_paths = libraries_worth_hashing(ctx)
+        env = ctx.env
         audit = audit_records(
-            ctx.env.distributions, cache, hash_paths, audited_rows_by_key(ctx), started=ctx.started(SURVEY)
+            env.distributions, cache, hash_paths, started=ctx.started(SURVEY), parse_cache=env.parse_cache
         )
         cache.save()
         return audit
@@ -90,22 +90,12 @@ def record_audit(ctx: CheckContext) -> RecordAudit:
     return ctx.shared("ownership.record_audit", build)
 
 
-def audited_rows_by_key(ctx: CheckContext) -> dict[str, list[RecordRow]]:
-    """Each distribution's `audited_record_rows`, filtered once per run."""
-    dists = ctx.env.distributions
-    return ctx.shared("ownership.audited_rows", lambda: {k: audited_record_rows(d) for k, d in dists.items()})
-
-
 def libraries_worth_hashing(ctx: CheckContext) -> set[str]:
     """What torch preloads from `nvidia/*/lib`, plus whatever the library report says the loader resolves."""
     closure = torch_closure(ctx)
-    audited = audited_rows_by_key(ctx)
+    library_paths = ctx.env.library_paths  # the `.so` rows: every preloaded library's among them
     preloaded = {
-        row[0]
-        for key in closure
-        if key in audited
-        for row in audited[key]
-        if is_preloaded_cuda_library(row[0])
+        path for key in closure for path in library_paths.get(key, ()) if is_preloaded_cuda_library(path)
     }
     return preloaded | resolved_library_paths(ctx)
 

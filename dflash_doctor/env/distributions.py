@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.env.parse_cache import absorb, stamp_of
+from dflash_doctor.env.parse_cache import Stamp, absorb, stamp_of
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
@@ -73,6 +73,11 @@ class Distribution:
         return "dist-packages" if os.path.basename(self.site_dir) == "dist-packages" else None
 
     @cached_property
+    def record_stamp(self) -> Stamp | None:
+        """RECORD's stat signature when its rows were read (None: no RECORD): what the rows are valid for."""
+        return stamp_of(os.path.join(self.dist_info, "RECORD"))
+
+    @cached_property
     def record_rows(self) -> list[RecordRow]:
         """RECORD rows as plain (path, sha256, size) tuples, read on first use (torch's has ~20k rows);
         from the parse cache while RECORD is unchanged. The hot loops read these, not `record`."""
@@ -80,7 +85,7 @@ class Distribution:
         if self.parse_cache is None:
             return read_record_rows(path, self.site_dir)
         return self.parse_cache.get(
-            "records", path, stamp_of(path), lambda: read_record_rows(path, self.site_dir)
+            "records", path, self.record_stamp, lambda: read_record_rows(path, self.site_dir)
         )
 
     @cached_property

@@ -43,11 +43,11 @@ from dflash_doctor.paths import cache_root
 T = TypeVar("T")
 
 # v2: RECORD rows of `--target` folders resolved against the folder; v3: without pip's compiled bytecode rows;
-# v4: the requirement graph ("graphs", stamped with a digest of its inputs)
+# v4: what is derived from the whole environment ("derived": the requirement graph, the paths several rows claim)
 SCHEMA = "dflash-doctor/parse-cache/v4"
 HEADER = f"{SCHEMA} py{sys.version_info[0]}.{sys.version_info[1]} marshal{marshal.version}\n".encode()
-TABLES = ("dists", "records", "elf", "graphs")
-MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000, "graphs": 8}
+TABLES = ("dists", "records", "elf", "derived")
+MAX_ENTRIES = {"dists": 4096, "records": 4096, "elf": 20_000, "derived": 16}
 RACY_SECONDS = 2.0
 _CRC = struct.Struct("<I")
 

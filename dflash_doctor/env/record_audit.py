@@ -11,21 +11,25 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
+from typing import TYPE_CHECKING
 
 from dflash_doctor.env.distributions import Distribution, RecordEntry, RecordRow
 from dflash_doctor.env.file_hashes import HashCache
 from dflash_doctor.env.size_survey import (
+    RowRef,
     StatFacts,
     Survey,
     SurveyRun,
+    is_audited,
     is_shared_library,
     start_survey,
     survey,
 )
+
+if TYPE_CHECKING:
+    from dflash_doctor.env.parse_cache import ParseCache
 
 # What torch's `_preload_cuda_deps` dlopens from `nvidia/*/lib`: the libraries worth a full sha256
 # when nobody told us which libraries the loader really resolves.
@@ -63,18 +67,18 @@ def is_namespace_marker(row: RecordRow) -> bool:
 
 def audited_record_rows(dist: Distribution) -> list[RecordRow]:
     """RECORD rows worth checking: no bytecode (rewritten at will), no RECORD itself, no hashless rows."""
-    record = os.path.normpath(os.path.join(dist.dist_info, "RECORD"))
-    pycache = f"{os.sep}__pycache__{os.sep}"
-    return [
-        row
-        for row in dist.record_rows
-        if row[1] is not None and row[0] != record and not row[0].endswith(".pyc") and pycache not in row[0]
-    ]
+    record = record_path(dist)
+    return [row for row in dist.record_rows if is_audited(row, record)]
 
 
 def audited_rows(dist: Distribution) -> list[RecordEntry]:
     """`audited_record_rows` as RecordEntry (named fields)."""
     return list(map(RecordEntry._make, audited_record_rows(dist)))
+
+
+def record_path(dist: Distribution) -> str:
+    """The RECORD file as its own RECORD lists it (normalised)."""
+    return os.path.normpath(os.path.join(dist.dist_info, "RECORD"))
 
 
 def is_preloaded_cuda_library(path: str) -> bool:
@@ -146,99 +150,133 @@ class RecordAudit:
 
 
 @dataclass
-class RecordLayout:
-    """Every audited RECORD row in flat lists, the row at a path's position: one owner for nearly every path,
-    and apart from them the paths several rows claim (twins; a RECORD repeating a row). Flat lists and an
-    index by position, not a dict of rows per path: ~50k rows on a GPU host."""
+class RecordRows:
+    """Every distribution's RECORD rows as they are, one list each, in distribution order: what the survey's
+    (list, row) positions index. Made without walking the ~50k rows (the survey's children pick the audited
+    ones), so a warm `check`'s own process neither pays for the walk nor writes the pages the children share."""
 
-    rows: list[RecordRow]
-    owners: list[str]
-    paths: list[str]
-    position: dict[str, int]
-    several: dict[str, list[tuple[str, RecordRow]]]
+    keys: list[str]
+    rows: list[list[RecordRow]]
+    records: list[str]  # each list's RECORD file, which its rows list without a hash
+
+    @classmethod
+    def of(cls, distributions: Mapping[str, Distribution]) -> RecordRows:
+        keys = list(distributions)
+        dists = [distributions[key] for key in keys]
+        return cls(keys, [d.record_rows for d in dists], [record_path(d) for d in dists])
+
+    def row(self, ref: RowRef) -> RecordRow:
+        return self.rows[ref[0]][ref[1]]
 
 
-def layout_records(
-    distributions: Mapping[str, Distribution], rows: Mapping[str, list[RecordRow]] | None = None
-) -> RecordLayout:
-    """The layout of every distribution's `audited_record_rows` (`rows`: those, when the caller has them)."""
-    all_rows: list[RecordRow] = []
-    owner_at: list[str] = []
-    for key, dist in distributions.items():
-        audited = rows[key] if rows is not None and key in rows else audited_record_rows(dist)
-        all_rows.extend(audited)
-        owner_at.extend(repeat(key, len(audited)))
-    paths = [row[0] for row in all_rows]
-    position = dict(zip(paths, range(len(paths)), strict=True))  # a path listed twice: its last position
-    several: dict[str, list[tuple[str, RecordRow]]] = {}
-    if len(position) < len(paths):
-        repeated = {path for path, count in Counter(paths).items() if count > 1}
-        for index, path in enumerate(paths):
-            if path in repeated:
-                several.setdefault(path, []).append((owner_at[index], all_rows[index]))
-        kept = [index for index, path in enumerate(paths) if path not in repeated]
-        all_rows, owner_at = [all_rows[i] for i in kept], [owner_at[i] for i in kept]
-        paths = [row[0] for row in all_rows]
-        position = dict(zip(paths, range(len(paths)), strict=True))
-    return RecordLayout(all_rows, owner_at, paths, position, several)
+# The parse cache's entry for the paths several audited rows claim (table "derived"), stamped with every
+# RECORD's signature in distribution order: pip rewrites a RECORD whenever it installs or removes anything.
+SEVERAL_KEY = "record-paths-claimed-twice"
+
+Claims = dict[str, list[tuple[str, RecordRow]]]  # path -> (owner, row) of each row that lists it
+
+
+def several_claims(
+    distributions: Mapping[str, Distribution], rows: RecordRows, cache: ParseCache | None = None
+) -> Claims:
+    """The paths two or more audited rows list (twins; a RECORD repeating a row), with each row's owner: found
+    by a walk of every row on a first run, read back from the parse cache while no RECORD has changed."""
+    stamps = tuple(distributions[key].record_stamp for key in rows.keys)
+    if cache is None or any(stamp is None for stamp in stamps):
+        return _expand_claims(_find_claims(rows), rows) or {}
+    stored = cache.get("derived", SEVERAL_KEY, stamps, lambda: _find_claims(rows))
+    claims = _expand_claims(stored, rows)
+    return claims if claims is not None else _expand_claims(_find_claims(rows), rows) or {}
+
+
+def _find_claims(rows: RecordRows) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(path, [(owner, row number), ...]) for every path more than one audited row lists."""
+    first: dict[str, tuple[str, int]] = {}
+    several: dict[str, list[tuple[str, int]]] = {}
+    for key, listed, record in zip(rows.keys, rows.rows, rows.records, strict=True):
+        for row_no, row in enumerate(listed):
+            if not is_audited(row, record):
+                continue
+            seen = first.setdefault(row[0], (key, row_no))
+            if seen != (key, row_no):
+                several.setdefault(row[0], [seen]).append((key, row_no))
+    return list(several.items())
+
+
+def _expand_claims(stored: object, rows: RecordRows) -> Claims | None:
+    """`_find_claims`' answer with the rows themselves; None when it does not fit these rows (rebuilt)."""
+    at = dict(zip(rows.keys, rows.rows, strict=True))
+    claims: Claims = {}
+    try:
+        for path, owners in stored:  # type: ignore[attr-defined]
+            claims[path] = [(key, at[key][row_no]) for key, row_no in owners]
+            if any(row[0] != path for _, row in claims[path]):
+                return None
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return claims
 
 
 @dataclass
 class StartedSurvey:
-    """The stat of every single-owner path, started beside the other checks (`start_record_survey`)."""
+    """The stat of every audited row, started beside the other checks (`start_record_survey`)."""
 
-    layout: RecordLayout
+    rows: RecordRows
     run: SurveyRun
 
     def cancel(self) -> None:
         self.run.cancel()
 
 
-def start_record_survey(
-    distributions: Mapping[str, Distribution], rows: Mapping[str, list[RecordRow]] | None = None
-) -> StartedSurvey:
-    """Lay the rows out and start their stat in forked children now; `audit_records(started=...)` takes it."""
-    layout = layout_records(distributions, rows)
-    return StartedSurvey(layout, start_survey(layout.paths, [row[2] for row in layout.rows]))
+def start_record_survey(distributions: Mapping[str, Distribution]) -> StartedSurvey:
+    """Start the stat of every audited row in forked children now; `audit_records(started=...)` takes it."""
+    rows = RecordRows.of(distributions)
+    return StartedSurvey(rows, start_survey(rows.rows, rows.records))
 
 
 def audit_records(
     distributions: Mapping[str, Distribution],
     cache: HashCache,
     hash_paths: Iterable[str] = (),
-    rows: Mapping[str, list[RecordRow]] | None = None,
     started: StartedSurvey | None = None,
+    parse_cache: ParseCache | None = None,
 ) -> RecordAudit:
     """Stat every audited RECORD file; sha256 the shared ones and those in `hash_paths`.
 
-    `rows`: each distribution's `audited_record_rows`, when the caller has them already. `started`: their stat,
-    started earlier by `start_record_survey` over the same distributions.
+    `started`: their stat, started earlier by `start_record_survey` over the same distributions. `parse_cache`:
+    where the paths several rows claim are kept between runs.
     """
     start = time.perf_counter()
     hits_before, misses_before, bytes_before = cache.hits, cache.misses, cache.bytes_hashed
     # A library may be named through a symlink (libfoo.so.2 -> libfoo.so.2.30.7): match both spellings.
     want_hash = {q for p in hash_paths for q in (os.path.normpath(p), os.path.realpath(p))}
-    layout = started.layout if started is not None else layout_records(distributions, rows)
-    all_rows, owner_at, paths, several = layout.rows, layout.owners, layout.paths, layout.several
-    found = started.run.result() if started is not None else survey(paths, [row[2] for row in all_rows])
+    rows = started.rows if started is not None else RecordRows.of(distributions)
+    found = started.run.result() if started is not None else survey(rows.rows, rows.records)
+    several = several_claims(distributions, rows, parse_cache)
 
     installed_at: dict[str, tuple[int, int]] = {}
+    claimed_twice = sum(len(owners) for owners in several.values())
     result = RecordAudit(
-        files_checked=len(paths) + len(several), processes=found.processes, stat_beside=found.beside
+        files_checked=found.checked - claimed_twice + len(several),
+        processes=found.processes,
+        stat_beside=found.beside,
     )
-    for index in found.missing:
-        path = paths[index]
-        if is_namespace_marker(all_rows[index]):
-            result.namespace_missing.append(path)
+    for ref in found.missing:
+        row = rows.row(ref)
+        if row[0] in several:
+            continue
+        if is_namespace_marker(row):
+            result.namespace_missing.append(row[0])
         else:
-            result.missing.setdefault(owner_at[index], []).append(path)
-    for index, on_disk in found.resized:
-        row = all_rows[index]
-        result.changed.setdefault(owner_at[index], []).append(
-            ChangedFile(row[0], row[2], on_disk, row[1], None)
-        )
-    for index, (on_disk, mtime_ns, ctime_ns) in sorted(_wanted_facts(layout, want_hash, found).items()):
-        row, key = all_rows[index], owner_at[index]
+            result.missing.setdefault(rows.keys[ref[0]], []).append(row[0])
+    for ref, on_disk in found.resized:
+        row = rows.row(ref)
+        if row[0] not in several:
+            result.changed.setdefault(rows.keys[ref[0]], []).append(
+                ChangedFile(row[0], row[2], on_disk, row[1], None)
+            )
+    for ref, (on_disk, mtime_ns, ctime_ns) in sorted(_wanted_facts(rows, several, want_hash, found).items()):
+        row, key = rows.row(ref), rows.keys[ref[0]]
         if _changed_since_install(mtime_ns, ctime_ns, distributions[key], installed_at):
             actual = cache.digest(row[0])
             if actual is not None and actual != row[1]:
@@ -268,19 +306,31 @@ def audit_records(
     return result
 
 
-def _wanted_facts(layout: RecordLayout, want_hash: set[str], found: Survey) -> dict[int, StatFacts]:
-    """The stat facts of each wanted library whose size matched its RECORD: what the survey watched (every
-    `.so` name), and a stat here for a wanted path it did not (a library named otherwise)."""
-    wanted = {layout.position[path] for path in want_hash if path in layout.position}
-    facts = {index: found.watched[index] for index in wanted if index in found.watched}
-    accounted = set(found.missing) | {index for index, _ in found.resized}
-    for index in wanted - facts.keys() - accounted:
-        try:
-            st = os.stat(layout.paths[index])
-        except OSError:
-            continue
-        if layout.rows[index][2] in (None, st.st_size):
-            facts[index] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _wanted_facts(
+    rows: RecordRows, several: Claims, want_hash: set[str], found: Survey
+) -> dict[RowRef, StatFacts]:
+    """The stat facts of each wanted library (one owner) whose size matched its RECORD: what the survey watched
+    (every audited row with a `.so` name), and a stat here for a wanted row it did not (a library named
+    otherwise; the rows are walked for those only)."""
+    wanted = want_hash - several.keys()
+    facts: dict[RowRef, StatFacts] = {}
+    for ref, stat_facts in found.watched.items():
+        if rows.row(ref)[0] in wanted:
+            facts[ref] = stat_facts
+    named_otherwise = {path for path in wanted if not is_shared_library(path)}
+    if not named_otherwise:
+        return facts
+    accounted = {rows.row(ref) for ref in found.missing} | {rows.row(ref) for ref, _ in found.resized}
+    for list_no, (listed, record) in enumerate(zip(rows.rows, rows.records, strict=True)):
+        for row_no, row in enumerate(listed):
+            if row[0] not in named_otherwise or row in accounted or not is_audited(row, record):
+                continue
+            try:
+                st = os.stat(row[0])
+            except OSError:
+                continue
+            if row[2] in (None, st.st_size):
+                facts[(list_no, row_no)] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return facts
 
 

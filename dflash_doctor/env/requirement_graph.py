@@ -28,7 +28,7 @@ from dflash_doctor.env.interpreter import InterpreterInfo
 if TYPE_CHECKING:
     from dflash_doctor.env.parse_cache import ParseCache
 
-# The parse cache's entry for this environment's graph (table "graphs"). Bump GRAPH_FORMAT when
+# The parse cache's entry for this environment's graph (table "derived"). Bump GRAPH_FORMAT when
 # build_requirement_graph answers differently for the same distributions and markers.
 GRAPH_KEY = "requirement-graph"
 GRAPH_FORMAT = 1
@@ -206,7 +206,7 @@ def cached_requirement_graph(
         built.append(build_requirement_graph(distributions, env))
         return _compact(built[0])
 
-    stored = cache.get("graphs", GRAPH_KEY, _inputs_digest(distributions, env), build)
+    stored = cache.get("derived", GRAPH_KEY, _inputs_digest(distributions, env), build)
     if built:
         return built[0]
     graph = _expand(stored, distributions)

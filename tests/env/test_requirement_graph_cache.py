@@ -89,7 +89,7 @@ def test_an_entry_that_does_not_fit_is_built_again(site: FakeSite) -> None:
         ([("torch", "filelock", 0, "")], [(5, None)], []),  # a problem on an edge that is not there
         "not a graph",
     ):
-        cache.tables["graphs"][rg.GRAPH_KEY] = (digest, stored)
+        cache.tables["derived"][rg.GRAPH_KEY] = (digest, stored)
         assert shape(cached_requirement_graph(env_for(site).distributions, markers, cache)) == expected
 
 
