@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 40 §2's `check` row on one H200 (~2 min): first and warm (bench/check/check_speed.py, with where the time
-# inside `check` went and how much work the slow checks had; warm_plain: as the README runs it, without --json),
-# this checkout against the code before S19's forked
-# survey when it is carried (.carry-check-before: after, before, after, so the machine's drift reaches both), then
-# the RECORD audit's survey in 1, 2, 4 and 8 processes beside 2, 4 and 8 threads (bench/check/stat_survey.py, which
-# decides size_survey.MAX_PROCESSES). Warm, best: S17 0.52 s, S18 0.95 s, S19 0.65 s (one stat loop, other machines).
-#   run(kind="nvidia-h200", carry=[".whl", ".carry-check-before"], timeout_s=180, command="bash bench/suites/check_h200.sh")
-# .carry-check-before/before.tar.gz, the code before the survey (the device gets no .git), made here:
-#   mkdir -p .carry-check-before && git archive --format=tar.gz -o .carry-check-before/before.tar.gz 78180d9 -- \
+# inside `check` went, start-up and phases included, and how much work the slow checks had; warm_plain: as the
+# README runs it, without --json), this checkout against the code carried in .carry-check-before (after, before,
+# after, so the machine's drift reaches both), then the RECORD audit's survey in 1, 2, 4 and 8 processes beside 2,
+# 4 and 8 threads (bench/check/stat_survey.py, which decides size_survey.MAX_PROCESSES), then what forking costs
+# the checks' own process (bench/check/fork_cost.py). Warm median: S20's first call (S19's code as before)
+# 0.42 / 0.59 s after, 0.83 s before.
+#   run(kind="nvidia-h200", carry=[".whl", ".carry-check-before"], timeout_s=200, command="bash bench/suites/check_h200.sh")
+# .carry-check-before/before.tar.gz, the code before (S21: the session's start, eb35f63; the device gets no .git):
+#   mkdir -p .carry-check-before && git archive --format=tar.gz -o .carry-check-before/before.tar.gz eb35f63 -- \
 #       dflash_doctor checks dflash_base trainer pyproject.toml
 # Results: $OUT/results-check_h200.json. CPU dry run (nothing installed):
 #   SUITE_TINY=1 OUT=/tmp/x PATH=.venv/bin:$PATH bash bench/suites/check_h200.sh
