@@ -4,7 +4,7 @@
 # README runs it, without --json), this checkout against the code carried in .carry-check-before (after, before,
 # after, so the machine's drift reaches both), then the RECORD audit's survey in 1, 2, 4 and 8 processes beside 2,
 # 4 and 8 threads (bench/check/stat_survey.py, which decides size_survey.MAX_PROCESSES), then what forking costs
-# the checks' own process (bench/check/fork_cost.py). Warm median: S20's first call (S19's code as before)
+# the checks' own process (bench/check/fork_cost.py). Warm median: S21's first call (S19's code as before)
 # 0.42 / 0.59 s after, 0.83 s before.
 #   run(kind="nvidia-h200", carry=[".whl", ".carry-check-before"], timeout_s=200, command="bash bench/suites/check_h200.sh")
 # .carry-check-before/before.tar.gz, the code before (S21: the session's start, eb35f63; the device gets no .git):
