@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dflash_doctor.context import CheckContext
-from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
+from dflash_doctor.env.gpus import GpuInventory, gpu_inventory, start_gpu_probe
 from dflash_doctor.env.torch_build import TorchBuild
 from dflash_doctor.env.visible_devices import VARIABLE
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
@@ -51,7 +51,7 @@ def _inventory(ctx: CheckContext, check_id: str, visible: bool = True) -> GpuInv
     return found
 
 
-@check("gpu.visible", "GPUs CUDA will see")
+@check("gpu.visible", "GPUs CUDA will see", starts=start_gpu_probe)
 def gpu_visible(ctx: CheckContext) -> Iterator[Finding]:
     inv = _inventory(ctx, "gpu.visible", visible=False)
     if isinstance(inv, Finding):
@@ -80,7 +80,7 @@ def visibility_verdict(inv: GpuInventory) -> Finding:
     return ok("gpu.visible", f"{VARIABLE}={inv.visible_devices!r}: {order} (hidden: {hidden})", **facts)
 
 
-@check("gpu.driver", "driver and CUDA")
+@check("gpu.driver", "driver and CUDA", starts=start_gpu_probe)
 def gpu_driver(ctx: CheckContext) -> Iterator[Finding]:
     inv = _inventory(ctx, "gpu.driver", visible=False)  # the driver serves every GPU of the host
     if isinstance(inv, Finding):
@@ -169,7 +169,7 @@ def arch_supported(capability: tuple[int, int], arch_list: list[str]) -> bool:
     return False
 
 
-@check("gpu.arch", "GPU architectures")
+@check("gpu.arch", "GPU architectures", starts=start_gpu_probe)
 def gpu_arch(ctx: CheckContext) -> Iterator[Finding]:
     inv = _inventory(ctx, "gpu.arch")
     if isinstance(inv, Finding):
@@ -214,7 +214,7 @@ def _deep_arch_list(ctx: CheckContext) -> list[str] | None:
     return list(arch) if isinstance(arch, list) and arch else None
 
 
-@check("gpu.memory", "GPU memory")
+@check("gpu.memory", "GPU memory", starts=start_gpu_probe)
 def gpu_memory(ctx: CheckContext) -> Iterator[Finding]:
     inv = _inventory(ctx, "gpu.memory")
     if isinstance(inv, Finding):

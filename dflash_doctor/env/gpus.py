@@ -266,7 +266,90 @@ def query_gpus() -> GpuInventory | None:
     return found if isinstance(found, GpuInventory) else None
 
 
+GPUS = "gpus"  # the name of the probe `start_gpu_probe` starts and `gpu_inventory` takes
+
+
+def start_gpu_probe(ctx: Any) -> None:
+    """The `gpu.*` checks' starter: NVML asked in a forked child before any check runs (`probe_gpus` there,
+    the answer sent back as plain data). Loading the driver's library and its first queries took 77-106 ms of
+    the checks' own process on an H200 (S21); beside the other checks they cost it nothing, and this process
+    never loads `libnvidia-ml` nor imports the binding."""
+    from dflash_doctor.env.forked import start_job
+
+    ctx.start(GPUS, lambda: start_job(_probe_as_plain))
+
+
 def gpu_inventory(ctx: Any) -> GpuInventory | GpuUnavailable:
-    """Memoised for one check run (`ctx.shared("gpus", ...)`): NVML is asked once."""
-    result: GpuInventory | GpuUnavailable = ctx.shared("gpus", probe_gpus)
+    """Memoised for one check run (`ctx.shared("gpus", ...)`): NVML is asked once, by the probe the checks'
+    starter began when there is one."""
+
+    def probe() -> GpuInventory | GpuUnavailable:
+        started = ctx.started(GPUS)
+        if started is None:
+            return probe_gpus()
+        return _from_plain(started.results()[0])
+
+    result: GpuInventory | GpuUnavailable = ctx.shared(GPUS, probe)
     return result
+
+
+def _probe_as_plain() -> tuple[Any, ...]:
+    """`probe_gpus()` as tuples, strings and ints (what a forked child can send back)."""
+    found = probe_gpus()
+    if isinstance(found, GpuUnavailable):
+        return ("unavailable", str(found))
+    host = None if found.host_devices is None else [_device_as_plain(d) for d in found.host_devices]
+    return (
+        "inventory",
+        found.driver_version,
+        found.cuda_driver_version,
+        [_device_as_plain(d) for d in found.devices],
+        host,
+        [_device_as_plain(d) for d in found.mig_devices],
+        found.visible_devices,
+        found.visibility_problem,
+    )
+
+
+def _from_plain(plain: tuple[Any, ...]) -> GpuInventory | GpuUnavailable:
+    if plain[0] == "unavailable":
+        return GpuUnavailable(plain[1])
+    _, driver, cuda, devices, host, migs, visible, problem = plain
+    return GpuInventory(
+        driver,
+        cuda,
+        [_device(d) for d in devices],
+        None if host is None else [_device(d) for d in host],
+        [_device(d) for d in migs],
+        visible,
+        problem,
+    )
+
+
+def _device_as_plain(device: GpuDevice) -> tuple[Any, ...]:
+    return (
+        device.index,
+        device.name,
+        device.uuid,
+        device.capability,
+        device.total_bytes,
+        device.free_bytes,
+        device.used_bytes,
+        tuple((p.pid, p.used_bytes) for p in device.processes),
+        device.mig,
+    )
+
+
+def _device(plain: tuple[Any, ...]) -> GpuDevice:
+    index, name, uuid, capability, total, free, used, processes, mig = plain
+    return GpuDevice(
+        index,
+        name,
+        uuid,
+        (int(capability[0]), int(capability[1])),
+        total,
+        free,
+        used,
+        tuple(GpuProcess(pid, used_bytes) for pid, used_bytes in processes),
+        None if mig is None else (int(mig[0]), int(mig[1])),
+    )

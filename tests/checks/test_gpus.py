@@ -268,3 +268,28 @@ def test_the_compile_cache_fingerprint_names_the_hosts_gpus(monkeypatch: pytest.
     monkeypatch.setattr(gpus, "_binding", lambda: FakeNvml(host))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert read_gpu_names() == ("NVIDIA H200", "NVIDIA H200", "NVIDIA H100")
+
+
+def test_a_started_probe_answers_as_one_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `gpu.*` starter asks NVML in a forked child: the inventory it sends back (MIG devices, processes,
+    the variable's view and its problem) is the one this process would read; so is the reason there is none."""
+    from dflash_doctor.env import forked
+
+    monkeypatch.setattr(forked, "thread_count", lambda: 1)  # whatever the test runner started: fork here
+    host = h200s(3, pids=[(4242, 3 * GIB), (77, None)])
+    host[1] = replace(host[1], migs=[FakeMig("MIG-aaaa0000-0000", 1, 0), FakeMig("MIG-bbbb0000-0000", 2, 0)])
+    monkeypatch.setattr(gpus, "_binding", lambda: FakeNvml(host))
+    for visible in (None, "2,MIG-bbbb,nonsense"):
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        ctx = CheckContext(env_for())
+        gpus.start_gpu_probe(ctx)
+        assert ctx._started[gpus.GPUS].children == 1  # asked in a child, before anyone wanted it
+        assert gpus.gpu_inventory(ctx) == gpus.probe_gpus()
+    monkeypatch.setattr(gpus, "_binding", gpus._NoNvmlLibrary)
+    ctx = CheckContext(env_for())
+    gpus.start_gpu_probe(ctx)
+    found, here = gpus.gpu_inventory(ctx), gpus.probe_gpus()
+    assert isinstance(found, gpus.GpuUnavailable) and str(found) == str(here)
