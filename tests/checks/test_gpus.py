@@ -293,3 +293,22 @@ def test_a_started_probe_answers_as_one_in_this_process(monkeypatch: pytest.Monk
     gpus.start_gpu_probe(ctx)
     found, here = gpus.gpu_inventory(ctx), gpus.probe_gpus()
     assert isinstance(found, gpus.GpuUnavailable) and str(found) == str(here)
+
+
+def test_the_cache_and_gpu_checks_ask_nvml_once(monkeypatch: pytest.MonkeyPatch, site: FakeSite) -> None:
+    """The compile cache's fingerprint names the machine's GPUs from the same inventory as `gpu.*` (NVML's start
+    cost ~80-100 ms on an H200 each time it was asked, S21)."""
+    from dflash_doctor.audit.cache import cache_status
+    from dflash_doctor.env import forked
+
+    monkeypatch.setattr(forked, "can_fork", lambda: False)  # the probe runs here, where its calls are counted
+    nvml = FakeNvml(h200s(2))
+    starts: list[int] = []
+    real_init = nvml.nvmlInit
+    monkeypatch.setattr(nvml, "nvmlInit", lambda: starts.append(1) or real_init())
+    monkeypatch.setattr(gpus, "_binding", lambda: nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the fingerprint is the machine's, whatever is visible
+    ctx = CheckContext(env_for(site))
+    run_checks(ctx, ["cache", "gpu"])
+    assert starts == [1]
+    assert cache_status(ctx).current.gpu_names == ("NVIDIA H200", "NVIDIA H200")
