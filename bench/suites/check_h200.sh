@@ -34,4 +34,10 @@ else
 fi
 stage stat_survey 25 python3 bench/check/stat_survey.py --threads --json "$RES/stat_survey.json"
 stage fork_cost 40 python3 bench/check/fork_cost.py --rounds 6 --json "$RES/fork_cost.json"
+# The image ships its site-packages without bytecode and sets PYTHONDONTWRITEBYTECODE (S21): every `check` compiles
+# typer, click, rich and packaging from source again. `pip install dflash-doctor` would have compiled them. Say how
+# many of their modules have bytecode, compile them as pip would, and time `check` once more.
+DEPS=$(python3 -c "import os, typer, rich, packaging, platformdirs; print(' '.join(os.path.dirname(m.__file__) for m in (typer, rich, packaging, platformdirs)))")
+for d in $DEPS; do echo "$d: $(find "$d" -name '*.py' | wc -l) modules, $(find "$d" -name '*.pyc' | wc -l) cached"; done
+stage deps_compiled 40 bash -c "python3 -m compileall -q $DEPS >/dev/null; ${speed[*]} --json $RES/check_speed_deps_compiled.json"
 finish check_h200
