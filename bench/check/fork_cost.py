@@ -72,12 +72,11 @@ def one_run(arm: str, python: str | None) -> dict[str, Any]:
     }
 
 
-def cow_fault_cost(megabytes: int = 48) -> dict[str, float]:
-    """Microseconds a page fault costs here: touch (write the reference counts of) ~`megabytes` of small
-    Python objects, alone and while a forked child holds the pages."""
+def cow_fault_cost(count: int = 49_152) -> dict[str, float]:
+    """Microseconds a page fault costs here: touch (write the reference counts of) `count` RECORD-like rows
+    (~12 MB of small objects), alone and while a forked child holds the pages."""
     gc.disable()
-    rows = [(f"site-packages/pkg/{i}/file.py", f"sha256={i:064x}", i) for i in range(megabytes * 1024 // 1)]
-    rows = rows[: megabytes * 1024 * 1024 // 400]
+    rows = [(f"site-packages/pkg/{i}/file.py", f"sha256={i:064x}", i) for i in range(count)]
 
     def touch() -> tuple[float, int]:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -182,11 +182,11 @@ def several_claims(
     """The paths two or more audited rows list (twins; a RECORD repeating a row), with each row's owner: found
     by a walk of every row on a first run, read back from the parse cache while no RECORD has changed."""
     stamps = tuple(distributions[key].record_stamp for key in rows.keys)
-    if cache is None or any(stamp is None for stamp in stamps):
-        return _expand_claims(_find_claims(rows), rows) or {}
-    stored = cache.get("derived", SEVERAL_KEY, stamps, lambda: _find_claims(rows))
-    claims = _expand_claims(stored, rows)
-    return claims if claims is not None else _expand_claims(_find_claims(rows), rows) or {}
+    if cache is not None and all(stamp is not None for stamp in stamps):
+        claims = _expand_claims(cache.get("derived", SEVERAL_KEY, stamps, lambda: _find_claims(rows)), rows)
+        if claims is not None:
+            return claims
+    return _expand_claims(_find_claims(rows), rows) or {}
 
 
 def _find_claims(rows: RecordRows) -> list[tuple[str, list[tuple[str, int]]]]:
