@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:  # types only: the core imports nothing above it
     from dflash_doctor.env.environment import Environment
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The layout is the design: every import points down the layer maps (docs/architecture.md).
 
 The doctor (`dflash_doctor/`, `checks/`) and the trainer (`trainer/`) each have their floors; they share only
-`dflash_base` (stdlib-only). The doctor sees the trainer through its torch-free `trainer.spec` and, lazily, the
+`dflash_base` (stdlib-only). The doctor sees the trainer through its torch-free `trainer.runspec` and, lazily, the
 `trainer.api` doorway. A new module that needs something from a higher floor is in the wrong folder; these tests
 name the import.
 """
@@ -37,24 +37,36 @@ ALLOWED_UPWARD = {
     # The registry discovers the checks that plug into it (imported lazily, inside a function).
     ("dflash_doctor.registry", "checks"),
     # A script run by path in the audited interpreter: it imports the trainer in that other process.
-    ("dflash_doctor.cache.warm_child", "trainer.spec.config"),
+    ("dflash_doctor.cache.warm_child", "trainer.runspec.config"),
     ("dflash_doctor.cache.warm_child", "trainer.api"),
 }
-# The trainer's floors (a module may import its own floor and any below); `run` and `decode` share a floor
-# and never import each other.
+# The trainer's floors (a module may import its own floor and any below). Some folders on one floor, or on
+# floors one above the other, never import each other: training (`run`) and the inference engine (`engine`)
+# share a floor; `data regenerate` and `eval` both sit on the engine and know nothing of each other or of
+# training.
 TRAINER_FLOORS = {
-    "spec": 0,
-    "model": 1,
-    "target_model": 2,
-    "data": 3,
-    "run": 4,
-    "decode": 4,
-    "api": 5,
-    "__main__": 6,
+    "runspec": 0,
+    "kernels": 1,
+    "model": 2,
+    "target_model": 3,
+    "data": 4,
+    "run": 5,
+    "engine": 5,
+    "regenerate": 6,
+    "eval": 6,
+    "api": 7,
+    "__main__": 8,
 }
-SIBLINGS_APART = {("run", "decode"), ("decode", "run")}
+SIBLINGS_APART = {
+    ("run", "engine"),
+    ("engine", "run"),
+    ("regenerate", "eval"),
+    ("eval", "regenerate"),
+    ("regenerate", "run"),
+    ("eval", "run"),
+}
 # What the doctor may import of the trainer: the torch-free description of a run, and the doorway (lazily).
-TRAINER_FOR_THE_DOCTOR = ("trainer.spec", "trainer.api")
+TRAINER_FOR_THE_DOCTOR = ("trainer.runspec", "trainer.api")
 # Scripts run by path in another interpreter (an engine's venv, which pins its own torch and has no
 # dflash-doctor): they may import nothing of ours at all, not even the core.
 RUN_IN_ANOTHER_PYTHON = {
@@ -223,7 +235,7 @@ def test_the_doctor_sees_the_trainer_through_spec_and_the_api_only() -> None:
                 where = f"{path.relative_to(ROOT)}:{line} imports {target}"
                 if not target.startswith(TRAINER_FOR_THE_DOCTOR):
                     bad.append(
-                        f"{where}: only trainer.spec (torch-free) and trainer.api are the doctor's to import"
+                        f"{where}: only trainer.runspec (torch-free) and trainer.api are the doctor's to import"
                     )
                 elif target.startswith("trainer.api") and line in loaded_at_import and not type_only:
                     bad.append(
@@ -245,8 +257,8 @@ def test_every_trainer_folder_says_what_it_owns_and_may_import() -> None:
 
 SPEC_PROBE = """
 import importlib, json, pkgutil, sys
-import trainer.spec
-names = [f"trainer.spec.{m.name}" for m in pkgutil.iter_modules(trainer.spec.__path__)]
+import trainer.runspec
+names = [f"trainer.runspec.{m.name}" for m in pkgutil.iter_modules(trainer.runspec.__path__)]
 for name in names:
     importlib.import_module(name)
 print(json.dumps({"modules": names, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
@@ -254,7 +266,7 @@ print(json.dumps({"modules": names, "heavy": sorted(m for m in ("torch", "transf
 
 
 def test_every_spec_module_imports_without_torch_or_transformers() -> None:
-    """The gate reads configs before any worker starts: trainer.spec must not pull torch in (seconds)."""
+    """The gate reads configs before any worker starts: trainer.runspec must not pull torch in (seconds)."""
     import json
     import subprocess
 
@@ -262,8 +274,8 @@ def test_every_spec_module_imports_without_torch_or_transformers() -> None:
         [sys.executable, "-c", SPEC_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
     ).stdout
     found = json.loads(out)
-    assert "trainer.spec.config" in found["modules"] and len(found["modules"]) >= 8
-    assert found["heavy"] == [], f"importing trainer.spec.* loaded {found['heavy']}"
+    assert "trainer.runspec.config" in found["modules"] and len(found["modules"]) >= 8
+    assert found["heavy"] == [], f"importing trainer.runspec.* loaded {found['heavy']}"
 
 
 SHIPPED = ("dflash_base", "dflash_doctor", "trainer", "checks")
@@ -278,3 +290,88 @@ def test_nothing_shipped_imports_bench() -> None:
                 if target.split(".")[0] == "bench":
                     bad.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert not bad, "shipped code must not import bench/:\n" + "\n".join(bad)
+
+
+def import_graph(roots: tuple[str, ...]) -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, at module level or inside a function (`ast.walk` sees both:
+    an import hidden in a function still ties two modules together)."""
+    modules = {module_name(path): path for root in roots for path in sorted((ROOT / root).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for here, path in modules.items():
+        targets = set()
+        for target, _, type_only in imports_of(path):
+            if type_only:
+                continue
+            # `from a.b import c` may import the module a.b.c or the name c of a.b: the longest known module wins
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != here and not here.startswith(target + "."):
+                targets.add(target)
+        graph[here] = targets
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle of the graph, each as its modules in order (Tarjan's strongly connected components: a
+    component of two or more modules is a circle of imports)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A circle of imports, even one closed by an import inside a function, makes two modules one: neither can
+    be read, tested or moved without the other (the old generation <-> kv_engine pair)."""
+    cycles = import_cycles(import_graph(("dflash_base", "dflash_doctor", "checks", "trainer")))
+    assert not cycles, "modules that import each other (at module level or inside a function):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_cycle_finder_finds_a_planted_circle(tmp_path: Path) -> None:
+    """The detector itself: a circle closed inside a function is found, a straight chain is not."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": set(), "d": {"e"}, "e": {"d"}}
+    assert import_cycles(graph) == [["d", "e"]]
+    package = tmp_path / "planted"
+    package.mkdir()
+    (package / "one.py").write_text("import planted.two\n")
+    (package / "two.py").write_text("def late():\n    from planted.one import x\n")
+    found = import_graph_of(package)
+    assert import_cycles(found) == [["planted.one", "planted.two"]]
+
+
+def import_graph_of(package: Path) -> dict[str, set[str]]:
+    """`import_graph` for a folder outside the repository (the planted-circle test)."""
+    modules = {f"{package.name}.{p.stem}": p for p in sorted(package.glob("*.py"))}
+    return {
+        here: {t for t, _, _ in imports_of(path) if t in modules and t != here}
+        for here, path in modules.items()
+    }

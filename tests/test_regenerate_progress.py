@@ -13,8 +13,9 @@ import pytest
 from rich.console import Console
 
 from dflash_doctor.progress import RegenerateProgress, regenerate_estimate
-from trainer.decode.generation import Chat, Completion
-from trainer.decode.regenerate import Summary
+from trainer.engine.target import Chat
+from trainer.regenerate.job import Summary
+from trainer.regenerate.settings import Completion
 
 
 def pipe_console() -> tuple[Console, io.StringIO]:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             link.watch(grace_s=LINK_GRACE_S)
             link.hold_stdout()
     try:
-        from trainer.spec.config import load_config
+        from trainer.runspec.config import load_config
 
         cfg = load_config(args.config, args.overrides)
         if not under_torchrun():

@@ -3,7 +3,7 @@
 Before the cache, every block re-ran `fc`, `hidden_norm` and each layer's context keys and values over the
 whole context (O(context) work per block, the same result each time); now each position is projected once
 per sequence (`trainer.model.drafter.ContextCache`). Both proposers go through `eval`'s own loop
-(`trainer.decode.eval.evaluate`, one target-only greedy decode per prompt as the baseline);
+(`trainer.eval.evaluate.evaluate`, one target-only greedy decode per prompt as the baseline);
 `WholeContextProposer` is the code `DFlashProposer` ran before. Printed: tau (equal up to rounding: the drafts
 are the same computation), target forwards, time spent proposing per block, and the wall-clock speed-up over
 greedy.
@@ -27,10 +27,11 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
-from trainer.decode.eval import EvalReport, EvalSetup, evaluate, load_pieces, prompts_from_file
-from trainer.decode.generation import stop_token_ids
-from trainer.decode.proposers import DFlashProposer, WholeContextProposer
-from trainer.decode.speculative import SpecTarget
+from trainer.engine.target import stop_token_ids
+from trainer.eval.evaluate import EvalReport, EvalSetup, evaluate, load_pieces
+from trainer.eval.prompts import prompts_from_file
+from trainer.eval.proposers import DFlashProposer, WholeContextProposer
+from trainer.eval.speculative import SpecTarget
 from trainer.model.drafter import DFlashDrafter
 
 
@@ -89,7 +90,7 @@ def main() -> int:
     else:
         if not (args.config and args.export and args.prompts):
             parser.error("--config, --export and --prompts (or --tiny)")
-        from trainer.spec.config import load_config
+        from trainer.runspec.config import load_config
         from trainer.target_model.tokenizer import load_tokenizer
 
         cfg = load_config(args.config, args.overrides)
@@ -134,7 +135,7 @@ def main() -> int:
 def tiny_pieces() -> tuple[SpecTarget, DFlashDrafter, list[list[int]], None]:
     """The tiny embedded target and an untrained 1-layer drafter: the plumbing, not a figure."""
     from trainer.model.drafter import DrafterConfig
-    from trainer.spec.target_shapes import tiny_qwen3_config
+    from trainer.runspec.target_shapes import tiny_qwen3_config
     from trainer.target_model.tiny import build_embedded_target
 
     model = build_embedded_target("tiny", seed=0)

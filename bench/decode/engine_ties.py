@@ -7,7 +7,7 @@ first differing token the two answers go their own ways. Only that first positio
 
 Each pair's ids (the engines' own, else the answer text tokenised again) go through the target once: the
 prompt and the shared prefix. At the next position the two engines' tokens a and b are a **tie** when both sit
-at the top within the tolerance `eval` uses for the dtype (`trainer.decode.compare.default_tie_tolerance`: 2^-5
+at the top within the tolerance `eval` uses for the dtype (`trainer.eval.compare.default_tie_tolerance`: 2^-5
 relative in bf16), and **different** otherwise, with the margin (how far from the top each token is, in
 logits) kept for the record. One forward is a third opinion beside the two engines' own: it decides which
 flips were rounding. An answer that ended its turn ends in END, whose logit is the best of the target's stop
@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from trainer.decode.compare import default_tie_tolerance
-from trainer.decode.generation import Chat, Completion, prompt_ids
+from trainer.engine.target import Chat, prompt_ids
+from trainer.eval.compare import default_tie_tolerance
+from trainer.regenerate.settings import Completion
 
 END = -1  # an answer that ended its turn: the engines stop on any stop id, so the best of them is its logit
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from trainer.data.sources import build_source, split_data
 from trainer.model.export import load_drafter
 from trainer.run.heldout import score_batch
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 from trainer.target_model.capture import load_capture_target
 
 

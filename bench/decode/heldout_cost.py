@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 
 COLUMNS = ("config", "heldout_seqs", "step_s", "eval_s", "eval_per_seq_s", "evals", "share_at_every")
 

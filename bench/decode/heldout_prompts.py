@@ -3,7 +3,7 @@
 `dflash-doctor eval --config C` (no --prompts) decodes the same prompts, one process; this file lets
 bench/decode/eval_shards.py split them over several processes on one device. The records are the
 conversations' own messages, cut before the last assistant turn; eval renders them with the chat template's
-generation prompt, exactly as `trainer.decode.eval.chat_prompts` does.
+generation prompt, exactly as `trainer.eval.evaluate.chat_prompts` does.
 
     python3 bench/decode/heldout_prompts.py --config smollm2-135m --count 64 --out /tmp/heldout.jsonl
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer.data.sources import split_data
-from trainer.decode.eval import before_last_answer
-from trainer.spec.config import load_config
-from trainer.spec.data_files import jsonl_records
+from trainer.eval.prompts import before_last_answer
+from trainer.runspec.config import load_config
+from trainer.runspec.data_files import jsonl_records
 
 
 def main() -> int:

@@ -1,8 +1,8 @@
 """Does the held-out estimate predict real speculative decoding? Both on the same prompts and tokens.
 
-For each held-out prompt of a run (`--config`), the target decodes greedily (`trainer.decode.speculative.greedy_decode`);
+For each held-out prompt of a run (`--config`), the target decodes greedily (`trainer.eval.speculative.greedy_decode`);
 that greedy sequence is then scored the way training scores held-out batches (`trainer.run.heldout.score_batch`,
-every position an anchor), and decoded again speculatively with the run's export (`trainer.decode.eval`). On data
+every position an anchor), and decoded again speculatively with the run's export (`trainer.eval.evaluate`). On data
 the target wrote greedily the estimate's rule is exact per anchor; the two figures differ only in which
 anchors they average over (every position, against the positions where a verify forward starts).
 
@@ -22,10 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
-from trainer.decode.eval import EvalSetup, evaluate, heldout_prompts, load_pieces
-from trainer.decode.speculative import greedy_decode
+from trainer.eval.evaluate import EvalSetup, evaluate, load_pieces
+from trainer.eval.prompts import heldout_prompts
+from trainer.eval.speculative import greedy_decode
 from trainer.run.heldout import HeldoutSums, score_batch
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 from trainer.target_model.capture import CaptureTarget
 from trainer.target_model.tiny import build_embedded_target
 

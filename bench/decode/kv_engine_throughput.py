@@ -12,7 +12,7 @@ same prompts; generated tok/s, the ratio, the KV engine's roofline share, and wh
     .venv/bin/python bench/decode/kv_engine_throughput.py --tiny      # CPU dry run: the tiny target folder
 
 Rates are generated tokens over the wall time of the whole call (tokenising, prefill and decode); the KV
-engine's decode-only rate is what its roofline share compares (trainer.decode.roofline).
+engine's decode-only rate is what its roofline share compares (trainer.engine.roofline).
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.decode.engine_ties import classify_answers
 from bench.decode.regenerate_throughput import random_model, random_prompts
 from bench.lib.roles import RESULTS, device_name, print_rows, write_result
-from trainer.decode.continuous import auto_slots, decode_all
-from trainer.decode.generation import GenerationSettings, TorchEngine, generate_token_batch
-from trainer.decode.kv_decoder import KVDecoder, kv_bytes_per_token
-from trainer.decode.kv_engine import KVEngine
-from trainer.decode.roofline import decode_roofline, peaks_of
-from trainer.decode.sampling import row_key
+from trainer.engine.decoder import KVDecoder, kv_bytes_per_token
+from trainer.engine.roofline import decode_roofline, peaks_of
+from trainer.engine.sampling import row_key
+from trainer.engine.scheduler import auto_slots, decode_all
+from trainer.regenerate.generate_engine import TorchEngine, generate_token_batch
+from trainer.regenerate.kv_engine import KVEngine
+from trainer.regenerate.settings import GenerationSettings
 
 
 def synced(device: torch.device) -> float:
@@ -47,7 +48,7 @@ def synced(device: torch.device) -> float:
 
 
 def real_chats(path: Path, num: int) -> list[list[dict[str, str]]]:
-    from trainer.decode.conversations import read_records
+    from trainer.regenerate.conversations import read_records
 
     chats = []
     for item in read_records(path):
@@ -151,7 +152,7 @@ def compare_shapes(args: argparse.Namespace, device: torch.device) -> dict[str, 
 
 def kernel_error(model: Any, device: torch.device, dtype: torch.dtype) -> float | None:
     """The decode-attention kernel against masked SDPA in the model's dtype, at its head shapes."""
-    from trainer.decode.decode_attention import _sdpa_reference, decode_attention, triton_available
+    from trainer.kernels.decode_attention import _sdpa_reference, decode_attention, triton_available
 
     if not triton_available(device.type):
         return None

@@ -7,7 +7,7 @@ there, not where `eval` decodes. For every record of the config's data (each sup
 last is the conversation's final answer), the share of supervised tokens whose target greedy prediction
 (fp32, a plain HF forward, from the position before) is the token itself.
 
-Imports only `trainer.spec.config.load_config` and `trainer.data.sources.build_source`, so an older
+Imports only `trainer.runspec.config.load_config` and `trainer.data.sources.build_source`, so an older
 checkout runs it too: `PYTHONPATH=OLD python bench/decode/on_greedy_path.py --config C --out J` from OLD.
 """
 
@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path.cwd()))  # the checkout this runs from (an older one's trainer, see above)
 
 from trainer.data.sources import build_source
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 
 
 def spans(mask: list[bool]) -> list[tuple[int, int]]:

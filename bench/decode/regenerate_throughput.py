@@ -1,6 +1,6 @@
 """`data regenerate`'s torch engine on one device: generated tok/s per batch size, against the decode roofline.
 
-Each row runs `trainer.decode.generation.generate_token_batch` (what the engine runs) on random prompts of a fixed
+Each row runs `trainer.regenerate.engines.generate_token_batch` (what the engine runs) on random prompts of a fixed
 length with no stop token, so every row generates exactly `--new-tokens` per sequence. The roofline is that of
 decoding: every step reads the weights once (bf16: 2 bytes per parameter, the input embedding excluded: a
 lookup reads one row), so steps/s <= bandwidth / weight bytes and tok/s <= batch x that, until compute binds
@@ -42,8 +42,9 @@ from bench.lib.roles import (
     reset_peak,
     write_result,
 )
-from trainer.decode.generation import GenerationSettings, generate_token_batch
-from trainer.spec.target_shapes import is_embedded
+from trainer.regenerate.generate_engine import generate_token_batch
+from trainer.regenerate.settings import GenerationSettings
+from trainer.runspec.target_shapes import is_embedded
 from trainer.target_model.load import load_target_model
 from trainer.target_model.tiny import build_embedded_target
 

@@ -4,7 +4,7 @@ With random weights (target `random:qwen3-8b`, an untrained drafter at the confi
 length is ~1, so this measures the loop's overhead: a verify forward of B tokens plus a drafter forward,
 per accepted token, against one single-token target forward. With a trained drafter (`--export`) it is the
 real speed-up. Outputs must equal target-only greedy's: the row says whether they were bitwise identical,
-how many prompts differed only by a near-tie flip (`ties`: bf16 rounding, see `trainer.decode.compare`) and how
+how many prompts differed only by a near-tie flip (`ties`: bf16 rounding, see `trainer.eval.compare`) and how
 many really differed (`different`: a bug, exit 1).
 
     python3 bench/decode/spec_decode.py --config qwen3-8b-b16 --prompts 8 --prompt-len 512 --max-new-tokens 256
@@ -28,12 +28,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, device_name, print_rows, write_result
-from trainer.decode.eval import EvalSetup, evaluate, load_pieces
+from trainer.eval.evaluate import EvalSetup, evaluate, load_pieces
 from trainer.model.build import build_drafter
 from trainer.model.device import resolve_device
 from trainer.model.export import export_drafter
-from trainer.spec.config import load_config
-from trainer.spec.target_shapes import target_hf_config
+from trainer.runspec.config import load_config
+from trainer.runspec.target_shapes import target_hf_config
 from trainer.target_model.load import load_frozen_embeddings
 
 COLUMNS = ("prompts", "new_tokens", "block", "accept_len", "target_forwards", "baseline_forwards",

@@ -29,7 +29,7 @@ from trainer.data.order import make_padded_batch
 from trainer.data.sources import build_source
 from trainer.model.export import load_drafter
 from trainer.run.heldout import HeldoutSums, score_batch
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 from trainer.target_model.capture import load_capture_target
 
 

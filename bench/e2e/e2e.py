@@ -40,9 +40,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
-from trainer.spec.config import load_config
-from trainer.spec.config_file import apply_overrides, config_to_toml, read_raw, resolve_config_path
-from trainer.spec.topology import resolve_topology
+from trainer.runspec.config import load_config
+from trainer.runspec.config_file import apply_overrides, config_to_toml, read_raw, resolve_config_path
+from trainer.runspec.topology import resolve_topology
 
 COLUMNS = ("recipe", "exit", "steps", "steady_tok_s", "steady_samples_s", "data_wait_fraction",
            "time_to_first_step_s", "x2_colocated_tok_s", "vs_x2_colocated", "wall_s")  # fmt: skip
@@ -219,7 +219,7 @@ def main() -> int:
             code = stop_group(proc) or -9
     wall = time.perf_counter() - began
 
-    from trainer.spec.outputs import metrics_path, read_metrics
+    from trainer.runspec.outputs import metrics_path, read_metrics
 
     records = read_metrics(metrics_path(output_dir))
     summary_path = output_dir / "summary.json"

@@ -1,7 +1,7 @@
 """The DFlash-mask Triton kernel against the trainer's compiled flex path, at a recipe's exact attention shapes.
 
 Issue 40 §3: at qwen3-8b-b16 the flex backward is ~16.5 ms a step at 124 TFLOP/s, 16% of an H200's peak
-(BENCHMARKS.md 3.3, 4.0), and flex's tile options do not help. trainer/model/dflash_kernel.py walks the mask's
+(BENCHMARKS.md 3.3, 4.0), and flex's tile options do not help. bench/kernels/dflash_mask_kernel.py (out of the trainer: nothing shipped calls it) walks the mask's
 structure instead; this script decides whether it earns a place as an opt-in: forward and backward timed
 apart (CUDA events, the median of --repeats after --warmup untimed calls), TFLOP/s from the mask's real
 pairs (bench/lib/flops.py:attended_pairs; forward 2 matmuls, backward 5 with the recomputed QK^T, as
@@ -51,7 +51,7 @@ COLUMNS = ("recipe", "row", "fwd_ms", "bwd_ms", "total_ms", "bwd_vs_flex", "fwd_
 
 def tile_rows() -> dict[str, Any]:
     """The Triton rows: name -> Tiles. Imported late: TRITON_INTERPRET must be set before triton is."""
-    from trainer.model.dflash_kernel import GPU_TILES, INTERPRETER_TILES, interpreted
+    from bench.kernels.dflash_mask_kernel import GPU_TILES, INTERPRETER_TILES, interpreted
 
     if interpreted():
         return {"triton": INTERPRETER_TILES}
@@ -103,7 +103,7 @@ def measure(
 
 
 def run_recipe(recipe: Recipe, device: torch.device, warmup: int, repeats: int) -> dict[str, Any]:
-    from trainer.model.dflash_kernel import dflash_attention
+    from bench.kernels.dflash_mask_kernel import dflash_attention
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     inputs = Inputs(recipe, device, pad_kv=True, dtype=dtype, backward=True)

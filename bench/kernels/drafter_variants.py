@@ -61,7 +61,7 @@ from bench.lib.roles import (
     time_repeats,
     write_result,
 )
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from bench.lib.roles import (
     write_result,
 )
 from trainer.model.device import target_dtype
-from trainer.spec.config import load_config
-from trainer.spec.target_shapes import target_hf_config
+from trainer.runspec.config import load_config
+from trainer.runspec.target_shapes import target_hf_config
 from trainer.target_model.capture import CaptureTarget
 from trainer.target_model.tiny import build_embedded_target
 

@@ -28,8 +28,8 @@ from trainer.model.device import target_dtype
 from trainer.model.drafter import DFlashDrafter
 from trainer.run.optim import build_optimizer, build_scheduler
 from trainer.run.train import train_step
-from trainer.spec.config import TrainConfig, load_config
-from trainer.spec.target_shapes import target_hf_config
+from trainer.runspec.config import TrainConfig, load_config
+from trainer.runspec.target_shapes import target_hf_config
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -93,7 +93,7 @@ if [ "$PHASE" = train ]; then
     # scoring stays a few seconds (3% of 100k is ~3,000 answers: ~25 s a scoring).
     STEPS=$(python3 - "$ROOT/data/train.jsonl" "${SCALING_STEPS:-2400}" "${SCALING_EVAL_FRACTION:-0.006}" "${SCALING_PASSES:-1}" <<'PY'
 import sys
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 cfg = load_config("smollm2-135m", [])
 n = sum(1 for line in open(sys.argv[1]) if line.strip())
 per_step = cfg.optim.batch_size * cfg.optim.grad_accum

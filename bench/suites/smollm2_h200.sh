@@ -47,7 +47,7 @@ fi
 # train: epochs so that steps <= SMOLLM2_STEPS (32 sequences a step, the recipe's eval_fraction held out)
 EPOCHS=$(python3 - "$ROOT/data/train.jsonl" "${SMOLLM2_STEPS:-1900}" <<'PY'
 import sys
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 cfg = load_config("smollm2-135m", [])
 n = sum(1 for line in open(sys.argv[1]) if line.strip())
 per_step = cfg.optim.batch_size * cfg.optim.grad_accum

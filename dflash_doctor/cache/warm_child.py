@@ -130,7 +130,7 @@ def warm_trainer(args: argparse.Namespace) -> dict[str, Any] | None:
         sys.path.insert(0, args.project_root)
     try:
         from trainer.api import warm_up
-        from trainer.spec.config import load_config
+        from trainer.runspec.config import load_config
     except ImportError:
         return None
     start = time.perf_counter()

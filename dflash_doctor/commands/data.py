@@ -18,8 +18,8 @@ import typer
 from dflash_doctor.commands.options import ConfigOption, JsonOption, SetOption
 from dflash_doctor.console import make_console
 from dflash_doctor.progress import RegenerateProgress
-from trainer.spec.regenerate_request import DEFAULTS as R
-from trainer.spec.regenerate_request import RegenerateRequest
+from trainer.runspec.regenerate_request import DEFAULTS as R
+from trainer.runspec.regenerate_request import RegenerateRequest
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -30,7 +30,7 @@ data_app = typer.Typer(
 
 
 def _engine_factory(request: RegenerateRequest, settings: Any) -> Any:
-    """What makes the engine (trainer.decode.generation chooses it); the seam the command's tests replace."""
+    """What makes the engine (trainer.regenerate.engines chooses it); the seam the command's tests replace."""
     from trainer.api import engine_factory, local_devices
 
     devices = local_devices(request.devices)
@@ -179,7 +179,7 @@ def preview_command(
     from rich.markup import escape
 
     from trainer.api import preview
-    from trainer.spec.config import load_config
+    from trainer.runspec.config import load_config
 
     # the whole data file is shown, not a split: the held-out and step-size rules are train's and eval's
     cfg = load_config(config, overrides, split=False)

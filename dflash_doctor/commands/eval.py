@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dflash_doctor.commands.options import FLAG, JsonOption, OptionalConfigOption, SetOption
 from dflash_doctor.console import make_console
-from trainer.spec.eval_request import DEFAULTS, EvalRequest
+from trainer.runspec.eval_request import DEFAULTS, EvalRequest
 
 if TYPE_CHECKING:
     from trainer.api import EvalReport

@@ -43,7 +43,7 @@ TRAIN_SCHEMA = "dflash-doctor/train/v1"
 
 
 def _mask_token(training: TrainingConfig) -> dict[str, object]:
-    """The drafter's mask token and the rule that chose it (trainer.spec.mask_token)."""
+    """The drafter's mask token and the rule that chose it (trainer.runspec.mask_token)."""
     d = training.config.drafter
     return {"id": d.mask_token_id, "text": d.mask_token_text, "rule": d.mask_token_rule}
 

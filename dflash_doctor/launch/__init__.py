@@ -10,6 +10,6 @@ tree (`supervise`: stop signals forwarded, nothing left behind), one run per out
 and run records (`runs`).
 
 May import: `lock`, `audit`, `libs`, `cache`, `deep`, `env`, the core, and the trainer's config
-readers (`trainer.spec.config`, `trainer.spec.target_shapes`, `trainer.spec.topology`: no torch). Never the trainer's
+readers (`trainer.runspec.config`, `trainer.runspec.target_shapes`, `trainer.runspec.topology`: no torch). Never the trainer's
 model code.
 """

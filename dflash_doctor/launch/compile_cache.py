@@ -120,7 +120,7 @@ def plan_warm_up(
                 records.adopt(result.manifest.warm_records, newest.name)
                 steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
                 action = "restored"
-    from trainer.spec.config_file import read_raw
+    from trainer.runspec.config_file import read_raw
 
     config = _config_with_overrides(config_path, overrides)
     roots = dict(status.locations.roots())
@@ -251,7 +251,7 @@ def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Pat
         return config_path
     import tomllib
 
-    from trainer.spec.config_file import apply_overrides, config_to_toml
+    from trainer.runspec.config_file import apply_overrides, config_to_toml
 
     text = config_to_toml(apply_overrides(tomllib.loads(config_path.read_text()), list(overrides)))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]

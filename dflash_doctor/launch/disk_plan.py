@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_doctor.launch.memory_plan import PlanInputs, drafter_params
-from trainer.spec.outputs import CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR, EXPORT_DIR
+from trainer.runspec.outputs import CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR, EXPORT_DIR
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 # fp32 weights + AdamW's exp_avg and exp_avg_sq, per trainable parameter (trainer/run/optim.py: AdamW).
 CHECKPOINT_BYTES_PER_PARAM = 12

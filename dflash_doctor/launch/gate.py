@@ -33,8 +33,8 @@ from dflash_doctor.registry import CheckRun, run_checks
 from dflash_doctor.report import flatten
 
 if TYPE_CHECKING:  # types only: load_training_config imports the trainer's config code lazily, saying why
-    from trainer.spec.config import TrainConfig
-    from trainer.spec.target_shapes import TargetShapes
+    from trainer.runspec.config import TrainConfig
+    from trainer.runspec.target_shapes import TargetShapes
 
 
 @dataclass
@@ -54,14 +54,14 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
     """Validate with the trainer's own loader: a bad field is a ConfigError (exit 2) naming it.
 
     The trainer's config code must import in the interpreter running dflash-doctor; when it cannot, we say
-    so plainly instead of a traceback. Only the target's shapes are read (trainer.spec.target_shapes): neither
+    so plainly instead of a traceback. Only the target's shapes are read (trainer.runspec.target_shapes): neither
     the model code (torch's compiler stack) nor, where config.json says enough, transformers: 13-14 s of
     imports per process on the H200 machine, before torchrun.
     """
     try:
-        from trainer.spec.config import load_config
-        from trainer.spec.config_file import resolve_config_path
-        from trainer.spec.target_shapes import target_shapes
+        from trainer.runspec.config import load_config
+        from trainer.runspec.config_file import resolve_config_path
+        from trainer.runspec.target_shapes import target_shapes
     except (ImportError, OSError) as exc:
         raise DoctorError(
             f"the trainer cannot be imported by {sys.executable}: {exc}",

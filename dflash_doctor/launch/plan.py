@@ -26,14 +26,14 @@ from dflash_doctor.launch.memory_plan import (
 from dflash_doctor.launch.split import RoleRates
 from dflash_doctor.launch.time_plan import TimeEstimate, estimate_time
 from dflash_doctor.launch.topology import TopologyChoice, choose_topology
-from trainer.spec.topology import overlap_mode
+from trainer.runspec.topology import overlap_mode
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
     from transformers import PretrainedConfig
 
     from dflash_doctor.launch.runs import RunRecord
-    from trainer.spec.config import TrainConfig
-    from trainer.spec.target_shapes import TargetShapes
+    from trainer.runspec.config import TrainConfig
+    from trainer.runspec.target_shapes import TargetShapes
 
 # What importing torch + transformers costs a CPU process (RSS, measured here: ~330 MiB), rounded up.
 CPU_PROCESS_OVERHEAD_BYTES = 512 * 1024**2
@@ -153,7 +153,7 @@ class LaunchPlan:
 
 def model_shape(target_config: TargetShapes | PretrainedConfig) -> ModelShape:
     """From the target's shapes (TargetShapes), or a transformers config read into them."""
-    from trainer.spec.target_shapes import TargetShapes  # light: no torch, no transformers
+    from trainer.runspec.target_shapes import TargetShapes  # light: no torch, no transformers
 
     t = target_config if isinstance(target_config, TargetShapes) else TargetShapes.from_config(target_config)
     return ModelShape(

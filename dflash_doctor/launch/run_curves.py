@@ -16,7 +16,7 @@ from typing import Any
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.disk import writing
 from dflash_base.errors import DoctorError
-from trainer.spec.outputs import metrics_path
+from trainer.runspec.outputs import metrics_path
 
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.spec.outputs import metrics_path, read_summary, summary_path
+from trainer.runspec.outputs import metrics_path, read_summary, summary_path
 
 
 def last_metrics(output_dir: Path, since: float) -> dict[str, Any]:

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_base.errors import DoctorError
-from trainer.spec.topology import forces_split, split_of
+from trainer.runspec.topology import forces_split, split_of
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 # Shipped with the package, in dflash_doctor/data/.
 DEFAULT_RATES_PATH = Path(__file__).resolve().parents[1] / "data" / "role_rates.json"

@@ -9,7 +9,7 @@ left is killed. A second stop signal kills at once.
 
 While stopping, the processes' stderr (three tracebacks of KeyboardInterrupt/SignalException, ~150 lines)
 goes to a log file instead of the terminal, so a stop reads as one line; stdout (the progress) is untouched.
-The same once a rank prints an error a person can act on (`trainer.spec.outputs.error_line`: a full disk, a
+The same once a rank prints an error a person can act on (`trainer.runspec.outputs.error_line`: a full disk, a
 bad data line): that line is shown and kept as the run's reason, and what follows it (the peers losing that
 rank, torchrun's failure summary: ~150 lines) goes to the log.
 """
@@ -30,7 +30,7 @@ from typing import IO
 
 from dflash_base.stopping import handling_stop_signals, signal_name
 from dflash_doctor.processes import ProcessTree
-from trainer.spec.outputs import reason_of
+from trainer.runspec.outputs import reason_of
 
 STOP_GRACE_S = 30.0  # how long torchrun and the workers get to exit after the signal, before SIGKILL
 TICK_S = 0.5  # how often the tree is re-read (a worker must be known before torchrun can vanish)

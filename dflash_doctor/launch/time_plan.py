@@ -34,7 +34,7 @@ from dflash_doctor.progress import elapsed_text
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
     from dflash_doctor.launch.runs import RunRecord
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 DEFAULT_STEP_TIMES_PATH = Path(__file__).resolve().parents[1] / "data" / "step_times.json"
 
@@ -106,7 +106,7 @@ def planned_steps(cfg: TrainConfig, drafters: int) -> tuple[int | None, str]:
     if o.steps is not None:
         return o.steps, "optim.steps"
     from dflash_base.errors import ConfigError
-    from trainer.spec.config import heldout_sequences, num_sequences
+    from trainer.runspec.config import heldout_sequences, num_sequences
 
     try:
         total = num_sequences(cfg)

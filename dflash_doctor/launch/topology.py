@@ -31,10 +31,10 @@ from dflash_doctor.launch.split import (
     rates_for_config,
     recommend_split,
 )
-from trainer.spec.topology import AUTO, COLOCATED, SPLIT, Topology, configured_topology
+from trainer.runspec.topology import AUTO, COLOCATED, SPLIT, Topology, configured_topology
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
-    from trainer.spec.config import TopologySection, TrainConfig
+    from trainer.runspec.config import TopologySection, TrainConfig
 
 
 @dataclass(frozen=True)

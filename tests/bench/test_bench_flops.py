@@ -7,7 +7,7 @@ import torch
 from bench.lib.flops import attended_pairs, linear_params_per_layer, target_flops
 from trainer.model.anchors import sample_anchors
 from trainer.model.attention import dense_mask
-from trainer.spec.target_shapes import qwen3_8b_config
+from trainer.runspec.target_shapes import qwen3_8b_config
 
 
 def test_target_flops_match_the_reference_planning_numbers() -> None:

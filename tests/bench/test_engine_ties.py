@@ -9,7 +9,8 @@ import torch
 
 from bench.decode.engine_ties import END, answer_ids, classify_answers, classify_flip
 from tests.trainer.target_folder import make_target_folder
-from trainer.decode.generation import Completion, load_generation_target, prompt_ids
+from trainer.engine.target import load_generation_target, prompt_ids
+from trainer.regenerate.settings import Completion
 
 CHAT = [{"role": "user", "content": "w1 w2 w3"}]
 
@@ -85,8 +86,9 @@ def test_both_torch_engines_keep_the_ids_they_wrote_and_agree_in_fp32(
 ) -> None:
     """The comparison reads the engines' own ids (text can tokenise back differently): each keeps them up to
     its end-of-turn token, they decode to the answer's text, and on CPU in fp32 the two engines agree."""
-    from trainer.decode.generation import GenerationSettings, TorchEngine
-    from trainer.decode.kv_engine import KVEngine
+    from trainer.regenerate.generate_engine import TorchEngine
+    from trainer.regenerate.kv_engine import KVEngine
+    from trainer.regenerate.settings import GenerationSettings
 
     folder = make_target_folder(tmp_path_factory.mktemp("ids") / "target")
     settings = GenerationSettings(target=str(folder), max_new_tokens=12)

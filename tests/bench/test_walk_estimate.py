@@ -14,7 +14,7 @@ import torch
 from tests.trainer.chat_fixtures import save_chat_target
 from trainer.model.build import build_drafter
 from trainer.model.export import export_drafter
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 from trainer.target_model.load import load_target_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -187,7 +187,7 @@ def test_records_are_bounded_and_the_newest_wins(tmp_path: Path) -> None:
 def test_the_launcher_runs_the_child_once_then_skips_it_until_a_file_goes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.spec.config_file import resolve_config_path
+    from trainer.runspec.config_file import resolve_config_path
 
     home = tmp_path / "home"
     inductor = home / "cache" / "inductor"
@@ -284,7 +284,7 @@ def test_a_restored_snapshot_lets_a_fresh_home_skip_the_warm_up_child(
 ) -> None:
     """Machine A warms and snapshots; machine B (an empty home, the snapshot copied in) restores it and
     skips the child; B's child runs when the key differs, as it would without the record."""
-    from trainer.spec.config_file import resolve_config_path
+    from trainer.runspec.config_file import resolve_config_path
 
     children: list[list[str]] = []
 
@@ -328,7 +328,7 @@ def test_a_snapshot_that_cannot_be_restored_never_stops_the_launch(
     """Issue 37 F2: `train`'s automatic restore fails (a cache it refuses, a full disk): the launch warns and
     compiles cold instead of stopping."""
     from dflash_base.errors import DoctorError
-    from trainer.spec.config_file import resolve_config_path
+    from trainer.runspec.config_file import resolve_config_path
 
     children: list[list[str]] = []
 

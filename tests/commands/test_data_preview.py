@@ -68,7 +68,7 @@ def test_a_small_file_is_previewed_though_its_held_out_split_is_under_a_batch(
     rule ("holds out 1 of 20 sequences, fewer than one batch"); the rule is gone since (issue 38 D8: the
     last held-out batch is padded), and train's split holds the one sequence out."""
     from trainer.data.sources import split_data
-    from trainer.spec.config import load_config
+    from trainer.runspec.config import load_config
 
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
     data = tmp_path / "chat.jsonl"
@@ -101,7 +101,7 @@ class AnsweringEngine:
     rows_at_once = 8
 
     def generate(self, chats: list[object]) -> list[object]:
-        from trainer.decode.generation import Completion
+        from trainer.regenerate.settings import Completion
 
         return [Completion("Hello!", 3, "stop") for _ in chats]
 

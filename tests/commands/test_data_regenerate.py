@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dflash_doctor.cli import run as cli_run
-from trainer.decode.generation import Chat, Completion
+from trainer.engine.target import Chat
+from trainer.regenerate.settings import Completion
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +23,13 @@ def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def no_target_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading the target with any engine fails the test: the error must come first."""
-    import trainer.decode.generation as generation
+    import trainer.regenerate.generate_engine as generation
 
     def loaded(*args: object, **kwargs: object) -> None:
         raise AssertionError("the target was loaded before the bad input was refused")
 
     monkeypatch.setattr(generation, "load_generation_target", loaded)
-    monkeypatch.setattr("trainer.decode.kv_engine.load_generation_target", loaded)
+    monkeypatch.setattr("trainer.regenerate.kv_engine.load_generation_target", loaded)
 
 
 def argv_for(tmp_path: Path, target: Path, prompts: str = '{"prompt": "w1"}\n') -> list[str]:
@@ -137,7 +138,7 @@ def test_a_prompts_line_with_both_prompt_and_messages_is_refused_naming_both(
 
 def test_a_prompts_file_with_a_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
     """Issue 39 U15: a BOM (Windows editors) made line 1 "not JSON", refusing the file."""
-    from trainer.decode.regenerate import scan_input
+    from trainer.regenerate.job import scan_input
 
     prompts = tmp_path / "in.jsonl"
     prompts.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "prompt": "w1"}\n{"prompt": "w2"}\n')

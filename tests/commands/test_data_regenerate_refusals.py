@@ -11,7 +11,7 @@ import pytest
 from dflash_base.errors import ConfigError
 from dflash_doctor.cli import run
 from tests.trainer.input_files import LONE, no_target_loads, run_config
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +65,7 @@ def test_regenerate_with_a_target_that_has_no_mask_token(
 ) -> None:
     """Was: it asked for drafter.mask_token_id, a drafter setting generation never uses."""
     from dflash_doctor.commands import data as data_command
-    from tests.trainer.decode.test_regenerate import EchoEngine
+    from tests.trainer.regenerate.test_regenerate import EchoEngine
 
     config = run_config(tmp_path, target_folder, tmp_path / "x.jsonl", mask=False)
     with pytest.raises(ConfigError, match=r"drafter\.mask_token_id: no default"):

@@ -11,7 +11,7 @@ import pytest
 from dflash_base.errors import ConfigError
 from dflash_doctor.cli import run
 from tests.trainer.input_files import no_target_loads
-from trainer.spec.eval_request import EvalRequest
+from trainer.runspec.eval_request import EvalRequest
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +22,7 @@ def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def export(tmp_path: Path) -> Path:
-    from tests.trainer.decode.test_eval import _untrained_drafter
+    from tests.trainer.eval.test_eval import _untrained_drafter
     from trainer.model.export import export_drafter
 
     return export_drafter(_untrained_drafter(), tmp_path / "export")

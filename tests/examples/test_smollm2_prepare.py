@@ -287,7 +287,7 @@ def test_real_conversion_gives_a_folder_transformers_loads_without_gguf(tmp_path
     assert int(loaded.stdout.split()[-1]) == 134_515_008
     manifest = json.loads((out / "prompts" / "manifest.json").read_text())
     assert manifest["humaneval"]["prompts"] == 164 and manifest["train"]["prompts"] >= 3000
-    from trainer.spec.config import load_config
+    from trainer.runspec.config import load_config
 
     cfg = load_config("smollm2-135m", [f'target.path="{target}"'], check_data=False)
     assert (cfg.drafter.mask_token_id, cfg.drafter.mask_token_text) == (3, "<repo_name>")
@@ -296,8 +296,8 @@ def test_real_conversion_gives_a_folder_transformers_loads_without_gguf(tmp_path
 def test_the_shipped_config_reads_what_prepare_writes_by_default() -> None:
     """`smollm2-135m` finds the target where `prepare.py` puts it when both run from the repo root, and is
     the quality recipe: block 16, 32 sequences per step, lr 6e-4, 4% warm-up, cosine, epochs, held-out on."""
-    from trainer.spec.config import parse_config
-    from trainer.spec.config_file import read_raw, resolve_config_path
+    from trainer.runspec.config import parse_config
+    from trainer.runspec.config_file import read_raw, resolve_config_path
 
     cfg = parse_config(read_raw(resolve_config_path("smollm2-135m")))
     assert Path(cfg.target.path) == prepare.DEFAULT_OUT / "target"

@@ -21,7 +21,7 @@ from examples.smollm2.prompt_sets import (
     topic_sections,
     training_prompts,
 )
-from trainer.decode.conversations import parse_record
+from trainer.regenerate.conversations import parse_record
 
 HUMANEVAL_LIKE = HumanEvalProblem(
     "HumanEval/0",

@@ -30,8 +30,8 @@ def chats(path: Path, count: int, answered: bool = True, extra: str = "") -> Pat
 
 def no_target_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loading the target (any engine, eval's load) fails the test: the error must come first."""
-    import trainer.decode.eval as eval_module
-    import trainer.decode.generation as generation
+    import trainer.eval.evaluate as eval_module
+    import trainer.regenerate.generate_engine as generation
 
     def loaded(*args: object, **kwargs: object) -> None:
         raise AssertionError("the target was loaded before the bad input was refused")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_base.errors import ConfigError
-from trainer.spec.messages import messages_problem
+from trainer.runspec.messages import messages_problem
 
 # Two sentinels that differ in their first and last character: where the probes part is the content's place.
 _SENTINELS = ("Xdflashsentinel1X", "Ydflashsentinel2Y")
@@ -223,7 +223,7 @@ class TemplateMarks:
 
 
 def check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
-    """The messages of a valid conversation (trainer.spec.messages' rule), else a ConfigError naming the line."""
+    """The messages of a valid conversation (trainer.runspec.messages' rule), else a ConfigError naming the line."""
     problem = messages_problem(messages)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")

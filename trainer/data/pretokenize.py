@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import ConfigError
-from trainer.spec.data_files import record_problem
+from trainer.runspec.data_files import record_problem
 
 
 def write_pretokenized(

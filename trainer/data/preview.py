@@ -15,8 +15,8 @@ import torch
 from trainer.data.answer_ends import AnswerEnds
 from trainer.data.sources import JsonlSource, SequenceSource, TokenizedSource, build_source, fit_to_length
 from trainer.model.batch import real_token_count
-from trainer.spec.config import TrainConfig
-from trainer.spec.target_shapes import is_embedded, target_shapes
+from trainer.runspec.config import TrainConfig
+from trainer.runspec.target_shapes import is_embedded, target_shapes
 from trainer.target_model.tokenizer import load_tokenizer
 
 

@@ -31,8 +31,8 @@ from trainer.data.chat import (
     span_mask,
 )
 from trainer.model.batch import PAD_ID
-from trainer.spec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
-from trainer.spec.data_files import jsonl_records, record_problem
+from trainer.runspec.config import DataSection, TrainConfig, heldout_sequences, num_sequences
+from trainer.runspec.data_files import jsonl_records, record_problem
 from trainer.target_model.load import cache_argument, load_target_model, returned_cache
 from trainer.target_model.tokenizer import load_tokenizer
 

@@ -6,5 +6,5 @@ block loss (`loss`), anchor sampling (`anchors`), the captured batch a drafter t
 the engines' export format (`export`). A drafted block's inputs are built in one place
 (`DFlashDrafter.block_inputs`): held-out scoring drafts a batch over the whole context (`draft_tokens`),
 decoding one block over a context cache (`draft_after`), through the same layers.
-May import: `trainer.spec`, `dflash_base`, torch, safetensors.
+May import: `trainer.runspec`, `trainer.kernels`, `dflash_base`, torch, safetensors.
 """

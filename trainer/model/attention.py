@@ -152,7 +152,7 @@ def dflash_flex_attention(
         v,
         block_mask=block_mask,
         enable_gqa=q.shape[1] != k.shape[1],
-        kernel_options=kernel_options,  # type: ignore[arg-type]  # checked keys: trainer.spec.fields
+        kernel_options=kernel_options,  # type: ignore[arg-type]  # checked keys: trainer.runspec.fields
     )
 
 

@@ -11,7 +11,7 @@ from trainer.model.device import attention_for, frozen_dtype
 from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
 if TYPE_CHECKING:
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 
 def build_drafter(

@@ -11,7 +11,7 @@ import torch
 from dflash_base.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.spec.config import PrecisionSection, TrainConfig
+    from trainer.runspec.config import PrecisionSection, TrainConfig
 
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -35,7 +35,7 @@ from trainer.model.attention import (
     keys_layout,
 )
 from trainer.model.loss import LossOutput, block_targets, default_gamma, dflash_loss
-from trainer.spec.target_shapes import default_target_layer_ids
+from trainer.runspec.target_shapes import default_target_layer_ids
 
 AttentionKind = Literal["sdpa", "flex"]
 Mask = Tensor | BlockMask  # dense boolean (SDPA) or sparse block mask (flex)
@@ -444,7 +444,7 @@ class DFlashDrafter(nn.Module):
         """The drafter's greedy tokens for slots 1..B-1 of every anchor: (B, N, block-1), the whole context
         projected for the batch. Held-out scoring drafts with this; decoding (`eval`) drafts with
         `draft_after` over a context cache. Both build the block with `block_inputs` and run the same
-        layers, and tests/trainer/decode/test_context_cache.py checks that they draft the same tokens, so the
+        layers, and tests/trainer/eval/test_context_cache.py checks that they draft the same tokens, so the
         held-out estimate measures what decoding proposes."""
         out = self.draft_hidden(input_ids, hidden, anchors, anchor_valid)[:, :, 1:]
         rows = out.reshape(-1, out.shape[-1])

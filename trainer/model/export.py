@@ -39,7 +39,7 @@ from torch import Tensor
 from dflash_base.atomic import fsync_dir, fsync_file
 from dflash_base.disk import require_space, writing
 from trainer.model.drafter import AttentionKind, DFlashDrafter, DrafterConfig
-from trainer.spec.export_files import ARCHITECTURE, CONFIG_NAME, WEIGHTS_NAME
+from trainer.runspec.export_files import ARCHITECTURE, CONFIG_NAME, WEIGHTS_NAME
 
 README_NAME = "README.md"
 

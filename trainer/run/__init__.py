@@ -5,6 +5,6 @@ Owns: the loop and the roles (`train`), the run's schedule (`schedule`), target-
 (`checkpoint`), metrics and their sinks (`metrics`, `metric_sinks`), the optimizer (`optim`), held-out
 scoring (`heldout`), the warm-up that compiles before the loop (`warmup`), and the process plumbing
 (`startup`, `parent_watch`, `faults`, `profiling`).
-May import: `trainer.spec`, `trainer.model`, `trainer.target_model`, `trainer.data`, `dflash_base`. Never
-`trainer.decode` (a sibling on the same floor).
+May import: `trainer.runspec`, `trainer.kernels`, `trainer.model`, `trainer.target_model`, `trainer.data`,
+`dflash_base`. Never `trainer.engine` (a sibling on the same floor), `trainer.regenerate` or `trainer.eval`.
 """

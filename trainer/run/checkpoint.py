@@ -29,11 +29,11 @@ from torch import nn
 from dflash_base.atomic import fsync_dir, fsync_file
 from dflash_base.disk import require_space, writing
 from dflash_base.errors import ConfigError
-from trainer.spec.outputs import CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR
+from trainer.runspec.outputs import CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
-    from trainer.spec.config import CheckpointSection
-    from trainer.spec.topology import Topology
+    from trainer.runspec.config import CheckpointSection
+    from trainer.runspec.topology import Topology
 
 PREFIX = CHECKPOINT_PREFIX
 

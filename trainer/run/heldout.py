@@ -39,7 +39,7 @@ from trainer.model.loss import block_targets
 from trainer.run.schedule import evaluates_after
 
 if TYPE_CHECKING:
-    from trainer.spec.config import EvalSection, PrecisionSection
+    from trainer.runspec.config import EvalSection, PrecisionSection
 
 
 @dataclass

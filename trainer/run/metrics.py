@@ -28,7 +28,7 @@ from dflash_base.disk import NoSpace, writing
 from trainer.run.drift import step_drift
 from trainer.run.metric_sinks import MetricSink, scalars_of
 from trainer.run.steady import PIPELINED, steady_window
-from trainer.spec.outputs import SUMMARY_FILE, read_metrics, summary_path
+from trainer.runspec.outputs import SUMMARY_FILE, read_metrics, summary_path
 
 
 @dataclass

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.spec.config import OptimSection
+from trainer.runspec.config import OptimSection
 
 
 def lr_factor(step: int, total_steps: int, warmup_ratio: float, min_lr_ratio: float) -> float:

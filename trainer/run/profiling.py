@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from dflash_base.atomic import write_json_atomic
-from trainer.spec.config import ProfileSection
+from trainer.runspec.config import ProfileSection
 
 
 def merged_busy_us(intervals: list[tuple[float, float]]) -> float:

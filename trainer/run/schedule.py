@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from dflash_base.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The training run, one process per device under torchrun (a lone rank: started directly). Top down.
 
 1. `main`: join the process group (torchrun's env; a world of one started without torchrun: a store in this
-   process), resolve the topology once (trainer/spec/topology.py): split (ranks [0, N) targets, [N, N+M)
+   process), resolve the topology once (trainer/runspec/topology.py): split (ranks [0, N) targets, [N, N+M)
    drafters) or colocated (every rank both); agree on the resume step (the first drafter reads the newest
    checkpoint and tells everyone).
 2. Split, `run_target`: capture the configured layers for every global batch i with i % N == rank, from
@@ -79,10 +79,10 @@ from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_me
 from trainer.run.telemetry import MachineSampler
 from trainer.run.transport import BatchReceiver, BatchSender, TransportError
 from trainer.run.warmup import warm_up_model, warm_up_target
-from trainer.spec.config import TrainConfig
-from trainer.spec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
-from trainer.spec.target_shapes import target_hf_config
-from trainer.spec.topology import RunDigest, Topology, check_agreement, overlap_mode, resolve_topology
+from trainer.runspec.config import TrainConfig
+from trainer.runspec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
+from trainer.runspec.target_shapes import target_hf_config
+from trainer.runspec.topology import RunDigest, Topology, check_agreement, overlap_mode, resolve_topology
 from trainer.target_model.capture import CaptureTarget, capture_target_for
 from trainer.target_model.load import load_frozen_embeddings
 

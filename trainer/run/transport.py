@@ -1,7 +1,7 @@
 """Target ranks -> drafter ranks: captured batches over torch.distributed point-to-point (gloo or NCCL).
 
 Split topology only (a colocated rank trains on what it captured itself). Ranks: [0, N) are targets,
-[N, N+M) drafters (trainer/spec/topology.py). Global batch i is produced by target i % N and consumed by
+[N, N+M) drafters (trainer/runspec/topology.py). Global batch i is produced by target i % N and consumed by
 drafter i % M, so drafter d at step s trains on batch s*M + d: nothing is negotiated at run time, and a
 resumed run knows where every rank stands from the step alone.
 
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.model.batch import CapturedBatch
-from trainer.spec.topology import Topology  # who sends to whom; colocated runs need no transport
+from trainer.runspec.topology import Topology  # who sends to whom; colocated runs need no transport
 
 HEADER_LEN = 8
 KIND_BATCH = 1

@@ -21,8 +21,8 @@ from trainer.model.batch import CapturedBatch
 from trainer.model.build import build_drafter
 from trainer.model.device import autocast_for, hidden_dtype_for, resolve_device
 from trainer.model.drafter import DFlashDrafter
-from trainer.spec.config import TrainConfig, load_config
-from trainer.spec.target_shapes import target_hf_config
+from trainer.runspec.config import TrainConfig, load_config
+from trainer.runspec.target_shapes import target_hf_config
 
 if TYPE_CHECKING:
     from trainer.target_model.capture import CaptureTarget
@@ -163,7 +163,7 @@ def warm_up(config: TrainConfig | str | Path, device: str | None = None) -> dict
 def warm_up_colocated_target(cfg: TrainConfig, device: torch.device) -> dict[str, Any] | None:
     """Colocated + compiled target layers (CUDA): one capture at the run's shapes, as the trainer captures
     (no_grad, seeded weights: values do not change what compiles); then the target is freed. Else None."""
-    from trainer.spec.topology import resolve_topology
+    from trainer.runspec.topology import resolve_topology
     from trainer.target_model.capture import capture_target_for
 
     if not (resolve_topology(cfg.topology).colocated and cfg.target.compile_layers and device.type == "cuda"):

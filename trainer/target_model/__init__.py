@@ -3,5 +3,5 @@
 Owns: loading the target, its frozen embedding and head, and the transformers cache-argument shim (`load`;
 the dtype comes from `trainer.model.device`), the forward hooks that keep the chosen layers' outputs and the
 captured batch they make (`capture`, `LayerOutputs`), and the embedded tiny presets (`tiny`).
-May import: `trainer.spec`, `trainer.model`, `dflash_base`, torch, transformers.
+May import: `trainer.runspec`, `trainer.model`, `dflash_base`, torch, transformers.
 """

@@ -21,7 +21,7 @@ from trainer.model.device import target_dtype
 from trainer.target_model.load import load_target_model
 
 if TYPE_CHECKING:
-    from trainer.spec.config import TrainConfig
+    from trainer.runspec.config import TrainConfig
 
 
 class LayerOutputs:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dflash_base.errors import ConfigError
-from trainer.spec.target_shapes import is_embedded, target_hf_config
+from trainer.runspec.target_shapes import is_embedded, target_hf_config
 from trainer.target_model.tiny import build_embedded_target, seeded_frozen_weights
 
 

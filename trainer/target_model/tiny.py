@@ -3,7 +3,7 @@
 `target.path = "tiny"` is the default for CPU runs and tests; `target.path = "random:qwen3-8b"` gives a
 Qwen3-8B-shaped model with random weights, for measuring throughput on a GPU without fetching 16 GB.
 Every weight is a pure function of the seed, so each rank (and each restart) builds the same model.
-Their configs (shapes only, no torch model code) live in trainer/spec/target_shapes.py.
+Their configs (shapes only, no torch model code) live in trainer/runspec/target_shapes.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.spec.target_shapes import embedded_config, tiny_qwen3_config
+from trainer.runspec.target_shapes import embedded_config, tiny_qwen3_config
 
 if TYPE_CHECKING:
     from transformers import Qwen3Config, Qwen3ForCausalLM

@@ -14,7 +14,7 @@ from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_t
 from trainer.data.answer_ends import finish_reasons, trim_answer_ends
 from trainer.data.degenerate import ends_in_loop
 from trainer.data.sources import TokenizedSource
-from trainer.spec.config import parse_config
+from trainer.runspec.config import parse_config
 
 LOOP = "Done. " + "ab" * 40  # a 2-character loop of 80 characters: 80 byte tokens, 40 periods
 

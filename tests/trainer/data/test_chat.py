@@ -12,7 +12,7 @@ from dflash_base.errors import ConfigError
 from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
 from trainer.data.chat import TemplateMarks, chat_tokens_and_mask
 from trainer.data.sources import TokenizedSource
-from trainer.spec.config import parse_config
+from trainer.runspec.config import parse_config
 
 TWO_TURNS = [
     {"role": "user", "content": "Hi"},
@@ -143,8 +143,8 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path) -> None:
 def test_one_rule_for_chat_messages_wherever_they_enter(tmp_path: Path, messages: list[dict]) -> None:
     """A conversation `data regenerate` refuses is refused as training data too, with the same reason
     (they had two rules: training took any role in any order)."""
-    from trainer.decode.conversations import RecordError, parse_record
-    from trainer.spec.data_files import check_data_file
+    from trainer.regenerate.conversations import RecordError, parse_record
+    from trainer.runspec.data_files import check_data_file
 
     line = json.dumps({"messages": messages})
     with pytest.raises(RecordError) as refused_by_regenerate:
@@ -157,7 +157,7 @@ def test_one_rule_for_chat_messages_wherever_they_enter(tmp_path: Path, messages
 
 
 def test_an_assistant_tool_call_without_content_is_a_valid_turn() -> None:
-    from trainer.spec.messages import messages_problem
+    from trainer.runspec.messages import messages_problem
 
     call = {
         "role": "assistant",
@@ -174,7 +174,7 @@ def test_regenerated_data_must_be_rendered_with_the_template_arguments_it_was_ma
 ) -> None:
     """D1 (issue 27): answers regenerated with {} trained under {enable_thinking = false} (or the other way)
     sit in a context the target did not write them in; the gate refuses it, naming the line and both."""
-    from trainer.spec.data_files import check_data_file
+    from trainer.runspec.data_files import check_data_file
 
     record = {
         "id": "a",

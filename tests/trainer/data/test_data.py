@@ -19,7 +19,7 @@ from trainer.data.sources import (
     sample_sequences,
 )
 from trainer.run.schedule import RunPlan, plan_run, target_work
-from trainer.spec.config import DataSection, parse_config
+from trainer.runspec.config import DataSection, parse_config
 from trainer.target_model.tiny import build_embedded_target
 
 

@@ -10,7 +10,7 @@ import torch
 
 from tests.trainer.chat_fixtures import save_chat_target
 from trainer.data.sources import split_data
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_without_prompt_ids_the_split_is_what_it_was(tmp_path: Path, chat_target
 def test_eval_decodes_each_held_out_prompt_once(tmp_path: Path, chat_target: Path) -> None:
     """A prompt's several answers (greedy + sampled, `cat`-ed into one data.path) are held out together; `eval`'s
     held-out prompts take each once. Was: every held-out prompt decoded once per answer (twice for the recipe)."""
-    from trainer.decode.eval import heldout_prompts
+    from trainer.eval.prompts import heldout_prompts
     from trainer.target_model.tokenizer import load_tokenizer
 
     cfg = load_config(_config(tmp_path, chat_target, 3, with_prompt_ids=True))

@@ -12,7 +12,7 @@ from tests.trainer.drafter_fixtures import tiny_batch, tiny_config, tiny_drafter
 from trainer.model.anchors import sample_anchors
 from trainer.model.drafter import DFlashDrafter, DrafterConfig
 from trainer.model.loss import LossOutput
-from trainer.spec.target_shapes import default_target_layer_ids
+from trainer.runspec.target_shapes import default_target_layer_ids
 
 
 def test_default_target_layer_ids_match_published_spacing() -> None:

@@ -13,7 +13,7 @@ import torch
 from trainer.run import checkpoint as ckpt
 from trainer.run.metrics import MetricsLog, StepMetrics, summarize
 from trainer.run.optim import lr_factor
-from trainer.spec.outputs import read_metrics
+from trainer.runspec.outputs import read_metrics
 
 
 def _save(out: Path, step: int, keep: int = 2) -> Path:
@@ -54,8 +54,8 @@ def test_the_checkpointer_needs_only_its_section_and_the_values_it_uses(tmp_path
     due every `every` steps and after the last; saves there, keeps `keep`; restores the weights."""
     import torch.distributed as dist
 
-    from trainer.spec.config import CheckpointSection
-    from trainer.spec.topology import Topology
+    from trainer.runspec.config import CheckpointSection
+    from trainer.runspec.topology import Topology
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:

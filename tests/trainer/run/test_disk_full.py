@@ -18,7 +18,7 @@ from trainer.model.export import export_drafter, load_drafter
 from trainer.run import checkpoint as ckpt
 from trainer.run import metrics as metrics_module
 from trainer.run.metrics import MetricsLog, StepMetrics, write_summary
-from trainer.spec.outputs import read_metrics
+from trainer.runspec.outputs import read_metrics
 
 
 def state_of(kilobytes: int, step: int) -> dict[str, torch.Tensor]:

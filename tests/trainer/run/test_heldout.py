@@ -21,7 +21,7 @@ from trainer.run.heldout import (
     score_batch,
 )
 from trainer.run.schedule import RunPlan, evaluates_after, target_work
-from trainer.spec.config import EvalSection, PrecisionSection, parse_config
+from trainer.runspec.config import EvalSection, PrecisionSection, parse_config
 from trainer.target_model.capture import CaptureTarget
 from trainer.target_model.tiny import build_embedded_target
 

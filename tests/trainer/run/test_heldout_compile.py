@@ -15,8 +15,8 @@ from trainer.model.build import build_drafter
 from trainer.model.drafter import DFlashDrafter
 from trainer.run.heldout import HeldoutSums, evaluate_heldout
 from trainer.run.warmup import dummy_batch, warm_up_model
-from trainer.spec.config import TrainConfig, load_config
-from trainer.spec.target_shapes import target_hf_config
+from trainer.runspec.config import TrainConfig, load_config
+from trainer.runspec.target_shapes import target_hf_config
 from trainer.target_model.capture import load_capture_target
 
 SMALL = ["data.seq_len=32", "optim.anchors=4", "optim.batch_size=1"]

@@ -65,8 +65,8 @@ def test_overlap_capture_is_auto_by_default_and_step_on_cuda_only() -> None:
     """`auto` (the default) captures on a second stream on CUDA ("step": measured faster at b16 on an H200,
     the same losses) and synchronously on a CPU, whatever is set."""
     from dflash_base.errors import ConfigError
-    from trainer.spec.config import load_config
-    from trainer.spec.topology import overlap_mode
+    from trainer.runspec.config import load_config
+    from trainer.runspec.topology import overlap_mode
 
     assert load_config("tiny-cpu").topology.overlap_capture == "auto"
     assert (overlap_mode("auto", on_cuda=True), overlap_mode("auto", on_cuda=False)) == ("step", "off")

@@ -12,7 +12,7 @@ import torch
 from dflash_base.errors import ConfigError
 from tests.trainer.trainer_runs import torchrun
 from trainer.run.profiling import kernel_kind, merged_busy_us, summarize
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 
 COLOCATED = {"topology.mode": '"colocated"'}
 

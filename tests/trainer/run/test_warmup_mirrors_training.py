@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.run import train, warmup
-from trainer.spec.config import load_config
+from trainer.runspec.config import load_config
 from trainer.target_model import capture
 
 

@@ -110,7 +110,7 @@ def test_warm_up_covers_the_colocated_target_on_its_device() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from trainer.run.warmup import warm_up
-    from trainer.spec.config import load_config
+    from trainer.runspec.config import load_config
 
     over = ['topology.mode="colocated"', 'run.device="cuda"', "data.seq_len=64", "optim.anchors=8"]
     report = warm_up(load_config("tiny-cpu", over), "cuda:0")

@@ -64,8 +64,8 @@ def test_the_disk_plan_covers_what_the_run_wrote_and_not_much_more() -> None:
     from dflash_doctor.launch.disk_plan import CHECKPOINT_OVERHEAD_BYTES, EXPORT_OVERHEAD_BYTES, DiskFacts
     from dflash_doctor.launch.plan import NodeFacts, build_launch_plan
     from tests.trainer.trainer_runs import SHORT
-    from trainer.spec.config import load_config
-    from trainer.spec.target_shapes import target_hf_config
+    from trainer.runspec.config import load_config
+    from trainer.runspec.target_shapes import target_hf_config
 
     run = reference_run()
     assert run.returncode == 0, run.stderr[-3000:]
@@ -99,7 +99,7 @@ def test_warm_up_needs_no_process_group() -> None:
     import torch.distributed as dist
 
     from trainer.run.warmup import warm_up
-    from trainer.spec.config import load_config
+    from trainer.runspec.config import load_config
 
     report = warm_up(load_config("tiny-cpu", ["optim.anchors=8", "data.seq_len=32", "optim.batch_size=2"]))
     assert (

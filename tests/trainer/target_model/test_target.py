@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.spec.target_shapes import embedded_config
+from trainer.runspec.target_shapes import embedded_config
 from trainer.target_model.capture import CaptureTarget, load_capture_target
 from trainer.target_model.load import load_frozen_embeddings
 from trainer.target_model.tiny import build_embedded_target
@@ -51,7 +51,7 @@ def test_target_warm_up_first_rank_compiles_alone_the_others_wait_then_go_togeth
     from filelock import FileLock, Timeout
 
     from trainer.run.warmup import compile_lock_path, warm_up_target
-    from trainer.spec.config import load_config
+    from trainer.runspec.config import load_config
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     assert compile_lock_path().parent == tmp_path  # beside the cache, not inside it (snapshots skip it)
