@@ -35,7 +35,7 @@ from bench.lib.roles import RESULTS, device_name, print_rows, write_result
 from trainer.engine.decoder import KVDecoder, kv_bytes_per_token
 from trainer.engine.roofline import decode_roofline, peaks_of
 from trainer.engine.sampling import row_key
-from trainer.engine.scheduler import auto_slots, decode_all
+from trainer.engine.scheduler import Scheduler, auto_slots
 from trainer.regenerate.generate_engine import TorchEngine, generate_token_batch
 from trainer.regenerate.kv_engine import KVEngine
 from trainer.regenerate.settings import GenerationSettings
@@ -125,9 +125,11 @@ def compare_shapes(args: argparse.Namespace, device: torch.device) -> dict[str, 
         fit = auto_slots(model, max_len, kv_bytes, slots, free)
         decoder = KVDecoder(model, fit, max_len)
         decoder.exact_lengths = decoder.exact_lengths and exact
-        decode_all(decoder, prompts[: min(len(prompts), fit)], 8, [])  # capture the graphs it will replay
+        Scheduler(
+            decoder, prompts[: min(len(prompts), fit)], 8, []
+        ).run()  # capture the graphs it will replay
         t0 = synced(device)
-        out, stats = decode_all(decoder, prompts, args.max_new_tokens, [])
+        out, stats = Scheduler(decoder, prompts, args.max_new_tokens, []).run()
         seconds = synced(device) - t0
         name = f"kv_{fit}" + ("" if decoder.exact_lengths else "_sdpa")
         rows[name] = {"seconds": seconds, "tokens": sum(len(r) for r in out), "slots": fit}
@@ -152,7 +154,7 @@ def compare_shapes(args: argparse.Namespace, device: torch.device) -> dict[str, 
 
 def kernel_error(model: Any, device: torch.device, dtype: torch.dtype) -> float | None:
     """The decode-attention kernel against masked SDPA in the model's dtype, at its head shapes."""
-    from trainer.kernels.decode_attention import _sdpa_reference, decode_attention, triton_available
+    from trainer.kernels.cached_attention import _sdpa_reference, decode_attention, triton_available
 
     if not triton_available(device.type):
         return None

@@ -3,11 +3,12 @@ each row at its own length, so that a finished row can take the next prompt whil
 
 It runs the Hugging Face model's own modules (embedding, norms, projections, MLPs, head) and replaces only
 attention and the cache, for the families whose layer is exactly "norm, attention with RoPE, residual, norm,
-MLP, residual" (`SUPPORTED`); anything else keeps transformers' `generate` (`unsupported_reason` says why).
-A decode step feeds one token per slot, chooses each slot's next token and does the job's bookkeeping on the
+MLP, residual" (trainer.engine.support says which). A forward feeds T tokens per slot at the slot's own
+positions (`forward_rows`): one for a decode step, a block for a speculative verify (trainer.engine.speculative),
+which also keeps the outputs of the layers a drafter reads (`capture_layers`). A decode step feeds one token per slot, chooses each slot's next token and does the job's bookkeeping on the
 device (the answer buffer, each row's count, which rows ended), so the host need not look at every step: it
 reads the slots' state every few steps (trainer.engine.scheduler). Attention reads each row's own length
-(trainer.kernels.decode_attention's Triton kernel) where Triton runs; elsewhere SDPA attends over the first
+(trainer.kernels.cached_attention's Triton kernel) where Triton runs; elsewhere SDPA attends over the first
 `length` positions, `length` a multiple of `LENGTH_BUCKET` covering the longest row. On CUDA the step is
 captured once (per attended length on the SDPA path) as a CUDA graph and replayed (a 30-layer step is ~450
 small kernels: launched one by one they cost more than the step's arithmetic at a 135M target's shapes).
@@ -20,8 +21,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainer.engine.graphs import StepGraphs
 from trainer.engine.sampling import choose_tokens
-from trainer.kernels.decode_attention import decode_attention, triton_available
+from trainer.kernels.cached_attention import cached_attention, triton_available
 
 LENGTH_BUCKET = 128  # SDPA path: a step attends over a multiple of this many positions (few graphs)
 MAX_STOPS = (
@@ -44,9 +46,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class KVDecoder:
-    """Prefill prompts into free slots; decode one token for every slot at a time."""
+    """Prefill prompts into free slots; decode one token for every slot at a time, or run a block of tokens per
+    slot through the target (a speculative verify)."""
 
-    def __init__(self, model: Any, slots: int, max_len: int, graphs: bool | None = None) -> None:
+    tokens_per_step = 1  # how far one `step` can move a row (the scheduler's bound on the rows' positions)
+
+    def __init__(
+        self,
+        model: Any,
+        slots: int,
+        max_len: int,
+        graphs: bool | None = None,
+        capture_layers: list[int] | None = None,
+    ) -> None:
         self.model = model
         config = model.config
         self.base = model.model
@@ -59,6 +71,9 @@ class KVDecoder:
         self.group = self.heads // self.kv_heads
         self.slots = slots
         self.max_len = -(-max_len // LENGTH_BUCKET) * LENGTH_BUCKET
+        self.capture_layers = list(
+            capture_layers or []
+        )  # whose outputs a forward keeps (a drafter's context)
         shape = (slots, self.kv_heads, self.max_len, self.head_dim)
         self.keys = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.values = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
@@ -67,11 +82,13 @@ class KVDecoder:
             probe = torch.zeros(1, device=self.device, dtype=self.dtype)
             cos, sin = self.base.rotary_emb(probe, positions)
         self.cos, self.sin = cos[0], sin[0]  # (max_len, head_dim)
-        # The step's inputs, read in place by every captured graph.
+        # The step's inputs, read in place by every captured graph: each slot's pending token (the last it chose,
+        # not yet through the target) and that token's position.
         self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.rows = torch.arange(slots, device=self.device)
         self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.graphs = StepGraphs(self.device)
         self.exact_lengths = triton_available(self.device.type)  # attention reads each row's own length
         # The job's state on the device, updated by every step (see `_advance`).
         self.live = torch.zeros(slots, dtype=torch.bool, device=self.device)
@@ -83,15 +100,13 @@ class KVDecoder:
         self.live_row_steps = torch.zeros((), dtype=torch.long, device=self.device)
         self.attended_positions = torch.zeros((), dtype=torch.long, device=self.device)
         self.temperature, self.top_p = 0.0, 1.0
-        self._graphs: dict[tuple[int, float, float], Any] = {}
-        self._pool: Any = None
 
     def configure(self, max_new_tokens: int, stop_ids: Any, temperature: float, top_p: float) -> None:
         """Set a job's limits and choice rule; clear the slots and the counters."""
         stops = sorted(set(int(t) for t in stop_ids))
         if len(stops) > self.stops.numel():
             self.stops = torch.full((len(stops),), -1, dtype=torch.long, device=self.device)
-            self._graphs.clear()  # the captured steps read the old buffer
+            self.graphs.clear()  # the captured steps read the old buffer
         self.stops.fill_(-1)
         if stops:
             self.stops[: len(stops)] = torch.tensor(stops, device=self.device)
@@ -99,6 +114,11 @@ class KVDecoder:
         self.temperature, self.top_p = float(temperature), float(top_p)
         for state in (self.live, self.produced, self.positions, self.live_row_steps, self.attended_positions):
             state.zero_()
+
+    def job_state(self) -> list[torch.Tensor]:
+        """The tensors a step changes (what capturing a step must leave as it found them)."""
+        state = [self.live, self.produced, self.positions, self.tokens, self.answers]
+        return [*state, self.live_row_steps, self.attended_positions]
 
     def _attention_projections(
         self, attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -113,14 +133,16 @@ class KVDecoder:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's head over final hidden states (..., hidden) -> (..., vocab)."""
         return self.model.lm_head(self.base.norm(x))
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
-        """Write the prompts' K/V into `slots` (from position 0) and return the logits after each prompt's last
-        token (n, vocab). Prompts are right-padded: what a pad writes past a prompt's end is never attended
-        (a row attends up to its own position) and is overwritten as the row decodes."""
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Write the prompts' K/V into `slots` (from position 0); return the logits after each prompt's last
+        token (n, vocab) and, with `capture_layers`, the captured layers' outputs at every prompt position
+        (n, width, n_layers * hidden). Prompts are right-padded: what a pad writes past a prompt's end is never
+        attended (a row attends up to its own position) and is overwritten as the row decodes."""
         n, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.zeros((n, width), dtype=torch.long)
         for row, p in enumerate(prompts):
@@ -129,6 +151,7 @@ class KVDecoder:
         where = torch.tensor(slots, device=self.device)
         cos, sin = self.cos[:width], self.sin[:width]
         x = self.base.embed_tokens(ids)
+        kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._attention_projections(attn, layer.input_layernorm(x), cos, sin)
@@ -137,14 +160,18 @@ class KVDecoder:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(n, width, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.capture_layers:
+                kept[i] = x
         last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-        return self._logits(x[torch.arange(n, device=self.device), last])
+        features = torch.cat([kept[i] for i in self.capture_layers], -1) if kept else None
+        return self.logits(x[torch.arange(n, device=self.device), last]), features
 
     @torch.inference_mode()
-    def start_rows(self, prompts: list[list[int]], slots: list[int], keys: list[int]) -> None:
+    def start_rows(self, prompts: list[list[int]], slots: list[int], keys: list[int]) -> torch.Tensor | None:
         """Prefill `prompts` into `slots`, choose each one's first token and make the rows live (a row whose
-        first token already ends it stays idle, its one token in `answers`)."""
-        logits = self.prefill(prompts, slots)
+        first token already ends it stays idle, its one token in `answers`). Returns the prefill's captured
+        features (None without `capture_layers`)."""
+        logits, features = self.prefill(prompts, slots)
         where = torch.tensor(slots, device=self.device)
         row_keys = torch.tensor(keys, dtype=torch.long, device=self.device)
         first = choose_tokens(logits, self.temperature, self.top_p, row_keys, torch.zeros_like(row_keys))
@@ -152,13 +179,45 @@ class KVDecoder:
         self.answers[where, 0] = first
         self.produced[where] = 1
         self.tokens[where] = first
-        ended = self._stopped(first) | (self.max_new <= 1)
+        ended = self.stopped(first) | (self.max_new <= 1)
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         self.positions[where] = torch.where(ended, 0, lengths)
         self.live[where] = ~ended
+        return features
 
-    def _stopped(self, tokens: torch.Tensor) -> torch.Tensor:
-        return (tokens[:, None] == self.stops[None]).any(dim=1)
+    def stopped(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Whether each token is a stop token (any shape)."""
+        return (tokens[..., None] == self.stops).any(dim=-1)
+
+    def forward_rows(self, ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every slot's `T` tokens `ids` (slots, T) at its positions `positions .. positions + T - 1`: their K/V
+        written into the cache, each attending its row's cache up to itself (causal). Returns the last layer's
+        output (slots, T, hidden) and the captured layers' (slots, T, n_layers * hidden) or None.
+
+        Attention reads each row's own length (the Triton kernel) or, on the SDPA path, the cache's first
+        `length` positions under a mask."""
+        s, t = ids.shape
+        at = self.positions[:, None] + torch.arange(t, device=self.device)  # (slots, T)
+        at = at.clamp(max=self.max_len - 1)  # an idle row's block stays inside the cache
+        cos, sin = self.cos[at][:, None], self.sin[at][:, None]  # (slots, 1, T, d)
+        lengths = self.positions + t
+        span = None if self.exact_lengths else length
+        x = self.base.embed_tokens(ids)  # (slots, T, hidden)
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._attention_projections(attn, layer.input_layernorm(x), cos, sin)
+            self.keys[i][self.rows[:, None], :, at] = k.transpose(1, 2)
+            self.values[i][self.rows[:, None], :, at] = v.transpose(1, 2)
+            o = cached_attention(
+                q.transpose(1, 2), self.keys[i], self.values[i], lengths, attn.scaling, span=span
+            )
+            x = x + attn.o_proj(o.reshape(s, t, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if i in self.capture_layers:
+                kept[i] = x
+        features = torch.cat([kept[i] for i in self.capture_layers], -1) if kept else None
+        return x, features
 
     def _advance(self, logits: torch.Tensor, lengths: torch.Tensor) -> None:
         """The step's bookkeeping, on the device: each live row's next token into `answers`, its count, whether
@@ -168,7 +227,7 @@ class KVDecoder:
         token = choose_tokens(logits, self.temperature, self.top_p, self.row_keys, self.produced)
         at = self.produced.clamp(max=self.max_len - 1)[:, None]
         self.answers.scatter_(1, at, torch.where(live[:, None], token[:, None], self.answers.gather(1, at)))
-        ended = live & (self._stopped(token) | (self.produced + 1 >= self.max_new))
+        ended = live & (self.stopped(token) | (self.produced + 1 >= self.max_new))
         self.live_row_steps += live.sum()
         self.attended_positions += (lengths * live).sum()
         self.produced += live
@@ -178,32 +237,9 @@ class KVDecoder:
         self.live.copy_(still)
 
     def _step(self, length: int) -> None:
-        """One token per slot at its own position, then `_advance`. Attention reads each row's own length
-        (the Triton kernel) or, on the SDPA path, the cache's first `length` positions under a mask."""
-        s = self.slots
-        cos = self.cos[self.positions][:, None, None]  # (slots, 1, 1, d)
-        sin = self.sin[self.positions][:, None, None]
-        lengths = self.positions + 1
-        mask = None
-        if not self.exact_lengths:
-            visible = torch.arange(length, device=self.device)[None] <= self.positions[:, None]
-            mask = visible[:, None, None]  # (slots, 1, 1, length)
-        x = self.base.embed_tokens(self.tokens[:, None])  # (slots, 1, hidden)
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            q, k, v = self._attention_projections(attn, layer.input_layernorm(x), cos, sin)
-            self.keys[i][self.rows, :, self.positions] = k[:, :, 0]
-            self.values[i][self.rows, :, self.positions] = v[:, :, 0]
-            if mask is None:
-                o = decode_attention(q[:, :, 0], self.keys[i], self.values[i], lengths, attn.scaling)
-            else:
-                # Grouped-query attention without copying K/V: the query heads of one KV head are its "rows".
-                qg = q.reshape(s, self.kv_heads, self.group, self.head_dim)
-                keys, values = self.keys[i][:, :, :length], self.values[i][:, :, :length]
-                o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=attn.scaling)
-            x = x + attn.o_proj(o.reshape(s, 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        self._advance(self._logits(x)[:, 0], lengths)
+        """One token per slot at its own position, then `_advance`."""
+        x, _ = self.forward_rows(self.tokens[:, None], length)
+        self._advance(self.logits(x)[:, 0], self.positions + 1)
 
     def bucket(self, longest: int) -> int:
         """The attended length for a step whose longest row is at position `longest - 1` (SDPA path; the
@@ -218,30 +254,9 @@ class KVDecoder:
         if not self.use_graphs:
             self._step(length)
             return
-        key = (length, self.temperature, self.top_p)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(length)
-        self._graphs[key].replay()
-
-    def _capture(self, length: int) -> Any:
-        """Capture one step. Its warm-up runs on a copy of the job's state, so the capture changes nothing."""
-        state = [self.live, self.produced, self.positions, self.tokens, self.answers]
-        state += [self.live_row_steps, self.attended_positions]
-        saved = [t.clone() for t in state]
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self._step(length)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._step(length)
-        for tensor, before in zip(state, saved, strict=True):
-            tensor.copy_(before)
-        return graph
+        key = ("decode", length, self.temperature, self.top_p)
+        self.graphs.replay(key, lambda: self._step(length), self.job_state())
 
     @property
     def graphs_captured(self) -> int:
-        return len(self._graphs)
+        return len(self.graphs)

@@ -15,7 +15,7 @@ import torch
 
 from trainer.engine.decoder import KVDecoder, kv_bytes_per_token
 from trainer.engine.roofline import decode_roofline, peaks_of
-from trainer.engine.scheduler import DecodeStats, auto_slots, decode_all
+from trainer.engine.scheduler import DecodeStats, Scheduler, auto_slots
 from trainer.engine.target import Chat, load_generation_target, prompt_ids, stop_token_ids
 from trainer.regenerate.settings import Completion, GenerationSettings
 
@@ -66,7 +66,7 @@ class KVEngine:
     def generate(self, chats: Sequence[Chat], keys: Sequence[int] | None = None) -> list[Completion]:
         encoded = [prompt_ids(self.tokenizer, c, self.settings.chat_template_kwargs) for c in chats]
         decoder = self._decoder_for(max(len(p) for p in encoded))
-        rows, stats = decode_all(
+        rows, stats = Scheduler(
             decoder,
             encoded,
             self.settings.max_new_tokens,
@@ -75,7 +75,7 @@ class KVEngine:
             self.settings.top_p,
             keys,
             on_tokens=self.on_tokens,
-        )
+        ).run()
         self.stats.add(stats)
         return [self._completion(r) for r in rows]
 

@@ -11,7 +11,7 @@ import torch
 
 from trainer.engine.decoder import KVDecoder
 from trainer.engine.sampling import row_key
-from trainer.engine.scheduler import decode_all
+from trainer.engine.scheduler import Scheduler
 from trainer.engine.support import kv_engine_reason, unsupported_reason
 from trainer.engine.target import prompt_ids
 from trainer.regenerate.generate_engine import TorchEngine, generate_token_batch
@@ -58,7 +58,7 @@ def test_prefill_groups_and_refills_change_no_token(target_folder: Path) -> None
     reference = [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in reference]
     for slots, prefill_tokens in [(2, 10), (9, 10_000), (4, 64)]:
         decoder = KVDecoder(engine.model, slots, max(len(p) for p in prompts) + 12)
-        rows, _ = decode_all(decoder, prompts, 12, stop, prefill_tokens=prefill_tokens)
+        rows, _ = Scheduler(decoder, prompts, 12, stop, prefill_tokens=prefill_tokens).run()
         assert rows == reference, (slots, prefill_tokens)
 
 
@@ -96,5 +96,5 @@ def test_a_prompt_that_cannot_fit_the_cache_is_refused(target_folder: Path) -> N
     engine = KVEngine(GenerationSettings(target=str(target_folder), max_new_tokens=4), "cpu")
     decoder = KVDecoder(engine.model, 2, 16)
     with pytest.raises(ValueError, match="max_len"):
-        decode_all(decoder, [list(range(1, 200))], 4, engine.stop_ids)
+        Scheduler(decoder, [list(range(1, 200))], 4, engine.stop_ids).run()
     assert torch.equal(decoder.tokens, torch.zeros(2, dtype=torch.long))
