@@ -52,7 +52,9 @@ class NearDuplicates:
 
     def __init__(self, texts: Iterable[str], templates: Iterable[str] = ()) -> None:
         texts = list(texts)
-        self._texts = {normalised(text) for text in texts}
+        self._texts: dict[str, list[int]] = {}
+        for index, text in enumerate(texts):
+            self._texts.setdefault(normalised(text), []).append(index)
         every = [ngrams(text) for text in texts]
         frequent = Counter(g for grams in every for g in grams)
         self._boilerplate = template_ngrams(templates) | {
@@ -67,12 +69,22 @@ class NearDuplicates:
                 self._by_gram.setdefault(gram, []).append(index)
 
     def matches(self, text: str) -> bool:
-        if normalised(text) in self._texts:
-            return True
+        return bool(self.matching(text))
+
+    def matching(self, text: str, share_of_indexed: bool = False) -> list[int]:
+        """The indices (in the order given) of the texts that `text` is the same as or nearly the same as.
+        `share_of_indexed`: the shared n-grams must be half of the indexed text's own, not of the shorter
+        text's (a three-word question inside a long prompt does not make the prompt near it)."""
+        same = self._texts.get(normalised(text), [])
         grams = ngrams(text) - self._boilerplate
         if not grams:
-            return False
+            return list(same)
         shared: Counter[int] = Counter()
         for gram in grams:
             shared.update(self._by_gram.get(gram, ()))
-        return any(count >= SHARE * min(len(grams), self._sizes[index]) for index, count in shared.items())
+        near = [
+            i
+            for i, count in shared.items()
+            if count >= SHARE * (self._sizes[i] if share_of_indexed else min(len(grams), self._sizes[i]))
+        ]
+        return sorted({*same, *near})

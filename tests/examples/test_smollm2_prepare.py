@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.smollm2 import convert, general_prompts, prepare, prompt_sets, sources
+from examples.smollm2 import convert, general_eval, general_prompts, prepare, prompt_sets, sources
 from examples.smollm2.sources import GgufFile, PrepareError, check_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def fake_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, ob
         'def scale(values, factor=2):\n    """Multiply every value of the list by the factor and return a new list."""\n'
     )
     state: dict[str, object] = {"size": 1000, "parameters": 10}
-    monkeypatch.setattr(sources, "missing_modules", lambda: [])
+    monkeypatch.setattr(sources, "missing_modules", lambda modules=None: [])
     monkeypatch.setattr(sources, "packaged_gguf", lambda: gguf)
     monkeypatch.setattr(sources, "humaneval_file", lambda: humaneval)
     monkeypatch.setattr(
@@ -64,6 +64,11 @@ def fake_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, ob
         questions=["How do I keep basil alive on a windowsill?"], names=["Ada", "Bo"]
     )
     monkeypatch.setattr(prepare, "general_set", lambda: general_prompts.split(chat, arithmetic=2))
+    candidates = [
+        *general_eval.mt_bench()[:2],
+        general_eval.Candidate("chatterbot/trivia/000", "trivia", "Which planet is called the red planet?"),
+    ]
+    monkeypatch.setattr(general_eval, "candidates", lambda: candidates)
 
     def fake_convert(gguf_path: Path, dest: Path, say: object = print) -> convert.Conversion:
         dest.mkdir()
@@ -97,7 +102,7 @@ def test_a_missing_extra_is_named_with_its_install_command(
 def test_a_damaged_gguf_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sources, "missing_modules", lambda: [])
+    monkeypatch.setattr(sources, "missing_modules", lambda modules=None: [])
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGML" + os.urandom(256))  # not a GGUF at all
     out = tmp_path / "out"
@@ -144,8 +149,9 @@ def test_an_existing_folder_is_refused_and_force_replaces_it_whole(
 
     assert prepare.main(["--out", str(out), "--force"]) == 0
     assert _listing(out) == [
-        "data", "data/train.jsonl", "prompts", "prompts/chat_eval.jsonl", "prompts/humaneval.jsonl", "prompts/manifest.json",
-        "prompts/train.jsonl", "target", "target/config.json", "target/conversion.json",
+        "data", "data/train.jsonl", "prompts", "prompts/chat_eval.jsonl", "prompts/general_eval.jsonl",
+        "prompts/humaneval.jsonl", "prompts/manifest.json", "prompts/train.jsonl", "target", "target/config.json",
+        "target/conversion.json",
         "target/model.safetensors",
     ]  # fmt: skip
     assert (out / "data" / "train.jsonl").read_text() == "regenerated\n"
@@ -156,8 +162,25 @@ def test_an_existing_folder_is_refused_and_force_replaces_it_whole(
     ]  # fmt: skip
     chat = [json.loads(line) for line in (out / "prompts" / "chat_eval.jsonl").read_text().splitlines()]
     assert len(chat) == general_prompts.EVAL_PER_KIND["arithmetic"]  # the fixture holds no item apart
-    assert all(list(r) == ["id", "messages"] and r["messages"][0]["role"] == "user" for r in chat)
+    assert all(
+        list(r) == ["id", "kind", "twin", "messages"] and r["messages"][0]["role"] == "user" for r in chat
+    )
+    # the two training problems are templates 0 and 1 of the eight: the chat set's problems on them are twins
+    assert [r["twin"] for r in chat] == [n % len(general_prompts.ARITHMETIC) < 2 for n in range(len(chat))]
+    general = [json.loads(line) for line in (out / "prompts" / "general_eval.jsonl").read_text().splitlines()]
+    assert general == [
+        {"id": "mt-bench/081", "kind": "writing", "twin": False, "prompt": general[0]["prompt"]},
+        {"id": "mt-bench/082", "kind": "writing", "twin": False, "prompt": general[1]["prompt"]},
+        {"id": "chatterbot/trivia/000", "kind": "trivia", "twin": False,
+         "prompt": "Which planet is called the red planet?"},
+    ]  # fmt: skip
     manifest = json.loads((out / "prompts" / "manifest.json").read_text())
+    assert manifest["chat_eval"]["twins"] == 4 and manifest["chat_eval"]["twins_by_kind"] == {"arithmetic": 4}
+    assert manifest["general_eval"]["prompts"] == 3 and manifest["general_eval"]["by_kind"] == {
+        "trivia": 1,
+        "writing": 2,
+    }
+    assert manifest["general_eval"]["left_out"] == {"duplicate": 0, "blocked": 0, "twin": 0, "near": 0}
     assert manifest["train"]["by_kind"] == {"arithmetic": 2, "code": 1, "question": 1, "tests": 1}
     assert manifest["train"]["not_about_python"] == 3 and manifest["chat_eval"]["prompts"] == len(chat)
     humaneval = [json.loads(line) for line in (out / "prompts" / "humaneval.jsonl").read_text().splitlines()]
@@ -181,6 +204,46 @@ def test_a_damaged_prompt_source_is_named_and_nothing_is_written(
     )
     assert "pip install --force-reinstall --no-deps mimesis==22.2.0" in err
     assert _listing(out) == []
+
+
+def test_a_damaged_general_eval_source_is_named_and_nothing_is_written(
+    tmp_path: Path, fake_inputs: dict[str, object], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    edited = tmp_path / "question.jsonl"
+    edited.write_text('{"question_id": 81, "category": "writing", "turns": ["Compose a post."]}\n')
+    monkeypatch.setattr(general_eval, "MT_BENCH_FILE", edited)
+    monkeypatch.setattr(general_eval, "candidates", lambda: general_eval.mt_bench(edited))
+    out = tmp_path / "out"
+    assert prepare.main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a general evaluation source is damaged" in err and "not the published MT-bench file" in err
+    assert "git checkout examples/smollm2/data" in err
+    assert _listing(out) == []
+
+
+def test_prompts_only_writes_the_prompt_sets_without_a_gguf(
+    tmp_path: Path, fake_inputs: dict[str, object], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    def no_gguf(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--prompts-only read or converted a GGUF")
+
+    monkeypatch.setattr(sources, "packaged_gguf", no_gguf)
+    monkeypatch.setattr(sources, "check_gguf", no_gguf)
+    monkeypatch.setattr(convert, "convert_gguf", no_gguf)
+    out = tmp_path / "out"
+    (out / "target").mkdir(parents=True)  # a target converted before: neither refused nor touched
+    assert prepare.main(["--out", str(out), "--prompts-only"]) == 0
+    assert _listing(out) == [
+        "prompts", "prompts/chat_eval.jsonl", "prompts/general_eval.jsonl", "prompts/humaneval.jsonl",
+        "prompts/manifest.json", "prompts/train.jsonl", "target",
+    ]  # fmt: skip
+    assert f"wrote {out / 'prompts'} in" in capsys.readouterr().out
+    assert json.loads((out / "prompts" / "manifest.json").read_text())["target_from"] is None
+    assert prepare.main(["--out", str(out), "--prompts-only"]) == 2  # prompts/ exists now: --force
+    assert prepare.main(["--out", str(out), "--prompts-only", "--gguf", "x.gguf"]) == 2
+    assert "--gguf: nothing is converted with --prompts-only" in capsys.readouterr().err
 
 
 def test_an_interrupted_conversion_leaves_nothing(
