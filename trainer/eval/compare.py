@@ -9,35 +9,48 @@ differing token the two contexts differ, so only that first position can be comp
 Each decode keeps the target's top-k logits at every emitted position (`TopChoices`); `compare_outputs`
 looks at the first difference: token a (greedy path) against b (speculative path) is a `tie` when each path
 rates the other's token within the tolerance of its own pick, and `different` otherwise (a real bug: the loop
-emitted a token the target did not choose).
+emitted a token the target did not choose). The tolerance is a number of units in the last place of the logit
+in the compute dtype (`ulp`): what rounding can move a logit by. The engine's eval checks every token with the
+same rule against one forward over the final sequence (trainer.eval.lossless).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from trainer.runspec.eval_request import TIE_TOLERANCE_FP32, TIE_TOLERANCE_LOW_PRECISION
+from trainer.runspec.eval_request import TIE_ULPS_FP32, TIE_ULPS_LOW_PRECISION
 
 TOP_K = 4  # logits kept per emitted token: a near-tie flip swaps the top two, so 4 leaves room
 
-# Tolerances are in logits, relative to max(1, |logit_a|) (a, the greedy path's pick at the first difference).
-# bf16 keeps 8 significant bits: one rounding moves a value by up to 2^-8 of itself. A logit comes out of
-# dozens of layers of sums whose order differs between a B-token and a 1-token forward; a few roundings' worth
-# of drift (2^-8 * 8 = 2^-5, about 3%) covers it, and a drafter bug puts a token far further from the top than
-# that. fp16 (11 bits) gets the same, conservative value. fp32 (24 bits) order effects stay around 1e-6
-# relative, so 1e-4 is tight and still well clear of them.
+# Tolerances are in ulps of the top logit (a, the greedy path's pick at the first difference). bf16 keeps 8
+# significant bits: an ulp is 2^-7 of the logit's binade, and one rounding moves a value by up to half of one.
+# A logit comes out of dozens of layers of sums whose order differs between a B-token and a 1-token forward; a
+# few roundings' worth of drift (8 ulps: 2^-4 of the binade, 3-6% of the logit) covers it, and a drafter bug
+# puts a token far further from the top than that. fp16 gets the same count. fp32 (24 bits) order effects stay
+# around 1e-6 relative, ~8 ulps; 64 keeps clear of them and is still tight (~8e-6 relative).
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
 
 Verdict = Literal["identical", "tie", "different"]
 
 
-def default_tie_tolerance(dtype: torch.dtype) -> float:
+def default_tie_ulps(dtype: torch.dtype) -> int:
     """The tolerance the compute dtype's precision justifies (see the constants above)."""
     if dtype in (torch.bfloat16, torch.float16):
-        return TIE_TOLERANCE_LOW_PRECISION
-    return TIE_TOLERANCE_FP32
+        return TIE_ULPS_LOW_PRECISION
+    return TIE_ULPS_FP32
+
+
+def ulp(value: float, dtype: torch.dtype) -> float:
+    """One unit in the last place of `value` in `dtype` (the spacing of its binade)."""
+    bits = MANTISSA_BITS.get(dtype, 23)
+    magnitude = abs(value)
+    if not math.isfinite(magnitude) or magnitude < 2.0**-14:  # zero or subnormal: the smallest normal's
+        return 2.0 ** (-14 - bits)
+    return 2.0 ** (math.floor(math.log2(magnitude)) - bits)
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ class Comparison:
     spec_token: int | None = None  # b: what speculative decoding emitted there
     greedy_margin: float | None = None  # greedy path: logit(a) - logit(b); None: b not in its top-k
     spec_margin: float | None = None  # speculative path: logit(b) - logit(a); None: a not in its top-k
-    allowed_margin: float | None = None  # tolerance * max(1, |logit(a)|), in logits
+    allowed_margin: float | None = None  # the tolerance in logits: tie ulps x ulp(logit(a))
 
 
 def compare_outputs(
@@ -70,9 +83,11 @@ def compare_outputs(
     greedy_top: list[TopChoices],
     spec_tokens: list[int],
     spec_top: list[TopChoices],
-    tolerance: float,
+    tie_ulps: int,
+    dtype: torch.dtype,
 ) -> Comparison:
-    """Classify the first position where the two outputs differ (`*_top[i]`: the target's view at token i)."""
+    """Classify the first position where the two outputs differ (`*_top[i]`: the target's view at token i);
+    a tie when each path rates the other's token within `tie_ulps` ulps (in `dtype`) of logit(a)."""
     if greedy_tokens == spec_tokens:
         return Comparison("identical")
     at = next(
@@ -84,7 +99,7 @@ def compare_outputs(
     a, b = greedy_tokens[at], spec_tokens[at]
     greedy_view, spec_view = greedy_top[at], spec_top[at]
     logit_a = greedy_view.logit_of(a)
-    allowed = tolerance * max(1.0, abs(logit_a)) if logit_a is not None else None
+    allowed = tie_ulps * ulp(logit_a, dtype) if logit_a is not None else None
     greedy_b, spec_a, spec_b = greedy_view.logit_of(b), spec_view.logit_of(a), spec_view.logit_of(b)
     greedy_margin = logit_a - greedy_b if logit_a is not None and greedy_b is not None else None
     spec_margin = spec_b - spec_a if spec_b is not None and spec_a is not None else None

@@ -1,90 +1,50 @@
-"""`dflash-doctor eval`: real speculative decoding of prompts with a target and an exported drafter, beside
-target-only greedy decoding, and the report that compares them (the algorithm: `trainer.eval.speculative`).
+"""`dflash-doctor eval`: what a trained drafter is worth. Real greedy speculative decoding of a prompt set with
+the target and the exported drafter, beside target-only greedy decoding and prompt lookup: tau over the whole set,
+every token checked against the target, and the wall-clock speed-up at the batch sizes people serve at.
+
+Two decoders run it: the engine (trainer.engine: a static KV cache, continuous batching, CUDA graphs; every
+prompt at once for tau, fixed batches for the latency table: `evaluate_on_engine`), for the targets it serves,
+and the Python loop, one prompt at a time (trainer.eval.speculative: `evaluate`), the reference the engine is
+tested against and the path for other targets. Both report through `trainer.eval.figures`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from dflash_base.errors import ConfigError
 from trainer.engine.target import stop_token_ids
-from trainer.eval.compare import Comparison, compare_outputs, default_tie_tolerance
-from trainer.eval.prompts import heldout_prompts, prompts_from_file
+from trainer.eval.compare import Comparison, compare_outputs, default_tie_ulps
+from trainer.eval.engine_decoding import TARGET_ONLY, Decoding, EngineDecoders, tau_slots
+from trainer.eval.figures import (
+    EvalReport,
+    GroupRow,
+    LatencyRow,
+    Walk,
+    proposer_report,
+    tau_of,
+    walk_of_lengths,
+)
+from trainer.eval.lossless import check_outputs
+from trainer.eval.prompts import EvalPrompts, heldout_prompts, labelled_prompts
 from trainer.eval.proposers import DFlashProposer, PromptLookup, Proposer
 from trainer.eval.speculative import SpecTarget, Stops, greedy_decode, speculative_decode
 from trainer.model.drafter import DFlashDrafter
-from trainer.runspec.eval_request import EvalRequest, check_eval_prompts
+from trainer.runspec.eval_request import (
+    DEFAULT_NGRAM_K,
+    HELDOUT_PROMPTS,
+    EvalRequest,
+    check_eval_lengths,
+    check_eval_prompts,
+)
 from trainer.runspec.export_files import check_export_fits
 
-if TYPE_CHECKING:
-    pass
-
-
-@dataclass
-class PromptReport:
-    prompt_tokens: int
-    new_tokens: int
-    identical: bool  # speculative output == target-only greedy output, token for token (bitwise)
-    accept_len: float
-    target_forwards: int
-    baseline_forwards: int
-    seconds: float
-    baseline_seconds: float
-    comparison: Comparison  # identical, a near-tie flip (tie) or a real difference; where and by how much
-
-
-@dataclass
-class EvalReport:
-    """One proposer (the drafter, or prompt lookup) over every prompt, against target-only greedy decoding."""
-
-    prompts: int
-    mean_accept_len: float  # tau: emitted tokens per verify forward (bonus token included), over all forwards
-    target_forwards: int
-    baseline_forwards: int  # target-only greedy: one forward per token
-    new_tokens: int
-    tok_s: float
-    baseline_tok_s: float
-    speedup: float
-    identical: bool  # every prompt's output bitwise identical to target-only greedy's
-    ties: int  # prompts whose outputs differ only by a near-tie flip (rounding, not the drafter)
-    differences: int  # prompts whose outputs really differ (a bug)
-    tie_tolerance: float  # logits, relative to max(1, |logit|)
-    dtype: str
-    block_size: int  # tokens a verify forward checks at most: the proposal + the last accepted token
-    device: str
-    per_prompt: list[PromptReport]
-    drafter: str = "dflash"  # dflash | ngram (prompt lookup)
-    # How far into a block verification gets: [i] = the share of verify forwards that accepted slot i + 1
-    # (what a block size and a draft depth are chosen with), and how many forwards emitted 1, 2, ... B tokens.
-    accept_by_position: list[float] = field(default_factory=list)
-    accept_length_histogram: list[int] = field(default_factory=list)
-    baseline: EvalReport | None = None  # prompt lookup on the same prompts and target, when asked for
-    # The figure as vLLM logs it ("Mean acceptance length": 1 + accepted / drafts, a draft counted only when
-    # it proposed a token): tau over the verify forwards that proposed something; None when none did. Equal
-    # to tau for the drafter (it always proposes); above it for prompt lookup, whose empty proposals tau counts.
-    mean_accept_len_proposed: float | None = None
-    forwards_without_proposal: int = 0  # verify forwards that proposed nothing (one plain decoding step each)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def exit_code(self, strict: bool = False) -> int:
-        """1 on a real difference (or, `strict`, on anything not bitwise identical), else 0; the baseline's
-        output goes through the same verify loop, so a difference there is the same bug."""
-        own = 1 if self.differences or (strict and not self.identical) else 0
-        return max(own, self.baseline.exit_code(strict) if self.baseline is not None else 0)
-
-
-def acceptance_shape(accepted: list[int], block: int) -> tuple[list[float], list[int]]:
-    """(share of forwards accepting each slot 1..B-1, count of forwards per acceptance length 1..B)."""
-    forwards = max(len(accepted), 1)
-    by_position = [sum(a > slot for a in accepted) / forwards for slot in range(1, block)]
-    histogram = [sum(a == length for a in accepted) for length in range(1, block + 1)]
-    return by_position, histogram
+Progress = Callable[[str, int, int], None]  # (phase, done, total): tokens on the engine, prompts in the loop
 
 
 def evaluate(
@@ -94,78 +54,195 @@ def evaluate(
     max_new: int,
     eos: Stops = None,
     on_prompt: Callable[[int], None] | None = None,
-    tie_tolerance: float | None = None,
+    tie_ulps: int | None = None,
     baseline: Proposer | None = None,
 ) -> EvalReport:
-    """Decode every prompt with the target alone and with each proposer (`baseline` beside the first); the
-    report compares each with target-only greedy (tie_tolerance None: the dtype's default)."""
+    """The Python loop: every prompt decoded with the target alone and with each proposer (`baseline` beside
+    the first), one prompt at a time; each compared with target-only greedy at its first difference."""
     if isinstance(proposer, DFlashDrafter):
         proposer = DFlashProposer(proposer)
-    tolerance = default_tie_tolerance(target.dtype) if tie_tolerance is None else tie_tolerance
+    ulps = default_tie_ulps(target.dtype) if tie_ulps is None else tie_ulps
     proposers = [proposer, *([baseline] if baseline is not None else [])]
-    rows: dict[str, list[PromptReport]] = {p.name: [] for p in proposers}
-    accepted: dict[str, list[int]] = {p.name: [] for p in proposers}
-    proposed: dict[str, list[int]] = {p.name: [] for p in proposers}
-    seconds: dict[str, float] = {p.name: 0.0 for p in proposers}
-    base_s = 0.0
+    walks: dict[str, list[Walk]] = {p.name: [] for p in proposers}
+    comparisons: dict[str, list[Comparison]] = {p.name: [] for p in proposers}
+    greedy: list[Walk] = []
     for number, prompt in enumerate(prompts, start=1):
         base = greedy_decode(target, prompt, max_new, eos)
-        base_s += base.seconds
+        greedy.append(Walk(base.tokens, seconds=base.seconds))
         for p in proposers:
             spec = speculative_decode(target, p, prompt, max_new, eos)
-            accepted[p.name].extend(spec.accepted)
-            proposed[p.name].extend(spec.proposed)
-            seconds[p.name] += spec.seconds
-            rows[p.name].append(
-                PromptReport(
-                    prompt_tokens=len(prompt),
-                    new_tokens=len(spec.tokens),
-                    identical=spec.tokens == base.tokens,
-                    accept_len=sum(spec.accepted) / max(len(spec.accepted), 1),
-                    target_forwards=spec.target_forwards,
-                    baseline_forwards=base.target_forwards,
-                    seconds=spec.seconds,
-                    baseline_seconds=base.seconds,
-                    comparison=compare_outputs(base.tokens, base.top, spec.tokens, spec.top, tolerance),
-                )
+            block = p.max_draft + 1
+            walks[p.name].append(
+                walk_of_lengths(spec.tokens, spec.accepted, spec.proposed, block, spec.seconds)
+            )
+            comparisons[p.name].append(
+                compare_outputs(base.tokens, base.top, spec.tokens, spec.top, ulps, target.dtype)
             )
         if on_prompt is not None:
             on_prompt(number)
+    context = {
+        "tie_ulps": ulps,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device),
+        "engine": "loop",
+        "max_new_tokens": max_new,
+    }
+    base_s = sum(w.seconds or 0.0 for w in greedy)
 
     def report(p: Proposer) -> EvalReport:
-        mine, spec_s = rows[p.name], seconds[p.name]
-        new_tokens = sum(r.new_tokens for r in mine)
-        block = p.max_draft + 1
-        by_position, histogram = acceptance_shape(accepted[p.name], block)
-        drafted = [a for a, n in zip(accepted[p.name], proposed[p.name], strict=True) if n]
-        return EvalReport(
-            prompts=len(prompts),
-            mean_accept_len=sum(accepted[p.name]) / max(len(accepted[p.name]), 1),
-            target_forwards=sum(r.target_forwards for r in mine),
-            baseline_forwards=sum(r.baseline_forwards for r in mine),
-            new_tokens=new_tokens,
-            tok_s=new_tokens / spec_s if spec_s else 0.0,
-            baseline_tok_s=new_tokens / base_s if base_s else 0.0,
-            speedup=base_s / spec_s if spec_s else 0.0,
-            identical=all(r.identical for r in mine),
-            ties=sum(r.comparison.verdict == "tie" for r in mine),
-            differences=sum(r.comparison.verdict == "different" for r in mine),
-            tie_tolerance=tolerance,
-            dtype=str(target.dtype).removeprefix("torch."),
-            block_size=block,
-            device=str(target.device),
-            per_prompt=mine,
-            drafter=p.name,
-            accept_by_position=[round(x, 4) for x in by_position],
-            accept_length_histogram=histogram,
-            mean_accept_len_proposed=sum(drafted) / len(drafted) if drafted else None,
-            forwards_without_proposal=len(accepted[p.name]) - len(drafted),
+        mine = walks[p.name]
+        spec_s = sum(w.seconds or 0.0 for w in mine)
+        rates = (_rate(mine, spec_s), _rate(greedy, base_s))
+        return proposer_report(
+            p.name, p.max_draft + 1, prompts, mine, greedy, comparisons[p.name], rates, context
         )
 
     primary = report(proposer)
     if baseline is not None:
         primary.baseline = report(baseline)
     return primary
+
+
+def _rate(walks: list[Walk], seconds: float) -> float:
+    return sum(len(w.tokens) for w in walks) / seconds if seconds else 0.0
+
+
+def evaluate_on_engine(
+    model: Any,
+    drafter: DFlashDrafter | None,
+    prompts: EvalPrompts,
+    request: EvalRequest,
+    stops: list[int],
+    on_progress: Progress | None = None,
+) -> EvalReport:
+    """The engine: tau over every prompt at once for target-only greedy, the drafter (or prompt lookup alone)
+    and prompt lookup beside it; every token of every output checked against the target; per-group tau; then
+    the latency rows (see trainer.eval.engine_decoding)."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    k = request.ngram_k or (drafter.cfg.block_size - 1 if drafter is not None else DEFAULT_NGRAM_K)
+    ngram = (k, request.ngram_min, request.ngram_max)
+    ways = ["dflash" if drafter is not None else "ngram"]
+    if drafter is not None and request.baseline:
+        ways.append("ngram")
+    block = max(drafter.cfg.block_size if drafter is not None else 1, k + 1)
+    max_new = request.max_new_tokens
+    decoders = EngineDecoders(model, drafter, max(map(len, prompts.ids)) + max_new + block, stops, ngram)
+    slots = tau_slots(device, len(prompts.ids))
+    total = len(prompts.ids) * max_new * (1 + len(ways))
+    made = [0]
+
+    def tell(phase: str) -> Callable[[int], None]:
+        def count(tokens: int) -> None:
+            made[0] += tokens
+            if on_progress is not None:
+                on_progress(phase, made[0], total)
+
+        return count
+
+    began = time.perf_counter()
+    runs = {
+        way: decoders.decode_with(way, prompts.ids, max_new, slots, SYNC_EVERY, tell(way))
+        for way in [TARGET_ONLY, *ways]
+    }
+    decode_seconds = time.perf_counter() - began
+    ulps = default_tie_ulps(dtype) if request.tie_ulps is None else request.tie_ulps
+    greedy = [Walk(tokens) for tokens in runs[TARGET_ONLY].tokens]
+    target_check, _ = check_outputs(model, prompts.ids, runs[TARGET_ONLY].tokens, TARGET_ONLY, ulps)
+    context = {
+        "tie_ulps": ulps,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "engine": "kv",
+        "max_new_tokens": max_new,
+        "rows_at_once": slots,
+        "target_lossless": target_check,
+    }
+    reports = {}
+    for way in ways:
+        run = runs[way]
+        walks = _walks(run)
+        parting = _partings(runs[TARGET_ONLY].tokens, run.tokens)
+        check, at_parting = check_outputs(model, prompts.ids, run.tokens, way, ulps, parting)
+        comparisons = [
+            at_parting.get(i) or _comparison(g.tokens, w.tokens)
+            for i, (g, w) in enumerate(zip(greedy, walks, strict=True))
+        ]
+        rates = (run.new_tokens / run.seconds, runs[TARGET_ONLY].new_tokens / runs[TARGET_ONLY].seconds)
+        blocks = decoders.block_of(way)
+        reports[way] = proposer_report(way, blocks, prompts.ids, walks, greedy, comparisons, rates, context)
+        reports[way].lossless = check
+        reports[way].groups = _groups(prompts, walks, None)
+    primary = reports[ways[0]]
+    primary.decode_seconds = decode_seconds
+    if len(ways) > 1:
+        primary.baseline = reports[ways[1]]
+        primary.groups = _groups(prompts, _walks(runs[ways[0]]), _walks(runs[ways[1]]))
+    batches = request.latency_batches(device.type == "cuda")
+    primary.latency = _latency(
+        decoders, [TARGET_ONLY, *ways], prompts.ids[: request.latency_prompts], max_new, batches
+    )
+    return primary
+
+
+SYNC_EVERY = 8  # tau runs: decode steps between the host's looks (the latency rows look at every step)
+
+
+def _walks(run: Decoding) -> list[Walk]:
+    return [
+        Walk(t, f["forwards"], f["drafted"], f["emitted"])
+        for t, f in zip(run.tokens, run.figures, strict=True)
+    ]
+
+
+def _partings(greedy: list[list[int]], mine: list[list[int]]) -> dict[int, tuple[int, int, int]]:
+    """Per prompt whose output parts from target-only greedy's: (index, greedy's token, this one's)."""
+    out = {}
+    for i, (a, b) in enumerate(zip(greedy, mine, strict=True)):
+        at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if at is not None:
+            out[i] = (at, a[at], b[at])
+    return out
+
+
+def _comparison(greedy: list[int], mine: list[int]) -> Comparison:
+    """Identical, or one output a prefix of the other (one stopped early): no pair of tokens to rate."""
+    if greedy == mine:
+        return Comparison("identical")
+    return Comparison("different", first_diff=min(len(greedy), len(mine)))
+
+
+def _groups(prompts: EvalPrompts, walks: list[Walk], baseline: list[Walk] | None) -> list[GroupRow]:
+    """tau per group the prompts file names, the baseline's beside it."""
+    rows = []
+    for name, members in prompts.groups().items():
+        tau = tau_of([walks[i] for i in members])
+        base = tau_of([baseline[i] for i in members]) if baseline is not None else None
+        rows.append(GroupRow(name, len(members), round(tau, 4), None if base is None else round(base, 4),
+                             round(tau / base, 4) if base else None))  # fmt: skip
+    return rows
+
+
+def _latency(
+    decoders: EngineDecoders,
+    ways: list[str],
+    prompts: list[list[int]],
+    max_new: int,
+    batches: tuple[int, ...],
+) -> list[LatencyRow]:
+    """Generated tok/s per batch and way, after a warm-up; the speed-up over target-only at that batch."""
+    rows = []
+    for batch in batches:
+        base = None
+        for way in ways:
+            run = decoders.latency(way, prompts, max_new, batch)
+            rate = run.new_tokens / run.seconds
+            base = rate if way == TARGET_ONLY else base
+            tau = tau_of(_walks(run)) if way != TARGET_ONLY else None
+            rows.append(LatencyRow(batch, way, round(rate, 1), round(rate / base, 4) if base else 0.0,
+                                   len(prompts), run.new_tokens, round(run.seconds, 3),
+                                   None if tau is None else round(tau, 4)))  # fmt: skip
+    return rows
 
 
 # ---------------------------------------------------------------- building the pieces
@@ -218,13 +295,10 @@ def load_pieces(setup: EvalSetup) -> tuple[SpecTarget, DFlashDrafter]:
     return SpecTarget(model, drafter.cfg.target_layer_ids), drafter
 
 
-def run_eval(
-    request: EvalRequest,
-    on_prompt: Callable[[int], None] | None = None,
-    on_start: Callable[[int], None] | None = None,
-) -> EvalReport:
-    """Everything `dflash-doctor eval` does: resolve the target and prompts, load, decode, report."""
-    request.check()
+def run_eval(request: EvalRequest, on_progress: Progress | None = None) -> EvalReport:
+    """Everything `dflash-doctor eval` does with a checked request (`EvalRequest.check`): resolve the target
+    and prompts (every bad line refused before the target loads), load, decode, report."""
+    began = time.perf_counter()
     cfg = None
     if request.config is not None:
         from trainer.runspec.config import load_config
@@ -241,19 +315,15 @@ def run_eval(
         check_export_fits(request.export, shapes)
     if request.prompts is not None:
         check_eval_prompts(request.prompts, int(shapes.vocab_size))
-
     tokenizer = None
     if not is_embedded(target_path):
         from trainer.target_model.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(target_path)
-    kwargs = cfg.data.chat_template_kwargs if cfg is not None else {}
-    if request.prompts is not None:
-        prompts = prompts_from_file(request.prompts, tokenizer, kwargs)[: request.num_prompts]
-    elif cfg is not None:
-        prompts = heldout_prompts(cfg, request.prompt_len, request.num_prompts, tokenizer)
-    else:
-        raise ConfigError("--prompts: give a prompts file, or --config for the run's held-out sequences")
+    prompts = _prompts(request, cfg, tokenizer)
+    check_eval_lengths(
+        prompts.ids, request.max_new_tokens, int(shapes.max_position_embeddings), prompts.where
+    )
     seed = cfg.run.seed if cfg is not None else 0
     setup = EvalSetup(request.export or "", target_path, seed, request.device, request.dtype)
     drafter = None
@@ -261,14 +331,68 @@ def run_eval(
         target, drafter = load_pieces(setup)
     else:
         target = SpecTarget(load_eval_target(setup), [])  # prompt lookup reads no layers
-    k = request.ngram_k or (drafter.cfg.block_size - 1 if drafter is not None else 15)
+    # Where an answer ends, as `data regenerate` reads it: the generation config's eos ids and the tokenizer's.
+    generation = getattr(target.model, "generation_config", None)
+    stops = stop_token_ids(tokenizer, generation) if tokenizer else []
+    if _engine(request, target.model) == "kv":
+        target.close()
+        report = evaluate_on_engine(target.model, drafter, prompts, request, stops, on_progress)
+    else:
+        report = _evaluate_in_loop(request, target, drafter, prompts, stops, on_progress)
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _prompts(request: EvalRequest, cfg: Any, tokenizer: Any) -> EvalPrompts:
+    """--prompts (every prompt unless --num-prompts narrows it), else the run's held-out conversations."""
+    kwargs = cfg.data.chat_template_kwargs if cfg is not None else {}
+    if request.prompts is not None:
+        return labelled_prompts(request.prompts, tokenizer, kwargs).first(request.num_prompts)
+    if cfg is not None:
+        count = request.num_prompts or HELDOUT_PROMPTS
+        ids = heldout_prompts(cfg, request.prompt_len, count, tokenizer)
+        return EvalPrompts(ids, [f"held-out prompt {i + 1} of --config" for i in range(len(ids))])
+    raise ConfigError("--prompts: give a prompts file, or --config for the run's held-out sequences")
+
+
+def _engine(request: EvalRequest, model: Any) -> str:
+    """kv where the engine serves this target (`--engine auto`), or as asked; kv asked for a target it does not
+    serve is refused, naming why."""
+    from trainer.engine.support import unsupported_reason
+
+    why = unsupported_reason(model.config, getattr(model, "generation_config", None))
+    if request.engine == "kv" and why is not None:
+        raise ConfigError(f"--engine kv: the engine does not serve this target: {why}", hint="--engine loop")
+    if request.engine == "loop" or why is not None:
+        return "loop"
+    return "kv"
+
+
+def _evaluate_in_loop(
+    request: EvalRequest,
+    target: SpecTarget,
+    drafter: DFlashDrafter | None,
+    prompts: EvalPrompts,
+    stops: list[int],
+    on_progress: Progress | None,
+) -> EvalReport:
+    k = request.ngram_k or (drafter.cfg.block_size - 1 if drafter is not None else DEFAULT_NGRAM_K)
     lookup = PromptLookup(k, request.ngram_min, request.ngram_max)
     primary: Proposer = DFlashProposer(drafter) if drafter is not None else lookup
     baseline = lookup if drafter is not None and request.baseline else None
-    # Where an answer ends, as `data regenerate` reads it: the generation config's eos ids and the tokenizer's.
-    eos = stop_token_ids(tokenizer, getattr(target.model, "generation_config", None)) if tokenizer else None
-    if on_start is not None:
-        on_start(len(prompts))
+    total = len(prompts.ids)
+
+    def on_prompt(done: int) -> None:
+        if on_progress is not None:
+            on_progress("prompts", done, total)
+
     return evaluate(
-        target, primary, prompts, request.max_new_tokens, eos, on_prompt, request.tie_tolerance, baseline
+        target,
+        primary,
+        prompts.ids,
+        request.max_new_tokens,
+        stops or None,
+        on_prompt,
+        request.tie_ulps,
+        baseline,
     )

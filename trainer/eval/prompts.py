@@ -4,6 +4,7 @@ answer, each distinct prompt once."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,31 +17,74 @@ if TYPE_CHECKING:
     from trainer.runspec.config import TrainConfig
 
 
+@dataclass
+class EvalPrompts:
+    """The prompts an eval decodes, with what their file says of each: its kind (a prompts file's `"kind"`,
+    reported per kind) and whether it is a template twin of a training prompt (`"twin"`, reported apart)."""
+
+    ids: list[list[int]]
+    where: list[str]  # per prompt, where it came from: an error names it
+    kinds: list[str | None] = field(default_factory=list)
+    twins: list[bool | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kinds = self.kinds or [None] * len(self.ids)
+        self.twins = self.twins or [None] * len(self.ids)
+
+    def first(self, count: int | None) -> EvalPrompts:
+        """The first `count` prompts (None: all)."""
+        if count is None:
+            return self
+        return EvalPrompts(self.ids[:count], self.where[:count], self.kinds[:count], self.twins[:count])
+
+    def groups(self) -> dict[str, list[int]]:
+        """Prompt indexes per group the file names: `kind:<name>` for each kind, `twin` and `no twin` where
+        twins are marked. Empty when the file names neither."""
+        out: dict[str, list[int]] = {}
+        for i, (kind, twin) in enumerate(zip(self.kinds, self.twins, strict=True)):
+            if kind is not None:
+                out.setdefault(f"kind:{kind}", []).append(i)
+            if twin is not None:
+                out.setdefault("twin" if twin else "no twin", []).append(i)
+        return out
+
+
 def prompts_from_file(path: str, tokenizer: Any, template_kwargs: dict[str, Any]) -> list[list[int]]:
-    """A JSONL of {"input_ids": [...]}, {"prompt": "..."} or {"messages": [...]} records. A chat (and a
-    prompt, as one user turn, the way `data regenerate` reads it) is rendered with the chat template's
-    generation prompt (with the record's `tools`, as a server renders them); a prompt goes in as plain text
-    only where the tokenizer has no chat template."""
+    """The token ids of `labelled_prompts`."""
+    return labelled_prompts(path, tokenizer, template_kwargs).ids
+
+
+def labelled_prompts(path: str, tokenizer: Any, template_kwargs: dict[str, Any]) -> EvalPrompts:
+    """A JSONL of {"input_ids": [...]}, {"prompt": "..."} or {"messages": [...]} records (each may say its
+    "kind" and whether it is a "twin"). A chat (and a prompt, as one user turn, the way `data regenerate` reads
+    it) is rendered with the chat template's generation prompt (with the record's `tools`, as a server renders
+    them); a prompt goes in as plain text only where the tokenizer has no chat template."""
     chat = getattr(tokenizer, "chat_template", None) is not None
-    out = []
+    out = EvalPrompts([], [])
     for number, record in jsonl_records(Path(path), "--prompts"):
         where = f"--prompts: {path} line {number}"
+        out.where.append(where)
+        kind, twin = record.get("kind"), record.get("twin")
+        out.kinds.append(str(kind) if isinstance(kind, str | int) and not isinstance(kind, bool) else None)
+        out.twins.append(twin if isinstance(twin, bool) else None)
         if isinstance(record.get("input_ids"), list) and record["input_ids"]:
-            out.append([int(t) for t in record["input_ids"]])
+            out.ids.append([int(t) for t in record["input_ids"]])
             continue
         if tokenizer is None:
             raise ConfigError(f'{where}: this target has no tokenizer; give "input_ids"')
         if isinstance(record.get("prompt"), str) and not chat:
-            out.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
+            out.ids.append(list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]))
         elif isinstance(record.get("prompt"), str):
             user = [{"role": "user", "content": record["prompt"]}]
-            out.append(render_prompt(tokenizer, user, template_kwargs, record.get("tools"), where))
+            out.ids.append(render_prompt(tokenizer, user, template_kwargs, record.get("tools"), where))
         elif isinstance(record.get("messages"), list):
-            out.append(
+            out.ids.append(
                 render_prompt(tokenizer, record["messages"], template_kwargs, record.get("tools"), where)
             )
         else:
             raise ConfigError(f'{where}: needs "prompt", "messages" or "input_ids"')
+    if all(k is None for k in out.kinds):
+        out.kinds = [None] * len(out.ids)
     return out
 
 

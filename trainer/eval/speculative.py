@@ -77,6 +77,12 @@ class SpecTarget:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def close(self) -> None:
+        """Remove the capture hooks (the engine decodes the same model without them)."""
+        if self.outputs is not None:
+            self.outputs.close()
+            self.outputs = None
+
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype

@@ -194,10 +194,11 @@ class DFlashAttention(nn.Module):
 
     def context_kv(self, context: Tensor, rope_ctx: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """The context's keys and values (B, Hkv, S, D): they depend on the context alone, so training
-        projects them once per layer per step and decoding once per position (`ContextCache`)."""
+        projects them once per layer per step and decoding once per position (`ContextCache`, and the
+        engine's static context cache, whose rows sit at their own positions: rope (B, S, D) there)."""
         k = self.k_norm(self._heads(self.k_proj(context), self.num_kv_heads))
         v = self._heads(self.v_proj(context), self.num_kv_heads)
-        cos, sin = (t.unsqueeze(1) for t in rope_ctx)  # (S, 1, D)
+        cos, sin = (t.unsqueeze(-2) for t in rope_ctx)  # (S, 1, D), or (B, S, 1, D) per row
         return apply_rope(k, cos, sin).to(v.dtype).transpose(1, 2), v.transpose(1, 2)
 
     def forward(

@@ -36,6 +36,9 @@ def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str
                 except json.JSONDecodeError as exc:
                     yield number, None, f"not JSON ({exc.msg})"
                     continue
+                except RecursionError:  # a 5,000-deep line was exit 3 (RecursionError) in eval
+                    yield number, None, "nested too deeply to read (thousands of levels of [ or {)"
+                    continue
                 if not isinstance(record, dict):
                     yield number, None, "must be a JSON object"
                     continue

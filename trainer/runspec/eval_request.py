@@ -4,7 +4,6 @@ files, every line of --prompts). No torch here: the CLI imports it to build its 
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,18 @@ from trainer.runspec.messages import fields_problem, messages_problem, text_prob
 EVAL_DTYPES = ("auto", "bf16", "fp32")
 EVAL_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # what eval can run on (`tpu` ran on the CPU, exit 0)
 DRAFTERS = ("dflash", "ngram")  # the exported drafter; prompt lookup (vLLM's `ngram` method, training-free)
-# Near-tie tolerances (logits, relative to max(1, |logit|)); why these values: trainer/decode/compare.py.
-TIE_TOLERANCE_LOW_PRECISION = 2.0**-5
-TIE_TOLERANCE_FP32 = 1e-4
+# Near-tie tolerances, in units in the last place of the top logit; why these values: trainer/eval/compare.py.
+TIE_ULPS_LOW_PRECISION = 8  # bf16, fp16
+TIE_ULPS_FP32 = 64
+MAX_TIE_ULPS = 1 << 16
+
+
+ENGINES = ("auto", "kv", "loop")  # the KV engine (batched, graphs), the Python loop (one prompt at a time)
+HELDOUT_PROMPTS = 16  # held-out prompts decoded when --num-prompts is not given (a prompts file: all of it)
+DEFAULT_NGRAM_K = 15  # prompt lookup's tokens a block without a drafter (with one: its block - 1)
+MAX_NGRAM = 64  # the most tokens prompt lookup may propose, or match (vLLM's practical range is under 16)
+LATENCY_BATCHES_GPU = (1, 8, 32)  # concurrent requests the latency table measures by default on a GPU
+MAX_LATENCY_BATCH = 4096
 
 
 @dataclass(frozen=True)
@@ -31,22 +39,32 @@ class EvalRequest:
     config: str | None = None  # the run's config: its target, seed and held-out sequences
     target: str | None = None  # default: the config's target.path
     prompts: str | None = None  # a JSONL of prompt / messages / input_ids records
-    num_prompts: int = 16
+    num_prompts: int | None = None  # None: every prompt of --prompts (held-out data: HELDOUT_PROMPTS)
     prompt_len: int = 32  # held-out prompts: the tokens of each kept
-    max_new_tokens: int = 64
+    max_new_tokens: int = 128  # the length the figures in README.md and BENCHMARKS.md use
     device: str = "auto"  # auto | cpu | cuda
     overrides: tuple[str, ...] = ()  # --set section.key=value on the config
-    tie_tolerance: float | None = None  # None: the compute dtype's default
+    tie_ulps: int | None = None  # near-tie tolerance in ulps of the top logit; None: the dtype's default
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     drafter: str = "dflash"  # what proposes the blocks: dflash | ngram
     baseline: bool = True  # prompt lookup beside the drafter, on the same prompts (drafter="dflash" only)
     ngram_k: int | None = None  # tokens prompt lookup proposes (default: the drafter's block - 1, else 15)
     ngram_min: int = 1  # shortest n-gram matched
     ngram_max: int = 4  # longest n-gram matched (vLLM: prompt_lookup_min/max)
+    engine: str = "auto"  # auto (kv where the target is one the engine serves) | kv | loop
+    latency: tuple[int, ...] | None = (
+        None  # batch sizes timed; None: LATENCY_BATCHES_GPU on a GPU, none on a CPU
+    )
+    latency_prompts: int = 64  # the requests each latency row decodes (the set's first N)
 
     def check(self) -> None:
         """ConfigError naming the option, before anything loads."""
-        check_tie_tolerance(self.tie_tolerance)
+        if self.tie_ulps is not None and not 0 <= self.tie_ulps <= MAX_TIE_ULPS:
+            raise ConfigError(
+                f"--tie-ulps: {self.tie_ulps} is not a tolerance; give the ulps of the top logit a token may lie "
+                f"below it and count as a near-tie, 0..{MAX_TIE_ULPS} (leave it out for the dtype's default: "
+                f"{TIE_ULPS_LOW_PRECISION} in bf16/fp16, {TIE_ULPS_FP32} in fp32; 0 accepts only exact ties)"
+            )
         if not EVAL_DEVICE.fullmatch(self.device):
             raise ConfigError(
                 f"--device {self.device!r}: eval runs on auto, cpu, cuda or cuda:N",
@@ -56,22 +74,64 @@ class EvalRequest:
             raise ConfigError(
                 f'--dtype: "{self.dtype}" is not one of {", ".join(EVAL_DTYPES)} (auto: bf16 on CUDA, fp32 on CPU)'
             )
-        if self.max_new_tokens < 1 or self.num_prompts < 1 or self.prompt_len < 1:
-            raise ConfigError("--max-new-tokens, --num-prompts and --prompt-len: must be >= 1")
+        for option, value in (
+            ("--max-new-tokens", self.max_new_tokens),
+            ("--num-prompts", self.num_prompts),
+            ("--prompt-len", self.prompt_len),
+            ("--latency-prompts", self.latency_prompts),
+        ):
+            if value is not None and value < 1:
+                raise ConfigError(f"{option}: must be >= 1, got {value}")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f'--drafter: "{self.drafter}" is not one of {", ".join(DRAFTERS)}')
+        if self.engine not in ENGINES:
+            raise ConfigError(f'--engine: "{self.engine}" is not one of {", ".join(ENGINES)}')
         if self.drafter == "dflash" and not self.export:
             raise ConfigError(
                 "--export: the drafter's export folder is needed for --drafter dflash",
                 hint="give --export DIR, or --drafter ngram for prompt lookup alone",
             )
-        if (self.ngram_k is not None and self.ngram_k < 1) or not 1 <= self.ngram_min <= self.ngram_max:
-            raise ConfigError(
-                f"--ngram-k / --ngram-min / --ngram-max: need k >= 1 and 1 <= min <= max, got "
-                f"{self.ngram_k}, {self.ngram_min}, {self.ngram_max}"
-            )
+        self._check_ngram()
+        for batch in self.latency or ():
+            if not 1 <= batch <= MAX_LATENCY_BATCH:
+                raise ConfigError(
+                    f"--latency: a batch of {batch}; give sizes 1..{MAX_LATENCY_BATCH}, e.g. 1,8,32"
+                )
         if self.export:
             check_export(self.export)  # a truncated or empty model.safetensors: exit 2 naming it, first
+
+    def _check_ngram(self) -> None:
+        k, low, high = self.ngram_k, self.ngram_min, self.ngram_max
+        if (k is not None and not 1 <= k <= MAX_NGRAM) or not 1 <= low <= high <= MAX_NGRAM:
+            raise ConfigError(
+                f"--ngram-k / --ngram-min / --ngram-max: need 1 <= k <= {MAX_NGRAM} and 1 <= min <= max <= "
+                f"{MAX_NGRAM}, got {k}, {low}, {high}",
+                hint="vLLM's prompt lookup proposes a few tokens (num_speculative_tokens) from n-grams of a few",
+            )
+
+    def latency_batches(self, on_gpu: bool) -> tuple[int, ...]:
+        """The batch sizes timed: the asked ones, else the default for the device."""
+        if self.latency is not None:
+            return self.latency
+        return LATENCY_BATCHES_GPU if on_gpu else ()
+
+
+def check_eval_lengths(prompts: list[list[int]], max_new_tokens: int, context: int, where: list[str]) -> None:
+    """Each prompt and its answer within the target's context, before the target loads: ConfigError naming
+    --max-new-tokens (when no prompt could fit it) or the prompt's line (`where[i]`)."""
+    if max_new_tokens >= context:
+        raise ConfigError(
+            f"--max-new-tokens {max_new_tokens}: the target's context is {context:,} tokens, prompt and answer "
+            "together",
+            hint=f"give at most {context - 1} (the README's figures use 128)",
+        )
+    for prompt, line in zip(prompts, where, strict=True):
+        if len(prompt) + max_new_tokens > context:
+            raise ConfigError(
+                f"{line}: {len(prompt):,} prompt tokens and --max-new-tokens {max_new_tokens} are more than the "
+                f"target's context ({context:,} tokens)",
+                hint="shorten or drop that prompt, or lower --max-new-tokens",
+            )
 
 
 def check_eval_prompts(path: str, vocab_size: int) -> None:
@@ -113,13 +173,3 @@ def json_of(value: Any) -> str:
 
 
 DEFAULTS = EvalRequest(export=None)  # the defaults, for the CLI's options
-
-
-def check_tie_tolerance(tolerance: float | None) -> None:
-    """--tie-tolerance: a finite number >= 0 (None: the compute dtype's default)."""
-    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ConfigError(
-            f"--tie-tolerance: {tolerance} is not a logit tolerance; give a number >= 0, relative to "
-            f"max(1, |logit|) (leave it out for the dtype's default: {TIE_TOLERANCE_LOW_PRECISION} in "
-            f"bf16/fp16, {TIE_TOLERANCE_FP32} in fp32; 0 accepts only exact ties)"
-        )

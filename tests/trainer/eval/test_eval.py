@@ -56,7 +56,7 @@ def test_untrained_drafter_output_equals_target_only_greedy() -> None:
     assert report.identical and all(r.identical for r in report.per_prompt)
     assert (report.ties, report.differences, report.exit_code(strict=True)) == (0, 0, 0)
     assert {r.comparison.verdict for r in report.per_prompt} == {"identical"}
-    assert report.dtype == "float32" and report.tie_tolerance == 1e-4  # fp32's default
+    assert report.dtype == "float32" and report.tie_ulps == 64  # fp32's default
     assert report.new_tokens == 60 and 1.0 <= report.mean_accept_len <= 4.0
     assert report.baseline_forwards == 60  # one forward per token
     assert report.target_forwards <= report.baseline_forwards
@@ -162,6 +162,8 @@ def _cli_args(tmp_path: Path) -> list[str]:
         str(prompts),
         "--max-new-tokens",
         "8",
+        "--engine",
+        "loop",  # the rewritten logits are the Python loop's (the engine's own: tests/trainer/eval/test_eval_engine.py)
     ]
 
 
@@ -176,13 +178,12 @@ def test_cli_exit_codes_for_a_tie_strict_and_a_bad_tolerance(
     assert report["per_prompt"][0]["comparison"]["verdict"] == "tie"
     assert report["per_prompt"][0]["comparison"]["first_diff"] == 3
     assert run([*args, "--strict"]) == 1
-    assert run([*args, "--tie-tolerance", "0"]) == 1  # 0 accepts only bitwise ties: this one is 1e-5 apart
+    assert run([*args, "--tie-ulps", "0"]) == 1  # 0 accepts only bitwise ties: this one is 1e-5 apart
     capsys.readouterr()
-    assert run([*args, "--tie-tolerance", "-0.5"]) == 2
+    assert run([*args, "--tie-ulps", "-1"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "--tie-tolerance: -0.5 is not a logit tolerance; give a number >= 0" in err
-    assert run([*args, "--tie-tolerance", "nan"]) == 2  # refused before anything loads
-    assert "--tie-tolerance: nan is not a logit tolerance" in capsys.readouterr().err
+    assert "--tie-ulps: -1 is not a tolerance; give the ulps of the top logit" in err
+    assert run([*args, "--tie-ulps", "nan"]) == 2  # refused before anything loads
 
 
 def test_cli_exits_1_on_a_real_difference(
@@ -203,7 +204,7 @@ def test_bf16_rounding_flips_are_ties_never_differences() -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 511, (32,), generator=gen).tolist() for _ in range(16)]
     report = evaluate(target, drafter, prompts, max_new=64)
-    assert report.dtype == "bfloat16" and report.tie_tolerance == 2**-5
+    assert report.dtype == "bfloat16" and report.tie_ulps == 8
     assert report.differences == 0 and report.exit_code() == 0
     for row in report.per_prompt:  # any flip is a tie whose both margins were seen in the top-k
         margins = (row.comparison.greedy_margin, row.comparison.spec_margin)
@@ -216,7 +217,7 @@ def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
     args = _cli_args(tmp_path)
     assert run([*args, "--dtype", "bf16", "--json"]) in (0, 1)  # bf16 on CPU: ties allowed, not the point
     report = json.loads(capsys.readouterr().out)
-    assert report["dtype"] == "bfloat16" and report["tie_tolerance"] == pytest.approx(2**-5)
+    assert report["dtype"] == "bfloat16" and report["tie_ulps"] == 8
     assert run([*args, "--dtype", "fp32", "--strict", "--json"]) == 0  # fp32: bitwise identical
     assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
     assert run([*args, "--dtype", "fp64"]) == 2

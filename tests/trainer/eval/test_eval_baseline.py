@@ -11,7 +11,8 @@ import pytest
 
 from dflash_doctor.cli import run
 from tests.trainer.eval.test_eval import PROMPTS, OracleDrafter, _tiny_target, _untrained_drafter
-from trainer.eval.evaluate import acceptance_shape, evaluate
+from trainer.eval.evaluate import evaluate
+from trainer.eval.figures import acceptance_shape, walk_of_lengths
 from trainer.eval.proposers import PromptLookup, lookup
 from trainer.eval.speculative import greedy_decode, speculative_decode
 from trainer.model.export import export_drafter
@@ -51,9 +52,9 @@ def test_acceptance_counts_only_what_is_emitted() -> None:
 
 
 def test_acceptance_shape_is_per_slot_shares_and_a_length_histogram() -> None:
-    by_position, histogram = acceptance_shape([1, 3, 4, 2], block=4)
-    assert by_position == [0.75, 0.5, 0.25]  # slot 1 accepted in 3 of 4 forwards, slot 3 in 1
-    assert histogram == [1, 1, 1, 1]
+    walk = walk_of_lengths([0] * 11, [1, 3, 4, 2], [3, 3, 3, 0], 4, None)
+    assert walk.emitted == [1, 1, 1, 1] and (walk.forwards, walk.drafted, walk.emitted_tokens) == (4, 3, 10)
+    assert acceptance_shape(walk.emitted) == [0.75, 0.5, 0.25]  # slot 1 accepted in 3 of 4 forwards, slot 3 in 1
 
 
 def test_the_cli_reports_the_drafter_and_prompt_lookup_side_by_side(tmp_path: Path, capsys) -> None:

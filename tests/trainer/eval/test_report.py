@@ -21,6 +21,6 @@ def test_the_report_labels_new_tokens_as_a_total_and_states_how_forwards_are_cou
     from trainer.eval.report import format_report
 
     text = format_report(evaluate(_tiny_target(), _untrained_drafter(), PROMPTS, max_new=8))
-    assert "prompts 3, new tokens 24 in all (8.0 a prompt)" in text
+    assert "prompts 3, new tokens 24 in all (8.0 a prompt, at most 8)" in text
     assert "each prompt's prefill counted as one forward" in text
     assert "tokens emitted per verify forward (count; the prefills left out)" in text
