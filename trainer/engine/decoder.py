@@ -16,6 +16,7 @@ small kernels: launched one by one they cost more than the step's arithmetic at 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -87,7 +88,9 @@ class KVDecoder:
         self.tokens = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.rows = torch.arange(slots, device=self.device)
-        self.use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        # DFLASH_DOCTOR_GRAPHS=0 runs the steps eagerly on a GPU too (to tell a graph's fault from a step's)
+        default = self.device.type == "cuda" and os.environ.get("DFLASH_DOCTOR_GRAPHS", "1") != "0"
+        self.use_graphs = default if graphs is None else graphs
         self.graphs = StepGraphs(self.device)
         self.exact_lengths = triton_available(self.device.type)  # attention reads each row's own length
         # The job's state on the device, updated by every step (see `_advance`).

@@ -39,6 +39,8 @@ class Decoding:
     seconds: float  # wall time of the run (prefill and decode, synced)
     slots: int
     graphs: int
+    steps: int = 0  # decode steps (a verify forward each for the speculative ways)
+    decode_seconds: float = 0.0  # of `seconds`, the decode steps' (the prefills' apart)
 
     @property
     def new_tokens(self) -> int:
@@ -101,7 +103,16 @@ class EngineDecoders:
         tokens, stats = scheduler.run()
         _sync(self.device)
         seconds = time.perf_counter() - began
-        return Decoding(drafter, tokens, scheduler.figures, seconds, decoder.slots, stats.graphs)
+        return Decoding(
+            drafter,
+            tokens,
+            scheduler.figures,
+            seconds,
+            decoder.slots,
+            stats.graphs,
+            stats.steps,
+            stats.decode_s,
+        )
 
     def latency(self, drafter: str, prompts: list[list[int]], max_new: int, batch: int) -> Decoding:
         """`batch` requests in flight over `prompts`, after an untimed warm-up on the same decoder."""
@@ -112,10 +123,6 @@ class EngineDecoders:
         if drafter == "dflash" and self.drafter is not None:
             return self.drafter.cfg.block_size
         return self.ngram[0] + 1 if drafter == "ngram" else 1
-
-    def reach(self, drafter: str) -> int:
-        """Positions a row may write past its budget (a verified block's): the cache must hold them."""
-        return self.block_of(drafter) - 1
 
 
 def tau_slots(device: torch.device, prompts: int) -> int:

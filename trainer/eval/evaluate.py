@@ -239,9 +239,10 @@ def _latency(
             rate = run.new_tokens / run.seconds
             base = rate if way == TARGET_ONLY else base
             tau = tau_of(_walks(run)) if way != TARGET_ONLY else None
+            step_ms = 1000 * run.decode_seconds / run.steps if run.steps else 0.0
             rows.append(LatencyRow(batch, way, round(rate, 1), round(rate / base, 4) if base else 0.0,
                                    len(prompts), run.new_tokens, round(run.seconds, 3),
-                                   None if tau is None else round(tau, 4)))  # fmt: skip
+                                   None if tau is None else round(tau, 4), round(step_ms, 3)))  # fmt: skip
     return rows
 
 

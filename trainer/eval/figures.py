@@ -67,6 +67,7 @@ class LatencyRow:
     new_tokens: int
     seconds: float
     tau: float | None  # emitted per verify forward in this run (None: target-only)
+    ms_per_step: float = 0.0  # a decode step's wall time (a verify forward with its drafting), prefills apart
 
 
 @dataclass

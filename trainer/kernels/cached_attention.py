@@ -153,7 +153,7 @@ def cached_attention(
         ROWS_PAD=max(16, 1 << math.ceil(math.log2(queries * group))),  # tl.dot's smallest tile
         HEAD_DIM=head_dim,
         BLOCK=BLOCK_POSITIONS,
-        CAUSAL=causal,
+        CAUSAL=int(causal),  # 1 or 0: an integer constexpr multiplies a tensor in every Triton version
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out

@@ -54,7 +54,11 @@ def test_acceptance_counts_only_what_is_emitted() -> None:
 def test_acceptance_shape_is_per_slot_shares_and_a_length_histogram() -> None:
     walk = walk_of_lengths([0] * 11, [1, 3, 4, 2], [3, 3, 3, 0], 4, None)
     assert walk.emitted == [1, 1, 1, 1] and (walk.forwards, walk.drafted, walk.emitted_tokens) == (4, 3, 10)
-    assert acceptance_shape(walk.emitted) == [0.75, 0.5, 0.25]  # slot 1 accepted in 3 of 4 forwards, slot 3 in 1
+    assert acceptance_shape(walk.emitted) == [
+        0.75,
+        0.5,
+        0.25,
+    ]  # slot 1 accepted in 3 of 4 forwards, slot 3 in 1
 
 
 def test_the_cli_reports_the_drafter_and_prompt_lookup_side_by_side(tmp_path: Path, capsys) -> None:

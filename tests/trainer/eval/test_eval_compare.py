@@ -38,7 +38,9 @@ def test_identical_outputs_are_identical_with_no_position() -> None:
 def test_a_flipped_near_tie_is_a_tie_with_both_margins() -> None:
     greedy_view = top(t1=5.0, t2=4.99, t3=1.0, t4=0.5)  # greedy picks 1, rates 2 0.01 below
     spec_view = top(t2=5.0, t1=4.995, t3=1.0, t4=0.5)  # verify picks 2, rates 1 0.005 below
-    result = compare_outputs([7, 1, 9], [SAME, greedy_view, SAME], [7, 2, 4], [SAME, spec_view, SAME], 8, BF16)
+    result = compare_outputs(
+        [7, 1, 9], [SAME, greedy_view, SAME], [7, 2, 4], [SAME, spec_view, SAME], 8, BF16
+    )
     assert result.verdict == "tie" and result.first_diff == 1
     assert (result.greedy_token, result.spec_token) == (1, 2)
     assert result.greedy_margin == pytest.approx(0.01) and result.spec_margin == pytest.approx(0.005)
