@@ -28,7 +28,7 @@ def test_the_command_options_are_the_request_fields_with_its_defaults() -> None:
     for name, parameter in parameters.items():
         if name in ("config", "prompts", "out", "set_"):
             continue
-        assert parameter.default.default == getattr(DEFAULTS, name), name
+        assert parameter.default == getattr(DEFAULTS, name), name
 
 
 def test_of_takes_the_parameters_by_name() -> None:
