@@ -22,6 +22,7 @@ from trainer.runspec.regenerate_request import DEFAULTS as R
 from trainer.runspec.regenerate_request import RegenerateRequest
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.text import Text
 
 data_app = typer.Typer(
@@ -77,7 +78,6 @@ CommitEveryOption = Annotated[
         help="Seconds of work per commit to --out (the chunk of conversations adapts to the pace): a kill loses at most about this.",
     ),
 ]
-SummaryJsonOption = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
 
 
 def regenerate_command(
@@ -98,12 +98,31 @@ def regenerate_command(
     tensor_parallel: TensorParallelOption = R.tensor_parallel,
     set_: SetOption = None,
     commit_every: CommitEveryOption = R.commit_every,
-    json_out: SummaryJsonOption = R.json_out,
+    json_out: bool = JsonOption,
 ) -> None:
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
-    request = RegenerateRequest.of(locals())
+    request = RegenerateRequest(
+        config=config,
+        prompts=prompts,
+        out=out,
+        overrides=tuple(set_ or ()),
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        engine=engine,
+        temperature=temperature,
+        top_p=top_p,
+        samples_per_prompt=samples_per_prompt,
+        seed=seed,
+        on_error=on_error,
+        force=force,
+        devices=devices,
+        batch_size=batch_size,
+        tensor_parallel=tensor_parallel,
+        commit_every=commit_every,
+        json_out=json_out,
+    )
     request.validate()  # bad options: exit 2 before torch is imported
-    from trainer.api import prepare_regeneration, regenerate
+    from trainer.api import prepare_regeneration
 
     settings, scan = prepare_regeneration(request)  # bad lines, prompts past the context: before the target
     err = make_console(stderr=True)
@@ -111,11 +130,20 @@ def regenerate_command(
         err.print(f"[yellow]skipped[/] {request.prompts} {bad}")
     if len(scan.bad) > 5:
         err.print(f"[yellow]skipped[/] {len(scan.bad) - 5} more bad lines")
+    summary = _regenerate_with_progress(request, settings, scan, err)
+    _print_summary(summary, request, err)
+    raise typer.Exit(0)
+
+
+def _regenerate_with_progress(request: RegenerateRequest, settings: Any, scan: Any, err: Console) -> Any:
+    """The regeneration, with its progress on stderr; Ctrl-C: exit 130, every line written whole."""
+    from trainer.api import regenerate
+
     factory = _engine_factory(request, settings)
     progress = RegenerateProgress(err, quiet=request.json_out)
     try:
         with progress:
-            summary = regenerate(
+            return regenerate(
                 scan, request.out, settings, factory, limit=request.limit, force=request.force,
                 commit_every_s=request.commit_every, on_progress=progress.show,
                 samples_per_prompt=request.samples_per_prompt, on_tokens=progress.tokens,
@@ -123,6 +151,10 @@ def regenerate_command(
     except KeyboardInterrupt:
         err.print(f"stopped: every line in {request.out} is whole; run the same command again to resume")
         raise typer.Exit(130) from None
+
+
+def _print_summary(summary: Any, request: RegenerateRequest, err: Console) -> None:
+    """stdout: the summary (text, or --json's one document); stderr: a warning when many answers were cut."""
     report = summary.to_json() | {"out": str(request.out)}
     if request.json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -130,7 +162,6 @@ def regenerate_command(
         print(regenerate_text(summary, report, request.out), file=sys.stdout)
     if summary.stopped_at_length:
         err.print(cut_short_warning(summary, request.max_new_tokens), soft_wrap=True)
-    raise typer.Exit(0)
 
 
 def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:
