@@ -212,7 +212,7 @@ def launch_run(
         record = store.create(
             "running",
             environment=environment,
-            overrides=request.failing,
+            forced_findings=request.failing,
             notes=node,
             **common,
             **this_launcher(),
