@@ -38,14 +38,9 @@ from dflash_doctor.launch.runs import RunRecord, RunStore
 from dflash_doctor.launch.timeline import LaunchTimeline
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
+from trainer.runspec.mask_token import mask_token_of
 
 TRAIN_SCHEMA = "dflash-doctor/train/v1"
-
-
-def _mask_token(training: TrainingConfig) -> dict[str, object]:
-    """The drafter's mask token and the rule that chose it (trainer.runspec.mask_token)."""
-    d = training.config.drafter
-    return {"id": d.mask_token_id, "text": d.mask_token_text, "rule": d.mask_token_rule}
 
 
 def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: TrainingConfig) -> None:
@@ -84,7 +79,7 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
     console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)
-    mask = _mask_token(training)
+    mask = mask_token_of(training.config)
     shown = f" {mask['text']!r}" if mask["text"] is not None else " (a row no token uses)"
     console.print(f"mask token: {mask['id']}{escape(shown)}, chosen by {escape(str(mask['rule']))}")
     if plan.choice is not None:  # the topology and why: both designs' projections side by side
@@ -269,7 +264,7 @@ def _dry_run_document(gate: GateResult, training: TrainingConfig, failing: list[
         "schema": TRAIN_SCHEMA,
         "status": "dry-run",
         "plan": gate.plan.to_json(),
-        "mask_token": _mask_token(training),
+        "mask_token": mask_token_of(training.config),
         "findings": [f.to_json() for f in gate.findings],
         "failing": failing,
     }

@@ -11,7 +11,6 @@ process is gone (killed with SIGKILL, the machine rebooted) reads as `lost`, wit
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import time
@@ -275,7 +274,3 @@ def age(when: float, now: float | None = None) -> str:
         if delta >= size:
             return f"{int(delta // size)}{unit} ago"
     return f"{int(delta)}s ago"
-
-
-def run_output_dir(record: RunRecord) -> str | None:
-    return record.output_dir if record.output_dir and os.path.isdir(record.output_dir) else None
