@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainer.data.chat import chat_sequence, sequence_tokens_and_mask
+
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
@@ -103,3 +105,16 @@ def supervised_text(tokenizer: Any, ids: list[int], mask: list[bool]) -> list[st
             runs[-1].append(token)
         previous = on
     return [tokenizer.decode(run) for run in runs]
+
+
+def chat_tokens_and_mask(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    template_kwargs: dict[str, Any] | None = None,
+    where: str = "chat record",
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[bool]]:
+    """Token ids of the conversation as trained and True on exactly what the target wrote: what a chat
+    source makes of one record (`chat_sequence`, then `sequence_tokens_and_mask`), in one call for the tests."""
+    sequence = chat_sequence(tokenizer, messages, dict(template_kwargs or {}), tools, where)
+    return sequence_tokens_and_mask(tokenizer, sequence)
