@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.data.chat import chat_sequence, sequence_tokens_and_mask
+from trainer.data.chat import chat_sequence, sequence_token_spans, span_mask
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -115,6 +115,7 @@ def chat_tokens_and_mask(
     tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[bool]]:
     """Token ids of the conversation as trained and True on exactly what the target wrote: what a chat
-    source makes of one record (`chat_sequence`, then `sequence_tokens_and_mask`), in one call for the tests."""
+    source makes of one record before its answers' ends are trimmed (`TokenizedSource.chat_tokens`)."""
     sequence = chat_sequence(tokenizer, messages, dict(template_kwargs or {}), tools, where)
-    return sequence_tokens_and_mask(tokenizer, sequence)
+    ids, token_spans = sequence_token_spans(tokenizer, sequence)
+    return ids, span_mask(len(ids), token_spans)

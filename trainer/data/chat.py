@@ -247,9 +247,3 @@ def span_mask(length: int, token_spans: list[range]) -> list[bool]:
     for span in token_spans:
         mask[span.start : span.stop] = [True] * len(span)
     return mask
-
-
-def sequence_tokens_and_mask(tokenizer: Any, sequence: ChatSequence) -> tuple[list[int], list[bool]]:
-    """Token ids of the sequence's text and True on the tokens that start inside a supervised span."""
-    ids, token_spans = sequence_token_spans(tokenizer, sequence)
-    return ids, span_mask(len(ids), token_spans)
