@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40 §3 on one H200 (~3 min): the DFlash-mask Triton kernel (trainer/model/dflash_kernel.py) against the
+# Issue 40 §3 on one H200 (~3 min): the DFlash-mask Triton kernel (bench/kernels/dflash_mask_kernel.py) against the
 # trainer's compiled flex path at qwen3-8b-b16, then seed-b32, shapes (bench/kernels/dflash_attention.py:
 # forward and backward timed apart, TFLOP/s on the mask's real pairs, output and q/k/v gradients held to flex's
 # within 1e-2 relative), after the kernel's own GPU test (bf16 against exact SDPA).
