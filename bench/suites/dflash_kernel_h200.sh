@@ -14,8 +14,8 @@ source bench/lib/suite_lib.sh
 stage setup 25 bash -c install_carried_wheels
 [ -z "$SUITE_TINY" ] && stage facts 15 bash -c gpu_facts
 stage gpu_test 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/bench/test_dflash_mask_kernel.py
-stage b16 100 python3 bench/kernels/dflash_attention.py $TINY --config qwen3-8b-b16 \
+stage b16 100 python3 -m bench.kernels.dflash_attention $TINY --config qwen3-8b-b16 \
     --json "$RES/dflash_attention-qwen3-8b-b16.json"
-stage b32 150 python3 bench/kernels/dflash_attention.py $TINY --config seed-b32 \
+stage b32 150 python3 -m bench.kernels.dflash_attention $TINY --config seed-b32 \
     --json "$RES/dflash_attention-seed-b32.json"
 finish dflash_kernel

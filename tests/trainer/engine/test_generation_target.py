@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.target_folder import make_target_folder
+from bench.lib.target_folder import make_target_folder
 from trainer.engine.target import load_generation_target
 from trainer.regenerate.job import prepare_regeneration
 from trainer.regenerate.settings import GenerationSettings
