@@ -119,6 +119,14 @@ class Material:
 # ---------------------------------------------------------------- reading the packages
 
 
+def package_folder(module: str) -> Path | None:
+    """Where an installed package lives, found without importing it (None when it is not installed)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def _json(path: Path) -> dict[str, object]:
     with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
