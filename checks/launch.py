@@ -79,9 +79,8 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
                 cores=cores,
             )
             return
-        yield ok(
-            "launch.topology", f"{shape} on CPU (gloo), {plan.nproc_per_node} processes", cores=cores, **why
-        )
+        processes = f"{plan.nproc_per_node} process{'es' if plan.nproc_per_node != 1 else ''}"
+        yield ok("launch.topology", f"{shape} on CPU (gloo), {processes}", cores=cores, **why)
         return
     gpus = gpu_inventory(ctx)
     if not isinstance(gpus, GpuInventory):

@@ -7,11 +7,15 @@ The ELF files are built once per session and copied into each test's fake site-p
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dflash_doctor.libs.ldcache import LdCache, load_system_cache
+from dflash_doctor.libs.loader import LibraryReport
 from tests.fakeenv import HAVE_GCC, FakeSite, build_elf
 
 TORCH_RPATH = (
@@ -141,3 +145,44 @@ def cuda_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not HAVE_GCC:
         pytest.skip("gcc is needed to build ELF fixtures")
     return build_cuda_libs(tmp_path_factory.mktemp("cuda-libs"))
+
+
+# The slow real-wheel tests' oracle: the simulation against what a real `import torch` mapped.
+@dataclass(frozen=True)
+class MapsComparison:
+    """The static model against a real process's `/proc/self/maps` after `import torch`.
+
+    ``predicted_not_mapped``: files the model says `import torch` loads that the process did not map.
+    ``mapped_not_predicted``: files the process mapped from torch's site-packages tree that the
+    model did not predict. Both empty means the model agrees with the loader.
+    """
+
+    agreed: tuple[str, ...]
+    predicted_not_mapped: tuple[str, ...]
+    mapped_not_predicted: tuple[str, ...]
+
+    @property
+    def agrees(self) -> bool:
+        return not self.predicted_not_mapped and not self.mapped_not_predicted
+
+
+def compare_with_maps(report: LibraryReport, mapped_paths: Iterable[str]) -> MapsComparison:
+    """Compare the import-stage files of `report` with the paths a real process mapped."""
+    mapped = {os.path.realpath(p) for p in mapped_paths}
+    predicted = {
+        os.path.realpath(r.path)
+        for r in report.resolutions
+        if r.stage == "import" and r.path is not None and r.via != "loaded"
+    }
+    site = (report.site_dir or "/nonexistent").rstrip(os.sep) + os.sep
+    site_real = os.path.realpath(site.rstrip(os.sep)) + os.sep
+    ours = {
+        p
+        for p in mapped
+        if p.startswith(site_real) and ("/torch/lib/" in p or "/nvidia/" in p or "/torch/_C" in p)
+    }
+    return MapsComparison(
+        agreed=tuple(sorted(predicted & mapped)),
+        predicted_not_mapped=tuple(sorted(predicted - mapped)),
+        mapped_not_predicted=tuple(sorted(ours - predicted)),
+    )

@@ -1,4 +1,5 @@
-"""The layout is the design: every import points down the layer maps (docs/architecture.md).
+"""The layout is the design: every import points down the layer maps (docs/architecture.md; the maps and the
+import parsing live in scripts/import_graph.py, which prints the graph and checks the same arrows).
 
 The doctor (`dflash_doctor/`, `checks/`) and the trainer (`trainer/`) each have their floors; they share only
 `dflash_base` (stdlib-only). The doctor sees the trainer through its torch-free `trainer.runspec` and, lazily, the
@@ -14,57 +15,20 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.import_graph import (
+    ALLOWED_UPWARD,
+    ROOT,
+    TRAINER_FLOORS,
+    doctor_upward_imports,
+    import_cycles,
+    import_graph,
+    imports_of,
+    layer_of,
+    module_level_imports,
+    module_name,
+    trainer_upward_imports,
+)
 
-# Higher numbers sit above lower ones; a module may import its own layer and anything below.
-LAYERS = {
-    "base": -1,
-    "core": 0,
-    "env": 1,
-    "deep": 1,
-    "libs": 2,
-    "cache": 2,
-    "audit": 3,
-    "lock": 3,
-    "launch": 4,
-    "trainer": 4,
-    "serving": 4,
-}
-LAYERS |= {"commands": 5, "checks": 5, "cli": 6}
-
-# Imports that cross upward on purpose, each with its reason.
-ALLOWED_UPWARD = {
-    # The registry discovers the checks that plug into it (imported lazily, inside a function).
-    ("dflash_doctor.registry", "checks"),
-    # A script run by path in the audited interpreter: it imports the trainer in that other process.
-    ("dflash_doctor.cache.warm_child", "trainer.runspec.config"),
-    ("dflash_doctor.cache.warm_child", "trainer.api"),
-}
-# The trainer's floors (a module may import its own floor and any below). Some folders on one floor, or on
-# floors one above the other, never import each other: training (`run`) and the inference engine (`engine`)
-# share a floor; `data regenerate` and `eval` both sit on the engine and know nothing of each other or of
-# training.
-TRAINER_FLOORS = {
-    "runspec": 0,
-    "kernels": 1,
-    "model": 2,
-    "target_model": 3,
-    "data": 4,
-    "run": 5,
-    "engine": 5,
-    "regenerate": 6,
-    "eval": 6,
-    "api": 7,
-    "__main__": 8,
-}
-SIBLINGS_APART = {
-    ("run", "engine"),
-    ("engine", "run"),
-    ("regenerate", "eval"),
-    ("eval", "regenerate"),
-    ("regenerate", "run"),
-    ("eval", "run"),
-}
 # What the doctor may import of the trainer: the torch-free description of a run, and the doorway (lazily).
 TRAINER_FOR_THE_DOCTOR = ("trainer.runspec", "trainer.api")
 # Scripts run by path in another interpreter (an engine's venv, which pins its own torch and has no
@@ -75,75 +39,8 @@ RUN_IN_ANOTHER_PYTHON = {
 }
 
 
-def layer_of(module: str) -> str | None:
-    parts = module.split(".")
-    if parts[0] == "dflash_base":
-        return "base"
-    if parts[0] in ("checks", "trainer"):
-        return parts[0]
-    if parts[0] != "dflash_doctor":
-        return None
-    if len(parts) == 1 or (parts[1] not in LAYERS and parts[1] not in ("cli", "__main__")):
-        return "core"
-    return "cli" if parts[1] in ("cli", "__main__") else parts[1]
-
-
-def module_level_imports(path: Path) -> set[int]:
-    """Lines of the imports a module runs when it is imported (not those inside functions)."""
-    tree = ast.parse(path.read_text())
-    lines: set[int] = set()
-
-    def visit(nodes: list[ast.stmt]) -> None:
-        for node in nodes:
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                lines.add(node.lineno)
-            elif isinstance(node, ast.If | ast.Try | ast.With):
-                for body in ("body", "orelse", "finalbody", "handlers"):
-                    for child in getattr(node, body, []):
-                        visit(child.body if isinstance(child, ast.ExceptHandler) else [child])
-
-    visit(tree.body)
-    return lines
-
-
-def imports_of(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported module, line, type-checking only) for every absolute import in a file."""
-    tree = ast.parse(path.read_text())
-    type_only = {
-        id(node)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-        for stmt in block.body
-        for node in ast.walk(stmt)
-    }
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-            if node.module == "dflash_doctor":  # `from dflash_doctor import paths` imports a submodule
-                names = [f"dflash_doctor.{alias.name}" for alias in node.names]
-            found += [(name, node.lineno, id(node) in type_only) for name in names]
-        elif isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno, id(node) in type_only) for alias in node.names]
-    return found
-
-
-def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-
-
 def test_every_import_in_dflash_doctor_points_down() -> None:
-    upward = []
-    for path in sorted((ROOT / "dflash_doctor").rglob("*.py")):
-        here = module_name(path)
-        mine = layer_of(here)
-        assert mine is not None
-        for target, line, type_only in imports_of(path):
-            theirs = layer_of(target)
-            if theirs is None or type_only or (here, target) in ALLOWED_UPWARD:
-                continue
-            if LAYERS[theirs] > LAYERS[mine]:
-                upward.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} ({theirs})")
+    upward = doctor_upward_imports()
     assert not upward, "imports that point up the layer map:\n" + "\n".join(upward)
 
 
@@ -197,30 +94,8 @@ def test_the_shared_base_imports_only_the_standard_library() -> None:
     assert not bad, "dflash_base must import the standard library only:\n" + "\n".join(bad)
 
 
-def trainer_part(module: str) -> str | None:
-    """ "trainer.run.train" -> "run"; "trainer.api" -> "api"; "trainer.__main__" -> "__main__"."""
-    parts = module.split(".")
-    if parts[0] != "trainer":
-        return None
-    return parts[1] if len(parts) > 1 else "__main__"
-
-
 def test_every_import_in_the_trainer_points_down() -> None:
-    bad = []
-    for path in sorted((ROOT / "trainer").rglob("*.py")):
-        here = trainer_part(module_name(path)) or "__main__"
-        if here == "__init__":
-            continue
-        for target, line, type_only in imports_of(path):
-            where = f"{path.relative_to(ROOT)}:{line} ({here})"
-            if target.split(".")[0] in ("dflash_doctor", "checks", "bench", "tests"):
-                bad.append(f"{where} imports {target}: the trainer shares only dflash_base with the doctor")
-                continue
-            there = trainer_part(target)
-            if there is None or there == "__main__" or type_only:
-                continue
-            if TRAINER_FLOORS[there] > TRAINER_FLOORS[here] or (here, there) in SIBLINGS_APART:
-                bad.append(f"{where} imports {target} ({there})")
+    bad = trainer_upward_imports()
     assert not bad, "imports that point up the trainer's floors:\n" + "\n".join(bad)
 
 
@@ -292,61 +167,6 @@ def test_nothing_shipped_imports_bench() -> None:
     assert not bad, "shipped code must not import bench/:\n" + "\n".join(bad)
 
 
-def import_graph(roots: tuple[str, ...]) -> dict[str, set[str]]:
-    """module -> the modules of ours it imports, at module level or inside a function (`ast.walk` sees both:
-    an import hidden in a function still ties two modules together)."""
-    modules = {module_name(path): path for root in roots for path in sorted((ROOT / root).rglob("*.py"))}
-    graph: dict[str, set[str]] = {}
-    for here, path in modules.items():
-        targets = set()
-        for target, _, type_only in imports_of(path):
-            if type_only:
-                continue
-            # `from a.b import c` may import the module a.b.c or the name c of a.b: the longest known module wins
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            if target and target != here and not here.startswith(target + "."):
-                targets.add(target)
-        graph[here] = targets
-    return graph
-
-
-def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every cycle of the graph, each as its modules in order (Tarjan's strongly connected components: a
-    component of two or more modules is a circle of imports)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph.get(node, ())):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                component.append(top)
-                if top == node:
-                    break
-            if len(component) > 1:
-                cycles.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return cycles
-
-
 def test_no_two_modules_import_each_other() -> None:
     """A circle of imports, even one closed by an import inside a function, makes two modules one: neither can
     be read, tested or moved without the other (the old generation <-> kv_engine pair)."""
@@ -375,3 +195,13 @@ def import_graph_of(package: Path) -> dict[str, set[str]]:
         here: {t for t, _, _ in imports_of(path) if t in modules and t != here}
         for here, path in modules.items()
     }
+
+
+def test_the_import_graph_script_prints_the_maps_and_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python3 scripts/import_graph.py`: the evidence anyone can re-run; exit 0 on this tree."""
+    from scripts.import_graph import main
+
+    assert main() == 0
+    out = capsys.readouterr().out
+    assert "the trainer's floors" in out and "trainer/regenerate -> " in out
+    assert out.rstrip().endswith("0 upward import(s), 0 circle(s)")

@@ -66,10 +66,10 @@ def test_in_a_pipe_the_command_says_tokens_before_the_first_chunk_is_written(
 ) -> None:
     """The CLI wires the engine's counts to the lines: a heartbeat line while the one chunk is answered
     already counts its tokens (was: `0 tokens (0 tok/s)` until it was written)."""
+    from bench.lib.target_folder import make_target_folder
     from dflash_doctor import progress
     from dflash_doctor.cli import run as cli_run
     from dflash_doctor.commands import data as data_command
-    from tests.trainer.target_folder import make_target_folder
 
     class SlowCountingEngine:
         name = "fake"

@@ -20,7 +20,7 @@ a new cache's backup is the whole old tree; no staging folder, journal, half-del
 archive is left; every backup left is whole and carries its record; every archive the store lists reads
 back whole. Prints a table and writes JSON.
 
-    .venv/bin/python bench/cache/cache_kill_loops.py [--restores 50] [--fallback 50] [--two-roots 50] \
+    .venv/bin/python -m bench.cache.cache_kill_loops [--restores 50] [--fallback 50] [--two-roots 50] \
         [--absent 50] [--snapshots 50] [--prunes 50] [--retention 50] [--two-homes 50] [--bind-mount 50] \
         [--seed 30]
 """
@@ -35,7 +35,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -45,8 +44,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from bench.lib.cache_trees import fork_reporting, make_tree, tree_digests, wait_for_progress
 from dflash_doctor.cache import fsops, restore
 from dflash_doctor.cache.archive import extract_verified
 from dflash_doctor.cache.backups import BACKUP_TAG, DOOMED_TAG, prune_backups
@@ -56,7 +54,6 @@ from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, backup_owner_bytes
 from dflash_doctor.cache.restore import recover_interrupted, restore_snapshot
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable
-from tests.cache.helpers import fork_reporting, make_tree, tree_digests, wait_for_progress
 
 BUILD = BuildFingerprint("2.13.0+cpu", "cf30153c4c131c8164ee7798e5022d810682e2cb", None, None, "3.11", None)
 FILES = 40

@@ -7,7 +7,7 @@ no declared size) of `--mb` MB of cache-like files, then times: the frame walk a
 the archive and of a copy cut in half, against decompressing the whole stream (what only a restore
 does). Prints a table and writes JSON.
 
-    .venv/bin/python bench/cache/cache_list_v1.py [--mb 256] [--repeat 5]
+    .venv/bin/python -m bench.cache.cache_list_v1 [--mb 256] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import tarfile
 import tempfile
 import time
@@ -30,12 +29,10 @@ import zstandard
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+from bench.lib.cache_trees import manifest_for
 from dflash_doctor.cache.extract import read_manifest
 from dflash_doctor.cache.frames import walk_frames
 from dflash_doctor.cache.store import SnapshotStore
-from tests.cache.helpers import manifest_for
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "cache_list_v1.json"
 FILE_BYTES = 1 << 20

@@ -11,7 +11,7 @@ for the write-back of the one before. Best of --repeat. The box is shared: for e
 timed step the JSON records the CPU seconds other processes used meanwhile (`others_cpu_s`, from
 /proc/stat), so a loaded run shows as such; rerun when they are near 0.
 
-    .venv/bin/python bench/cache/cache_roundtrip.py [--mb 350] [--repeat 3] [--workdir /dev/shm]
+    .venv/bin/python -m bench.cache.cache_roundtrip [--mb 350] [--repeat 3] [--workdir /dev/shm]
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.restore import restore_snapshot
@@ -106,9 +104,7 @@ def timed(label: str, fn) -> float:
 
 
 FRESH = """
-import sys
 from pathlib import Path
-sys.path.insert(0, {root!r})
 from dflash_doctor.cache.fingerprint import BuildFingerprint
 from dflash_doctor.cache.restore import restore_snapshot
 restore_snapshot(Path({archive!r}), {{"inductor": Path({target!r})}}, BuildFingerprint(*{build!r}))
@@ -125,9 +121,9 @@ def restore_in_fresh_process(archive: Path, target: Path) -> None:
         BUILD.python,
         BUILD.gpu_names,
     )
-    root = str(Path(__file__).resolve().parents[2])
-    code = FRESH.format(root=root, archive=str(archive), target=str(target), build=build)
-    subprocess.run([sys.executable, "-c", code], check=True)
+    code = FRESH.format(archive=str(archive), target=str(target), build=build)
+    # `python -c` from the repository root imports its dflash_doctor, installed or not
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], check=True)
 
 
 def run_tar(args: list[str]) -> None:

@@ -13,7 +13,7 @@ compile cache is cold) in a fresh process with empty Inductor and Triton caches 
 Rows run in the order given, so the first row on a fresh machine also pays what a machine pays once.
 `--env NAME=VALUE` (repeatable, per row after it: `--row`) changes one row's environment, e.g. a bytecode cache.
 
-    python3 bench/cache/cold_compile.py --row qwen3-8b-b16 --row qwen3-8b-b16 --row seed-b32 --out $OUT/cold.json
+    python3 -m bench.cache.cold_compile --row qwen3-8b-b16 --row qwen3-8b-b16 --row seed-b32 --out $OUT/cold.json
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from bench.lib.roles import write_result
 
-from bench.lib.roles import write_result  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 RESULT_PREFIX = "COLD_COMPILE_CHILD "
 
@@ -81,7 +80,8 @@ def run_row(recipe: str, extra_env: dict[str, str], index: int, args: argparse.N
     stacks.parent.mkdir(parents=True, exist_ok=True)
     child = [
         sys.executable,
-        __file__,
+        "-m",
+        "bench.cache.cold_compile",
         "--child",
         str(stacks),
         "--stack-every",
@@ -130,7 +130,6 @@ def child_main(stack_file: str, every: float, warm_argv: list[str]) -> int:
     began = time.monotonic()
     with open(stack_file, "w") as stacks:
         faulthandler.dump_traceback_later(every, repeat=True, file=stacks)
-        sys.path.insert(0, str(ROOT))
         import io
         from contextlib import redirect_stdout
 

@@ -6,7 +6,7 @@ Each run is a new process of `dflash_doctor/cache/warm_child.py` (DFlash block m
 create_block_mask + flex_attention; forward, + backward on CUDA). CPU default shapes are small; the
 story's H200 shapes:
 
-    .venv/bin/python bench/cache/warm_start.py --device cuda --heads 32 --head-dim 128 --kv-heads 8 \\
+    .venv/bin/python -m bench.cache.warm_start --device cuda --heads 32 --head-dim 128 --kv-heads 8 \\
         --anchors 1024 --block 32 --context 40000
 """
 
@@ -23,8 +23,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_doctor.cache.fingerprint import fingerprint_of, read_gpu_names
 from dflash_doctor.cache.restore import restore_snapshot

@@ -8,7 +8,7 @@ compiled before the first round, as `pip install` does. `--repo` runs another ch
 PYTHONPATH, this interpreter) for a before/after on one machine; the findings of every run must be the same
 (ids and severities), else the script says so and exits 1.
 
-    .venv/bin/python bench/check/check_speed.py [--rounds 3] [--warm 3] [--repo PATH] [--python X]
+    .venv/bin/python -m bench.check.check_speed [--rounds 3] [--warm 3] [--repo PATH] [--python X]
 
 Prints a table; writes JSON (default bench/results/check_speed_40.json).
 """

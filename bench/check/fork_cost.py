@@ -1,7 +1,7 @@
 """What forking its helpers costs a warm `check`'s own process: the same run with the helpers forked (as shipped)
 and with forking refused (`forked.can_fork` patched to False: every slice runs in the process), alternating
 rounds, each in a fresh interpreter; the machine's price of one copy-on-write page fault; and what a spawned
-helper (`python -I -S`, no fork) would pay before its first stat.
+helper (`python -E -s -S`, no fork) would pay before its first stat.
 
 After a fork every page of the parent is shared with the child until one of them writes it; a Python process
 writes nearly every page it reads (reference counts), so the parent takes a minor fault per page it touches
@@ -10,7 +10,7 @@ helpers would take none, but each pays an interpreter start and the import of it
 parent pays to marshal ~50k paths to them (~10 ms): measured here as the same CPU in the parent as forking, and
 slower on 2 cores (S21's prototype). This table says whether a machine's faults change that.
 
-    .venv/bin/python bench/check/fork_cost.py [--python X] [--rounds 8] [--json PATH]
+    .venv/bin/python -m bench.check.fork_cost [--python X] [--rounds 8] [--json PATH]
 
 Prints a table (medians: wall, time inside `check`, own CPU, minor faults, the slowest checks and starters);
 writes JSON.
@@ -109,14 +109,15 @@ def cow_fault_cost(count: int = 49_152) -> dict[str, float]:
 
 
 def helper_startup_ms(rounds: int = 7) -> dict[str, float]:
-    """Wall milliseconds of a bare `python -I -S` and of one that imports the survey's module: what a spawned
-    helper costs before its first stat (on CPUs the parent does not need)."""
+    """Wall milliseconds of a bare `python -E -s -S` and of one that imports the survey's module: what a
+    spawned helper costs before its first stat (on CPUs the parent does not need). `-E -s -S` is `-I -S` but
+    for the working directory on the path: the root's, from which `-c` imports this checkout's doctor."""
     bare, survey = [], []
-    code = f"import sys; sys.path[:0] = [{str(ROOT)!r}]; import dflash_doctor.env.size_survey"
+    code = "import dflash_doctor.env.size_survey"
     for _ in range(rounds):
         for out, argv in ((bare, ["-c", "pass"]), (survey, ["-c", code])):
             began = time.perf_counter()
-            subprocess.run([sys.executable, "-I", "-S", *argv], check=True)
+            subprocess.run([sys.executable, "-E", "-s", "-S", *argv], cwd=ROOT, check=True)
             out.append((time.perf_counter() - began) * 1e3)
     return {"bare_ms": statistics.median(bare), "survey_module_ms": statistics.median(survey)}
 
@@ -144,7 +145,12 @@ def main() -> None:
                 [str(ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
             ),
         }
-        base = [sys.executable, __file__, *(["--python", args.python] if args.python else [])]
+        base = [
+            sys.executable,
+            "-m",
+            "bench.check.fork_cost",
+            *(["--python", args.python] if args.python else []),
+        ]
         subprocess.run(
             [*base, "--one", ARMS[0]], env=environ, capture_output=True, check=True
         )  # fills the home
@@ -183,7 +189,7 @@ def main() -> None:
         f"(touch {cow['touch_alone_ms']:.1f} ms alone, {cow['touch_after_fork_ms']:.1f} ms beside a child)"
     )
     print(
-        f"a spawned helper's start: python -I -S {startup['bare_ms']:.1f} ms, with the survey's module "
+        f"a spawned helper's start: python -E -s -S {startup['bare_ms']:.1f} ms, with the survey's module "
         f"{startup['survey_module_ms']:.1f} ms"
     )
     if args.json:

@@ -5,7 +5,7 @@ Rounds alternate the process counts, so a machine's drift reaches every count al
 after the first round, as it is for a warm `check`. `--threads` adds the old threaded stat (one `os.stat` loop
 a thread), which an H200 host measured slower than one loop (S19: 166 ms, 2 threads 243, 4 414, 8 409).
 
-    .venv/bin/python bench/check/stat_survey.py [--python X] [--rounds 9] [--threads] [--json PATH]
+    .venv/bin/python -m bench.check.stat_survey [--python X] [--rounds 9] [--threads] [--json PATH]
 
 Prints a table (median and best milliseconds, each count against one process); writes JSON.
 """

@@ -15,8 +15,8 @@ before the Q1 fix) runs exactly the commands this one does:
    that keeps it, the walk over each held-out conversation's last answer (`heldout_accept_len_last_answer`: the
    answers eval decodes, so Q7's difference is out of that comparison).
 
-    .venv/bin/python bench/decode/chat_context.py --before .tmp/before [--kwargs '{"enable_thinking": false}']
-    python bench/decode/chat_context.py --before .tmp/before --target /tmp/smol/target --tag smollm2 \
+    .venv/bin/python -m bench.decode.chat_context --before .tmp/before [--kwargs '{"enable_thinking": false}']
+    python -m bench.decode.chat_context --before .tmp/before --target /tmp/smol/target --tag smollm2 \
         --conversations 80 --max-new-tokens 48 --steps 300   # the real-target extra installed
 
 Prints a table, writes bench/results/chat_context[-TAG].json (and each eval report in the work folder, for
@@ -35,8 +35,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
 
@@ -300,13 +298,15 @@ def sharded_eval(
     prompts = work / "heldout-prompts.jsonl"
     if not prompts.is_file():
         subprocess.run(
-            [sys.executable, str(REPO / "bench" / "decode" / "heldout_prompts.py"), "--config", str(config),
+            [sys.executable, "-m", "bench.decode.heldout_prompts", "--config", str(config),
              "--count", str(args.eval_prompts), "--out", str(prompts)],
             cwd=REPO, check=True, capture_output=True, text=True,
         )  # fmt: skip
     count = sum(1 for line in prompts.read_text().splitlines() if line.strip())
     shards = max(1, min(args.eval_shards, count))  # no shard without a prompt (eval refuses an empty file)
     result = work / f"eval-{code}.json"  # every shard's report and the merge, for estimate_vs_eval.py
+    # eval_shards.py by its path, not `-m` from `checkout`: this checkout's driver (standard library only) over
+    # that checkout's `eval`, which may be older than the driver
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "decode" / "eval_shards.py"), "--shards", str(shards),
          "--prompts", str(prompts), "--out", str(result), "--", *decode],

@@ -8,23 +8,20 @@ per sequence (`trainer.model.drafter.ContextCache`). Both proposers go through `
 are the same computation), target forwards, time spent proposing per block, and the wall-clock speed-up over
 greedy.
 
-    .venv/bin/python bench/decode/context_cache.py --config smollm2-135m --export runs/smollm2-135m/run/export \
+    .venv/bin/python -m bench.decode.context_cache --config smollm2-135m --export runs/smollm2-135m/run/export \
         --prompts heldout.jsonl --num-prompts 12 --max-new-tokens 384 --dtype fp32 --device cpu
-    .venv/bin/python bench/decode/context_cache.py --tiny      # CPU dry run: a tiny target and drafter
+    .venv/bin/python -m bench.decode.context_cache --tiny      # CPU dry run: a tiny target and drafter
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
 from trainer.engine.target import stop_token_ids

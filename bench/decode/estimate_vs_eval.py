@@ -5,7 +5,7 @@ sequences; `eval` decodes a few of them. To see whether the estimate predicts de
 exactly the conversations an `eval --json` report decoded (same order: the run's first held-out ids), with the
 same export and target, and print both per conversation and in total (tokens / forwards).
 
-    python3 bench/decode/estimate_vs_eval.py --config smollm2-135m --export E --eval-json R.json \
+    python3 -m bench.decode.estimate_vs_eval --config smollm2-135m --export E --eval-json R.json \
         [--ids 12,40,...] [--set data.path=...] [--dtype fp32] --out bench/results/estimate_vs_eval.json
 """
 
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer.data.sources import build_source, split_data
 from trainer.model.export import load_drafter

@@ -4,7 +4,7 @@ Acceptance is per prompt, so sharding changes no tau or forward count; the shard
 measured while they share the device (each shard's own ratio of target-only to speculative time still
 compares like with like). Used where one process at batch 1 leaves a GPU mostly idle and a call has minutes.
 
-    python3 bench/decode/eval_shards.py --shards 4 --prompts P.jsonl --out R.json -- --export E --config C
+    python3 -m bench.decode.eval_shards --shards 4 --prompts P.jsonl --out R.json -- --export E --config C
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ evaluation every 500 steps):
 
     share = eval_s / (project_every * step_s + eval_s)
 
-    python3 bench/decode/heldout_cost.py --config qwen3-8b-b16 --steps 60 --every 20 --heldout 64
-    .venv/bin/python bench/decode/heldout_cost.py --config tiny-cpu --steps 20 --every 10 --heldout 16  # CPU
+    python3 -m bench.decode.heldout_cost --config qwen3-8b-b16 --steps 60 --every 20 --heldout 64
+    .venv/bin/python -m bench.decode.heldout_cost --config tiny-cpu --steps 20 --every 10 --heldout 16  # CPU
 
 Writes bench/results/heldout_cost[-<tag>].json.
 """
@@ -21,8 +21,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
 from trainer.runspec.config import load_config

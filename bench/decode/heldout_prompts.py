@@ -5,7 +5,7 @@ bench/decode/eval_shards.py split them over several processes on one device. The
 conversations' own messages, cut before the last assistant turn; eval renders them with the chat template's
 generation prompt, exactly as `trainer.eval.evaluate.chat_prompts` does.
 
-    python3 bench/decode/heldout_prompts.py --config smollm2-135m --count 64 --out /tmp/heldout.jsonl
+    python3 -m bench.decode.heldout_prompts --config smollm2-135m --count 64 --out /tmp/heldout.jsonl
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer.data.sources import split_data
 from trainer.eval.prompts import before_last_answer

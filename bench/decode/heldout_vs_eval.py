@@ -6,7 +6,7 @@ every position an anchor), and decoded again speculatively with the run's export
 the target wrote greedily the estimate's rule is exact per anchor; the two figures differ only in which
 anchors they average over (every position, against the positions where a verify forward starts).
 
-    .venv/bin/python bench/decode/heldout_vs_eval.py --config tiny-cpu --export runs/tiny-cpu/export
+    .venv/bin/python -m bench.decode.heldout_vs_eval --config tiny-cpu --export runs/tiny-cpu/export
 
 Writes bench/results/heldout_vs_eval.json.
 """
@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
 from trainer.eval.evaluate import EvalSetup, evaluate, load_pieces

@@ -4,12 +4,12 @@ same prompts; generated tok/s, the ratio, the KV engine's roofline share, and wh
 (answers that differ: each first flip classified as a bf16 near-tie or a real difference, `engine_ties.py`).
 
     # a real target and real chats (answers stop where the target stops):
-    python3 bench/decode/kv_engine_throughput.py --target runs/smollm2-135m/target \
+    python3 -m bench.decode.kv_engine_throughput --target runs/smollm2-135m/target \
         --prompts runs/smollm2-135m/prompts/train.jsonl --num 4096 --max-new-tokens 384 --baseline-batch 2048
     # a config's shapes with random weights (no stop token: every row decodes --max-new-tokens):
-    python3 bench/decode/kv_engine_throughput.py --target-config bench/decode/shapes/qwen3-8b.json \
+    python3 -m bench.decode.kv_engine_throughput --target-config bench/decode/shapes/qwen3-8b.json \
         --prompt-lens 100-450 --num 512 --max-new-tokens 256 --baseline-batch 128
-    .venv/bin/python bench/decode/kv_engine_throughput.py --tiny      # CPU dry run: the tiny target folder
+    .venv/bin/python -m bench.decode.kv_engine_throughput --tiny      # CPU dry run: the tiny target folder
 
 Rates are generated tokens over the wall time of the whole call (tokenising, prefill and decode); the KV
 engine's decode-only rate is what its roofline share compares (trainer.engine.roofline).
@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.decode.engine_ties import classify_answers
 from bench.decode.regenerate_throughput import random_model, random_prompts
@@ -208,7 +205,7 @@ def main() -> int:
     args.slot_list = [int(s) for s in args.slot_list.split(",")]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
-        from tests.trainer.target_folder import make_target_folder
+        from bench.lib.target_folder import make_target_folder
 
         folder = make_target_folder(Path(tempfile.mkdtemp()) / "target")
         records = Path(tempfile.mkdtemp()) / "p.jsonl"

@@ -1,7 +1,7 @@
 """How much of a regenerated data set's supervision is loop tails: answers that end repeating themselves, and the
 supervised tokens `data.loops = "cut"` takes out of the loss, over an evenly spaced sample of the records.
 
-    .venv/bin/python bench/decode/loop_share.py --target runs/smollm2-135m/target \
+    .venv/bin/python -m bench.decode.loop_share --target runs/smollm2-135m/target \
         --data greedy=runs/smollm2-135m/data/greedy.jsonl --data sampled=runs/smollm2-135m/data/sampled.jsonl \
         --sample 2000 --out bench/results/smollm2-135m-s13-loop-share-cpu.json
 
@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_base.atomic import write_json_atomic
 from trainer.data.degenerate import ends_in_loop_text

@@ -8,19 +8,16 @@ last is the conversation's final answer), the share of supervised tokens whose t
 (fp32, a plain HF forward, from the position before) is the token itself.
 
 Imports only `trainer.runspec.config.load_config` and `trainer.data.sources.build_source`, so an older
-checkout runs it too: `PYTHONPATH=OLD python bench/decode/on_greedy_path.py --config C --out J` from OLD.
+checkout runs it too: `PYTHONPATH=OLD python -m bench.decode.on_greedy_path --config C --out J` from OLD.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path.cwd()))  # the checkout this runs from (an older one's trainer, see above)
 
 from trainer.data.sources import build_source
 from trainer.runspec.config import load_config

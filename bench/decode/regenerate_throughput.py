@@ -6,10 +6,10 @@ decoding: every step reads the weights once (bf16: 2 bytes per parameter, the in
 lookup reads one row), so steps/s <= bandwidth / weight bytes and tok/s <= batch x that, until compute binds
 (2 FLOPs per parameter per token at the bf16 peak). The KV cache read is left out (small at these lengths).
 
-    python3 bench/decode/regenerate_throughput.py                      # GPU: random:qwen3-8b, batch 1..128
-    .venv/bin/python bench/decode/regenerate_throughput.py --tiny      # CPU dry run: the tiny target
-    python3 bench/decode/regenerate_throughput.py --target runs/smollm2-135m/target --batches 64,256,1024
-    python3 bench/decode/regenerate_throughput.py --target-config bench/decode/shapes/smollm2-135m.json \
+    python3 -m bench.decode.regenerate_throughput                      # GPU: random:qwen3-8b, batch 1..128
+    .venv/bin/python -m bench.decode.regenerate_throughput --tiny      # CPU dry run: the tiny target
+    python3 -m bench.decode.regenerate_throughput --target runs/smollm2-135m/target --batches 64,256,1024
+    python3 -m bench.decode.regenerate_throughput --target-config bench/decode/shapes/smollm2-135m.json \
         --prompt-lens 100-450 --batches 128,2048 --variants eager --profile   # no weights to carry
 
 `--target-config` builds the model from a config.json with random weights (a decode step's cost does not
@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.flops import H200_BF16_PEAK_TFLOPS
 from bench.lib.roles import (

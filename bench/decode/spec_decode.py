@@ -7,9 +7,9 @@ real speed-up. Outputs must equal target-only greedy's: the row says whether the
 how many prompts differed only by a near-tie flip (`ties`: bf16 rounding, see `trainer.eval.compare`) and how
 many really differed (`different`: a bug, exit 1).
 
-    python3 bench/decode/spec_decode.py --config qwen3-8b-b16 --prompts 8 --prompt-len 512 --max-new-tokens 256
-    .venv/bin/python bench/decode/spec_decode.py --config tiny-cpu --prompts 2 --max-new-tokens 16   # CPU dry run
-    .venv/bin/python bench/decode/spec_decode.py --config tiny-cpu --device cpu --dtype bf16 --prompts 16 \
+    python3 -m bench.decode.spec_decode --config qwen3-8b-b16 --prompts 8 --prompt-len 512 --max-new-tokens 256
+    .venv/bin/python -m bench.decode.spec_decode --config tiny-cpu --prompts 2 --max-new-tokens 16   # CPU dry run
+    .venv/bin/python -m bench.decode.spec_decode --config tiny-cpu --device cpu --dtype bf16 --prompts 16 \
         --prompt-len 32 --max-new-tokens 64 --tag cpu-bf16   # bf16 near-tie flips without a GPU
 
 Writes bench/results/spec_decode[-<tag>].json.
@@ -24,8 +24,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, device_name, print_rows, write_result
 from trainer.eval.evaluate import EvalSetup, evaluate, load_pieces

@@ -8,7 +8,7 @@ target's own greedy answers to an evaluation set's prompts (`data regenerate --p
 1-2% on the same conversations) at a fraction of its cost: one forward per conversation instead of one per
 accepted block. Prints a table; writes JSON.
 
-    python3 bench/decode/walk_estimate.py --config smollm2-135m --export A=runs/a/export --export B=runs/b/export \
+    python3 -m bench.decode.walk_estimate --config smollm2-135m --export A=runs/a/export --export B=runs/b/export \
         --set humaneval=answers/humaneval.jsonl --set chat=answers/chat.jsonl [--dtype bf16] --out walk.json
 """
 
@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_base.atomic import write_json_atomic
 from trainer.data.order import make_padded_batch

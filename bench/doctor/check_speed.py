@@ -16,7 +16,7 @@ gets the same treatment (a PYTHONPYCACHEPREFIX folder filled by one untimed warm
 `pip install` compiles at install time). Best of N after that warm-up. Writes
 bench/results/check_speed.json.
 
-    .venv/bin/python bench/doctor/check_speed.py [--repeat 3] [PYTHON ...]
+    .venv/bin/python -m bench.doctor.check_speed [--repeat 3] [PYTHON ...]
 """
 
 from __future__ import annotations

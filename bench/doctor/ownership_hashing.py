@@ -6,7 +6,7 @@ empty hash cache (cold) and again with the saved cache (warm); then `check --onl
 and `pip check` as fresh processes. The page cache is not dropped (no root games on a shared box):
 "cold" means our hash cache is empty, not that the disk is. Writes bench/results/ownership_hashing.json.
 
-    .venv/bin/python bench/doctor/ownership_hashing.py [PYTHON ...]
+    .venv/bin/python -m bench.doctor.ownership_hashing [PYTHON ...]
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from dflash_base.atomic import write_json_atomic
+from dflash_doctor.audit.packages import libraries_worth_hashing
+from dflash_doctor.context import CheckContext
+from dflash_doctor.env.environment import Environment
+from dflash_doctor.env.file_hashes import CACHE_DIR_ENV, HashCache, sha256_of
+from dflash_doctor.env.record_audit import audit_records, audited_rows
 
-from dflash_base.atomic import write_json_atomic  # noqa: E402
-from dflash_doctor.audit.packages import libraries_worth_hashing  # noqa: E402
-from dflash_doctor.context import CheckContext  # noqa: E402
-from dflash_doctor.env.environment import Environment  # noqa: E402
-from dflash_doctor.env.file_hashes import CACHE_DIR_ENV, HashCache, sha256_of  # noqa: E402
-from dflash_doctor.env.record_audit import audit_records, audited_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 DEFAULT_PYTHONS = ["/work/venvs/cpu/bin/python", "/work/venvs/cu13/bin/python"]
 

@@ -6,7 +6,7 @@ applied, as printed and with no terminal, to a hard-linked copy, and the copy's 
 re-check are recorded; then all remedies in one round on one copy. Prints a table and writes
 bench/results/real_env_remedies.json. `tests/real_wheels/test_real_wheels_remedies.py` asserts on the same helpers.
 
-    .venv/bin/python scripts/build_real_envs.py && .venv/bin/python bench/doctor/remedy_table.py [NAME ...]
+    .venv/bin/python scripts/build_real_envs.py && .venv/bin/python -m bench.doctor.remedy_table [NAME ...]
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts import build_real_envs
 
-import build_real_envs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # cache.* judges the compile-cache location of whoever runs the check, not the environment: the
 # checks here get a private one, so they are quiet and none of their remedies is applied.

@@ -6,7 +6,7 @@ UUID, in order); `dflash_doctor.env.gpus.probe_gpus(environ)` says which host GP
 A row matches when the UUID lists are equal. Needs a GPU, torch with CUDA and nvidia-ml-py. Prints a table,
 writes bench/results/visible_devices.json.
 
-    .venv/bin/python bench/doctor/visible_devices.py [--python PY]
+    .venv/bin/python -m bench.doctor.visible_devices [--python PY]
 """
 
 from __future__ import annotations

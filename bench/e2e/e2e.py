@@ -18,8 +18,8 @@ config that ran). The topology is the launcher's (`topology.mode`, "auto" in the
 topology.drafters=1` for the 1+1 split. With
 `--colocated-json`, the 1+1 tok/s is compared with 2 x the colocated rate of the same recipe.
 
-    python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps 60 --colocated-json bench/results/colocated.json
-    .venv/bin/python bench/e2e/e2e.py --tiny                     # CPU dry run: tiny-cpu, 1+1 over gloo
+    python3 -m bench.e2e.e2e --config qwen3-8b-b16 --steps 60 --colocated-json bench/results/colocated.json
+    .venv/bin/python -m bench.e2e.e2e --tiny                     # CPU dry run: tiny-cpu, 1+1 over gloo
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
 from trainer.runspec.config import load_config

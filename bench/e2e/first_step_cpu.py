@@ -3,7 +3,7 @@ tiny-cpu in a fresh home, the second changing only `optim.lr` and `eval.every`. 
 command's start to the first metrics line, the warm-up child's verdict, and the worker's own compile counters
 (fxgraph misses: graphs the worker compiled itself).
 
-    .venv/bin/python bench/e2e/first_step_cpu.py --workdir /tmp/first-step [--repo PATH]
+    .venv/bin/python -m bench.e2e.first_step_cpu --workdir /tmp/first-step [--repo PATH]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ processes of the tree still alive afterwards (expected none), the GPU processes 
 none), the record's status (expected `interrupted`) and its last metrics, and whether a traceback reached
 the terminal. Prints a table; writes JSON.
 
-    python bench/e2e/interrupt.py --config tiny-cpu --signals TERM,INT            # CPU, here
+    python -m bench.e2e.interrupt --config tiny-cpu --signals TERM,INT            # CPU, here
     bash bench/suites/interrupt_x2.sh                                                 # 2 H200s, qwen3-8b-b16
 """
 
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from dflash_doctor.launch.supervise import ProcessTree  # the repo's copy
 
-from dflash_doctor.launch.supervise import ProcessTree  # noqa: E402  (the repo's copy)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def gpu_processes() -> list[str] | None:

@@ -3,7 +3,7 @@ rendered through the chat template, tokenised, its answers' ends trimmed) agains
 sequences the source kept: `trainer.data.sources.KEPT_TOKENS`), the same batches in the same run; and the first
 epoch again with `--workers W` data workers making the sequences ahead (`trainer.data.prefetch`).
 
-    .venv/bin/python bench/e2e/source_reads.py --target runs/smollm2-135m/target \
+    .venv/bin/python -m bench.e2e.source_reads --target runs/smollm2-135m/target \
         --data runs/smollm2-135m/data/greedy.jsonl --batches 64 --workers 1 --out bench/results/source_reads.json
 
 Prints a table; writes JSON. The batches are the recipe's (32 sequences of seq_len 1024, loops cut) in the
@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dflash_base.atomic import write_json_atomic
 from trainer.data.order import BatchOrder, make_batch

@@ -4,18 +4,15 @@ Each row is one `dflash-doctor train` run; its steady tok/s is compared with the
 when the call measured one (`vs_1p1`), and with the projection `train --dry-run` printed for it (`vs_projected`,
 from dflash_doctor/data/role_rates.json): a row far from its projection means the rates table needs re-measuring.
 
-    python3 bench/e2e/topology_table.py /tmp/dflash-suite/results/e2e-*.json --out bench/results/topology.json
+    python3 -m bench.e2e.topology_table /tmp/dflash-suite/results/e2e-*.json --out bench/results/topology.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, print_rows, write_result
 

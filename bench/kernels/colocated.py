@@ -13,21 +13,18 @@ so each sample costs t_target + t_drafter. Our split runs the roles on different
 Both roles are OUR code: `CaptureTarget` (truncated, hooks) feeding the trainer's `train_step` (fused AdamW,
 compiled flex on CUDA) with the captured hidden states, as a drafter rank receives them.
 
-    python3 bench/kernels/colocated.py --config qwen3-8b-b16 --config seed-b32
-    .venv/bin/python bench/kernels/colocated.py --tiny                  # CPU dry run
+    python3 -m bench.kernels.colocated --config qwen3-8b-b16 --config seed-b32
+    .venv/bin/python -m bench.kernels.colocated --tiny                  # CPU dry run
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import (
     RESULTS,

@@ -15,11 +15,11 @@ Each Triton row must match flex (the reference row) to 1e-2 relative in bf16, ou
 (`TILE_ROWS`): the default compiles for sm90 without register spills; the others trade spills for tile size.
 
 On an H200 (the suite runs b16 and b32, ~3 minutes):
-    python3 bench/kernels/dflash_attention.py --config qwen3-8b-b16 --device cuda:0
-    python3 bench/kernels/dflash_attention.py --config seed-b32 --device cuda:0
+    python3 -m bench.kernels.dflash_attention --config qwen3-8b-b16 --device cuda:0
+    python3 -m bench.kernels.dflash_attention --config seed-b32 --device cuda:0
     run(kind="nvidia-h200", carry=[".whl"], timeout_s=300, command="bash bench/suites/dflash_kernel_h200.sh")
 CPU dry run of the plumbing (Triton's interpreter, SDPA as the reference, tiny shapes; no timing value):
-    .venv/bin/python bench/kernels/dflash_attention.py --device cpu --tiny
+    .venv/bin/python -m bench.kernels.dflash_attention --device cpu --tiny
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ if "--tiny" in sys.argv:  # CPU: Triton's interpreter, which must be on before a
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.attention_inputs import Inputs, timed_step
 from bench.lib.flops import H200_BF16_PEAK_TFLOPS

@@ -4,8 +4,8 @@ Rows vary one knob against the first row (the baseline), all in the same run: th
 and the dtype of the frozen embedding / LM head (fp32 buffers are re-cast to bf16 by autocast on every
 chunk; bf16 buffers are not).
 
-    .venv/bin/python bench/kernels/drafter_step.py                      # CPU, small shapes, SDPA
-    python bench/kernels/drafter_step.py --preset qwen3-8b              # GPU: Qwen3-8B drafter, compiled flex, bf16
+    .venv/bin/python -m bench.kernels.drafter_step                      # CPU, small shapes, SDPA
+    python -m bench.kernels.drafter_step --preset qwen3-8b              # GPU: Qwen3-8B drafter, compiled flex, bf16
 
 FLOPs count what the model must do (the REFERENCE.md convention): trainable matmuls x3 (fwd + 2 bwd),
 the frozen LM head x2 (fwd + grad to its input; a recompute is never counted), attention over
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -27,8 +26,6 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.flops import model_flops
 from trainer.model.anchors import sample_anchors

@@ -21,15 +21,14 @@ or patches from here (nothing under trainer/ is edited). Rows, each against the 
 Each variant starts from the same seeded init, batch and anchors, so `first_loss` must agree across rows
 (bf16 tolerance): a variant that changes the numbers is wrong, not fast. FLOPs and MFU: bench/lib/flops.py.
 
-    python3 bench/kernels/drafter_variants.py --config qwen3-8b-b16 --config seed-b32 --budget-s 200
-    .venv/bin/python bench/kernels/drafter_variants.py --tiny          # CPU dry run (SDPA, small shapes)
+    python3 -m bench.kernels.drafter_variants --config qwen3-8b-b16 --config seed-b32 --budget-s 200
+    .venv/bin/python -m bench.kernels.drafter_variants --tiny          # CPU dry run (SDPA, small shapes)
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,8 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import trainer.model.drafter
 import trainer.model.loss

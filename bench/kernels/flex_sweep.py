@@ -20,8 +20,8 @@ compiles the trainer's own `dflash_flex_attention` (fresh Dynamo state, `dynamic
 Output must agree with the default row (bf16 tolerance), or the row is marked wrong. FLOPs count the mask's
 real pairs (bench/lib/flops.py:attended_pairs): forward 2 matmuls, backward 5 (the recomputed QK^T included).
 
-    python3 bench/kernels/flex_sweep.py --config seed-b32 --device cuda:0 --budget-s 400
-    .venv/bin/python bench/kernels/flex_sweep.py --tiny                  # CPU dry run of the plumbing (no timing value)
+    python3 -m bench.kernels.flex_sweep --config seed-b32 --device cuda:0 --budget-s 400
+    .venv/bin/python -m bench.kernels.flex_sweep --tiny                  # CPU dry run of the plumbing (no timing value)
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.attention_inputs import Inputs, timed_step
 from bench.lib.flops import H200_BF16_PEAK_TFLOPS

@@ -14,8 +14,8 @@ The block mask and the LM head + CE chunk are compiled alike in every mode; the 
 `compiled` Inductor's FX graphs compiled (forward and backward count apart). `first_loss` must agree across
 rows (bf16 tolerance): a mode that changes the numbers is wrong, not fast.
 
-    python3 bench/kernels/layer_compile.py --config qwen3-8b-b16 --config seed-b32          # one H200
-    .venv/bin/python bench/kernels/layer_compile.py --tiny                                  # CPU: SDPA, tiny shapes
+    python3 -m bench.kernels.layer_compile --config qwen3-8b-b16 --config seed-b32          # one H200
+    .venv/bin/python -m bench.kernels.layer_compile --tiny                                  # CPU: SDPA, tiny shapes
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 MODES = ("layers", "layers, first apart", "stack")
 COLUMNS = ("recipe", "mode", "graphs", "compiled", "first_step_s", "step_ms", "vs_layers", "first_loss")
+ROOT = Path(__file__).resolve().parents[2]
 RESULT_PREFIX = "LAYER_COMPILE_ROW "
 TINY = ["data.seq_len=256", "optim.anchors=16", "drafter.layers=3"]
 
@@ -94,10 +93,19 @@ def run_cold(config: str, overrides: list[str], mode: str, device: str, repeats:
         # TMPDIR too: on CPU Inductor's precompiled headers follow it, not TORCHINDUCTOR_CACHE_DIR.
         environ = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TMPDIR": cache}
         environ.pop("TRITON_CACHE_DIR", None)  # Triton kernels inside the Inductor folder: cold too
-        command = [sys.executable, __file__, "--child", "--mode", mode, "--device", device]
+        command = [
+            sys.executable,
+            "-m",
+            "bench.kernels.layer_compile",
+            "--child",
+            "--mode",
+            mode,
+            "--device",
+            device,
+        ]
         command += ["--config", config, "--repeats", str(repeats)]
         command += [arg for item in overrides for arg in ("--set", item)]
-        done = subprocess.run(command, env=environ, capture_output=True, text=True, check=False)
+        done = subprocess.run(command, env=environ, cwd=ROOT, capture_output=True, text=True, check=False)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return dict(json.loads(line[len(RESULT_PREFIX) :]))

@@ -8,9 +8,9 @@ Prints the recommended split on `--gpus` GPUs per recipe, with the drafter's bes
 rate: the steady samples/s of its one-GPU colocated `dflash-doctor train` run (else the recipe keeps its
 `colocated_samples_s`, or null: projected from the two role rates).
 
-    python3 bench/kernels/role_rates.py --results bench/results --gpus 8
-    python3 bench/kernels/role_rates.py --results bench/results/h200 --gpus 8 --recipe-variant 'seed-b32=flex fwd TMA'
-    python3 bench/kernels/role_rates.py --results bench/results/h200 --recipe-variant 'seed-b32=flex fwd TMA' \
+    python3 -m bench.kernels.role_rates --results bench/results --gpus 8
+    python3 -m bench.kernels.role_rates --results bench/results/h200 --gpus 8 --recipe-variant 'seed-b32=flex fwd TMA'
+    python3 -m bench.kernels.role_rates --results bench/results/h200 --recipe-variant 'seed-b32=flex fwd TMA' \
         --colocated bench/results/h200/topology.json
 """
 
@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.roles import RESULTS, write_result
 from dflash_doctor.launch.split import DEFAULT_RATES_PATH, RoleRates, project_colocated, recommend_split

@@ -10,21 +10,18 @@ The model is built once (`trainer.target_model.tiny.build_embedded_target`: seed
 baseline rows. FLOPs: `bench/lib/flops.py` (count what each variant must compute; the full model's are larger,
 so compare the two by tok/s, not by MFU).
 
-    python3 bench/kernels/target_capture.py                                   # GPU: random:qwen3-8b, S=3072 and 40000
-    .venv/bin/python bench/kernels/target_capture.py --tiny                   # CPU dry run: the tiny target
+    python3 -m bench.kernels.target_capture                                   # GPU: random:qwen3-8b, S=3072 and 40000
+    .venv/bin/python -m bench.kernels.target_capture --tiny                   # CPU dry run: the tiny target
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lib.flops import H200_BF16_PEAK_TFLOPS, target_flops
 from bench.lib.roles import (

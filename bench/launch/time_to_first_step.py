@@ -3,8 +3,8 @@
 launch again in that home (warm). The first step is timed from outside (the first line of metrics.jsonl)
 and, where the checkout records one, split into the launch timeline's phases (`run.timeline` of --json).
 
-    .venv/bin/python bench/launch/time_to_first_step.py --workdir /tmp/ttfs [--config tiny-cpu] [--repo PATH]
-    .venv/bin/python bench/launch/time_to_first_step.py --workdir /tmp/ttfs --config qwen3-8b-b16   # on a GPU
+    .venv/bin/python -m bench.launch.time_to_first_step --workdir /tmp/ttfs [--config tiny-cpu] [--repo PATH]
+    .venv/bin/python -m bench.launch.time_to_first_step --workdir /tmp/ttfs --config qwen3-8b-b16   # on a GPU
 
 `--repo` runs another checkout (its packages first on PYTHONPATH, with this interpreter), for a before/after
 on the same machine. `--compare-warm-up` runs a one-process launch both ways in one run, each in a home of its

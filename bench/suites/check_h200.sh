@@ -21,7 +21,7 @@ source bench/lib/suite_lib.sh
 # each run compiled every module again: +60 ms a run on a 2-core box).
 env | grep '^PYTHON' || true
 stage setup 25 bash -c "install_carried_wheels && python3 -m compileall -q dflash_doctor checks dflash_base trainer >/dev/null && echo compiled"
-speed=(python3 bench/check/check_speed.py --rounds 3 --warm 6 --plain 2)
+speed=(python3 -m bench.check.check_speed --rounds 3 --warm 6 --plain 2)
 if [ -f .carry-check-before/before.tar.gz ]; then
     rm -rf /tmp/check-before && mkdir -p /tmp/check-before &&
         tar -xzf .carry-check-before/before.tar.gz -C /tmp/check-before &&
@@ -32,8 +32,8 @@ if [ -f .carry-check-before/before.tar.gz ]; then
 else
     stage check_first_warm 50 "${speed[@]}" --json "$RES/check_speed_40.json"
 fi
-stage stat_survey 25 python3 bench/check/stat_survey.py --threads --json "$RES/stat_survey.json"
-stage fork_cost 40 python3 bench/check/fork_cost.py --rounds 6 --json "$RES/fork_cost.json"
+stage stat_survey 25 python3 -m bench.check.stat_survey --threads --json "$RES/stat_survey.json"
+stage fork_cost 40 python3 -m bench.check.fork_cost --rounds 6 --json "$RES/fork_cost.json"
 # The image ships its site-packages without bytecode and sets PYTHONDONTWRITEBYTECODE (S21): every `check` compiles
 # typer, click, rich and packaging from source again. `pip install dflash-doctor` would have compiled them. Say how
 # many of their modules have bytecode, compile them as pip would, and time `check` once more.

@@ -9,7 +9,7 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-580}
 source bench/lib/suite_lib.sh
 stage setup 25 bash -c install_carried_wheels
 left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20))
-stage cold_compile "$left" python3 bench/cache/cold_compile.py --budget-s $((left - 60)) --row-timeout 300 \
+stage cold_compile "$left" python3 -m bench.cache.cold_compile --budget-s $((left - 60)) --row-timeout 300 \
     --stack-every 15 --stacks-dir "$LOGS/stacks" --out "$RES/cold_compile.json" \
     --row qwen3-8b-b16 --row qwen3-8b-b16 \
     --row qwen3-8b-b16 --env PYTHONPYCACHEPREFIX=/tmp/cold-compile-pyc --env PYTHONDONTWRITEBYTECODE= \

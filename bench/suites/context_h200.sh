@@ -60,9 +60,9 @@ start)
         --block-size 16 --seq-len 1024 --batch-size 32 --anchors 256 --lr 6e-4 --eval-fraction 0.05
         --eval-prompts 100 --eval-shards 16 --log-every 100 --timeout-s 1500 --device "${CONTEXT_DEVICE:-cuda}" --work "$WORK"
         ${CONTEXT_ARGS:-})
-    script="python3 -u bench/decode/chat_context.py ${common[*]} --tag smollm2-gpu > $WORK/default.log 2>&1"
+    script="python3 -u -m bench.decode.chat_context ${common[*]} --tag smollm2-gpu > $WORK/default.log 2>&1"
     if [ -n "${CONTEXT_NOTHINK:-}" ]; then
-        script+="; python3 -u bench/decode/chat_context.py ${common[*]} --kwargs '{\"enable_thinking\": false}'"
+        script+="; python3 -u -m bench.decode.chat_context ${common[*]} --kwargs '{\"enable_thinking\": false}'"
         script+=" --tag smollm2-gpu-nothink > $WORK/nothink.log 2>&1"
     fi
     # in a process session of its own: it runs on after this call returns, while the machine is held

@@ -31,7 +31,7 @@ INDUCTOR=$(python3 -c "from dflash_doctor.cache.locations import managed_inducto
 STORE=$DFLASH_DOCTOR_HOME/cache/snapshots
 RECORDS=$DFLASH_DOCTOR_HOME/cache/warm-records.json
 echo "managed cache: $INDUCTOR"
-E2E=(python3 bench/e2e/e2e.py $TINY --config qwen3-8b-b16 --no-deep)
+E2E=(python3 -m bench.e2e.e2e $TINY --config qwen3-8b-b16 --no-deep)
 left() { echo $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START))); }
 newest_snapshot() { ls -t "$STORE"/*.tar.zst 2>/dev/null | head -n 1; }
 bytecode_facts() {  # why this interpreter compiles its imports from source, and what the check says of it
@@ -76,7 +76,7 @@ if [ -n "${E2E_COLOCATED:-}" ]; then
     # (its first iteration is not what it measures); every 1+1 run below is then compared with two such GPUs.
     stage coloc_restore 30 env TORCHINDUCTOR_CACHE_DIR="$INDUCTOR" python3 -m dflash_doctor cache restore \
         "$(newest_snapshot)"
-    stage colocated 320 env TORCHINDUCTOR_CACHE_DIR="$INDUCTOR" python3 bench/kernels/colocated.py $TINY \
+    stage colocated 320 env TORCHINDUCTOR_CACHE_DIR="$INDUCTOR" python3 -m bench.kernels.colocated $TINY \
         --config qwen3-8b-b16 --out "$RES/colocated.json"
     [ -s "$RES/colocated.json" ] && E2E+=(--colocated-json "$RES/colocated.json")
 fi

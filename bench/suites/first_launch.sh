@@ -14,16 +14,16 @@ source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/first-launch-home
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 stage setup 25 bash -c install_carried_wheels
-stage first_b16 200 python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps 60 --timeout-s 190 \
+stage first_b16 200 python3 -m bench.e2e.e2e --config qwen3-8b-b16 --steps 60 --timeout-s 190 \
     --workdir /tmp/first-launch-1 --out "$RES/first_b16.json"
-stage second_b16 90 python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps 60 --timeout-s 80 \
+stage second_b16 90 python3 -m bench.e2e.e2e --config qwen3-8b-b16 --steps 60 --timeout-s 80 \
     --workdir /tmp/first-launch-2 --out "$RES/second_b16.json"
-[ "${FIRST_LAUNCH_B32:-1}" = 1 ] && stage first_b32 150 python3 bench/e2e/e2e.py --config seed-b32 --steps 12 --timeout-s 140 \
+[ "${FIRST_LAUNCH_B32:-1}" = 1 ] && stage first_b32 150 python3 -m bench.e2e.e2e --config seed-b32 --steps 12 --timeout-s 140 \
     --workdir /tmp/first-launch-3 --out "$RES/first_b32.json"
 for f in /tmp/first-launch-*/*.log; do cp "$f" "$LOGS/$(basename "$(dirname "$f")")-$(basename "$f")"; done
-stage layer_compile_b16 240 python3 bench/kernels/layer_compile.py --config qwen3-8b-b16 --repeats 20 \
+stage layer_compile_b16 240 python3 -m bench.kernels.layer_compile --config qwen3-8b-b16 --repeats 20 \
     --out "$RES/layer_compile-b16.json"
 left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 15))
-stage layer_compile_b32 "$left" python3 bench/kernels/layer_compile.py --config seed-b32 --repeats 5 \
+stage layer_compile_b32 "$left" python3 -m bench.kernels.layer_compile --config seed-b32 --repeats 5 \
     --out "$RES/layer_compile-b32.json"
 finish first_launch

@@ -11,9 +11,9 @@ source bench/lib/suite_lib.sh
 stage setup 25 bash -c install_carried_wheels
 SWEEP_S=$(( SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 150 ))  # the last row may compile for minutes
 stage sweeps $((SWEEP_S + 140)) bash -c "
-    python3 bench/kernels/flex_sweep.py $TINY --config seed-b32 --device cuda:0 --budget-s $SWEEP_S \
+    python3 -m bench.kernels.flex_sweep $TINY --config seed-b32 --device cuda:0 --budget-s $SWEEP_S \
         --out '$RES/flex_sweep-seed-b32.json' > '$LOGS/sweep-b32.log' 2>&1 &
-    python3 bench/kernels/flex_sweep.py $TINY --config qwen3-8b-b16 --device cuda:1 --budget-s $SWEEP_S \
+    python3 -m bench.kernels.flex_sweep $TINY --config qwen3-8b-b16 --device cuda:1 --budget-s $SWEEP_S \
         --out '$RES/flex_sweep-qwen3-8b-b16.json' > '$LOGS/sweep-b16.log' 2>&1 &
     wait; tail -n 30 '$LOGS/sweep-b32.log' '$LOGS/sweep-b16.log'"
 finish flex-sweep

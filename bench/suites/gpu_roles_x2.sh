@@ -22,16 +22,16 @@ CACHE_A=/tmp/roles-cache-a CACHE_B=/tmp/roles-cache-b
 
 drafter_lane() {
     export TORCHINDUCTOR_CACHE_DIR=$CACHE_A
-    stage drafter_trainer 300 python3 bench/kernels/drafter_variants.py $TINY --device $D1 --config $B16 --variant trainer \
+    stage drafter_trainer 300 python3 -m bench.kernels.drafter_variants $TINY --device $D1 --config $B16 --variant trainer \
         --repeats 5 --out "$RES/drafter_trainer.json"
     stage snapshot 20 bash -c "python3 -m dflash_doctor cache snapshot --out '$OUT/drafter-b16-$D1.tar.zst' --json \
         > '$RES/snapshot.json'; s=\$(stat -c %s '$OUT/drafter-b16-$D1.tar.zst'); echo size \$s; \
         [ \"\$s\" -lt 16000000 ] || rm -f '$OUT/drafter-b16-$D1.tar.zst'"
     cp -a "$CACHE_A" "$CACHE_B" 2>/dev/null
     export TORCHINDUCTOR_CACHE_DIR=$CACHE_B
-    stage drafter_b32 170 python3 bench/kernels/drafter_variants.py $TINY --device $D1 --config $B32 --variant trainer \
+    stage drafter_b32 170 python3 -m bench.kernels.drafter_variants $TINY --device $D1 --config $B32 --variant trainer \
         --repeats 3 --out "$RES/drafter_b32.json"
-    stage drafter_variants 400 python3 bench/kernels/drafter_variants.py $TINY --device $D1 --config $B16 \
+    stage drafter_variants 400 python3 -m bench.kernels.drafter_variants $TINY --device $D1 --config $B16 \
         --variant "last session" --variant "recompute head" --variant "eager layers" --variant "eager loss" \
         --variant "chunk 4096" --repeats 5 --out "$RES/drafter_variants.json"
     printf '%s\n' "${STAGE_LINES[@]}" > "$LOGS/lane-drafter.txt"
@@ -39,7 +39,7 @@ drafter_lane() {
 
 target_lane() {
     export TORCHINDUCTOR_CACHE_DIR=/tmp/roles-cache-target
-    stage target_capture 330 python3 bench/kernels/target_capture.py $TINY --device $D0 --no-full --repeats 4 \
+    stage target_capture 330 python3 -m bench.kernels.target_capture $TINY --device $D0 --no-full --repeats 4 \
         --out "$RES/target_capture.json"
     stage pytest_gpu 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/trainer
     printf '%s\n' "${STAGE_LINES[@]}" > "$LOGS/lane-target.txt"

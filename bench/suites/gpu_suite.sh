@@ -13,12 +13,12 @@ fi
 
 stage setup 25 bash -c install_carried_wheels
 stage gpu_facts 15 bash -c gpu_facts
-stage target_capture 90 python3 bench/kernels/target_capture.py $TINY --out "$RES/target_capture.json"
-stage drafter_variants 205 python3 bench/kernels/drafter_variants.py $TINY --budget-s 170 --repeats 4 \
+stage target_capture 90 python3 -m bench.kernels.target_capture $TINY --out "$RES/target_capture.json"
+stage drafter_variants 205 python3 -m bench.kernels.drafter_variants $TINY --budget-s 170 --repeats 4 \
     --out "$RES/drafter_variants.json"
-stage warm_start 85 python3 bench/cache/warm_start.py "${WARM_SHAPES[@]}" --out "$RES/warm_start.json"
+stage warm_start 85 python3 -m bench.cache.warm_start "${WARM_SHAPES[@]}" --out "$RES/warm_start.json"
 stage check_deep 45 sh -c "python3 -m dflash_doctor check --deep --json > '$RES/check_deep.json'"
 stage probe 35 python3 -m dflash_doctor probe --out "$RES/probe.json"
 stage pytest_gpu 60 python3 -m pytest -m gpu -q -p no:cacheprovider tests/trainer
-stage role_rates 15 python3 bench/kernels/role_rates.py --results "$RES" --out "$RES/role_rates.json"
+stage role_rates 15 python3 -m bench.kernels.role_rates --results "$RES" --out "$RES/role_rates.json"
 finish 1gpu

@@ -18,11 +18,11 @@ B16=trainer/configs/qwen3-8b-b16.toml
 B32=trainer/configs/seed-b32.toml
 [ -n "$SUITE_TINY" ] && B16=tiny-cpu && B32=tiny-cpu
 # A cold compile of the drafter at b16 took 163 s on the 1-GPU run: the colocated stage pays it once.
-stage colocated_b16 200 python3 bench/kernels/colocated.py $TINY --config "$B16" --repeats 3 --out "$RES/colocated.json"
-stage e2e_b16 150 python3 bench/e2e/e2e.py $TINY --config qwen3-8b-b16 --steps 40 --timeout-s 140 \
+stage colocated_b16 200 python3 -m bench.kernels.colocated $TINY --config "$B16" --repeats 3 --out "$RES/colocated.json"
+stage e2e_b16 150 python3 -m bench.e2e.e2e $TINY --config qwen3-8b-b16 --steps 40 --timeout-s 140 \
     --colocated-json "$RES/colocated.json" --out "$RES/e2e-qwen3-8b-b16.json"
-stage colocated_b32 80 python3 bench/kernels/colocated.py $TINY --config "$B32" --repeats 2 --out "$RES/colocated-b32.json"
-stage e2e_b32 110 python3 bench/e2e/e2e.py $TINY --config seed-b32 --steps 10 --skip 3 --no-deep --timeout-s 100 \
+stage colocated_b32 80 python3 -m bench.kernels.colocated $TINY --config "$B32" --repeats 2 --out "$RES/colocated-b32.json"
+stage e2e_b32 110 python3 -m bench.e2e.e2e $TINY --config seed-b32 --steps 10 --skip 3 --no-deep --timeout-s 100 \
     --colocated-json "$RES/colocated-b32.json" --out "$RES/e2e-seed-b32.json"
 # Bring the warm compile cache home (the train runs snapshot it) so a later session can restore it.
 stage cache_home 10 bash -c 'python3 -m dflash_doctor cache list --json > "$RES/cache_list.json"; \

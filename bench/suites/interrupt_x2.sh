@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/interrupt-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DFLASH_DOCTOR_HOME=/tmp/ddhome
-timeout -k 10 "${LIMIT_S:-580}" python3 bench/e2e/interrupt.py --config qwen3-8b-b16 --signals TERM,INT \
+timeout -k 10 "${LIMIT_S:-580}" python3 -m bench.e2e.interrupt --config qwen3-8b-b16 --signals TERM,INT \
     --steps-first 3 --set checkpoint.every=0 --limit-s 420 --json "$OUT/interrupt-x2.json"
 echo "interrupt exit $?"
 nvidia-smi --query-compute-apps=pid,process_name --format=csv

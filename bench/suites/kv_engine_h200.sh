@@ -16,7 +16,7 @@ source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/kv-home
 ROOT=runs/smollm2-135m
 stage setup 25 bash -c "install_carried_wheels && if ls .whl/gguf-*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-deps --no-index --target $SITE .whl/gguf-*.whl; fi"
-B=bench/decode/kv_engine_throughput.py
+B="-m bench.decode.kv_engine_throughput"
 if [ "$PHASE" = shapes ]; then
     if [ -f .carry1/gguf.part1 ]; then mkdir -p /tmp/gguf && cp .carry1/gguf.part1 /tmp/gguf/part1; fi
     [ -n "${ONLY_QWEN3:-}" ] || stage smollm2_shapes 200 python3 $B --target-config bench/decode/shapes/smollm2-135m.json --prompt-lens 100-450 \

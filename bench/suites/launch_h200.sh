@@ -18,12 +18,12 @@ B16=qwen3-8b-b16 B32=seed-b32
 W=${LAUNCH_WORKDIR:-/tmp/ttfs}
 rm -rf "$W" "$W-b32"
 stage setup 25 bash -c install_carried_wheels
-stage ttfs_b16 240 python3 bench/launch/time_to_first_step.py --workdir "$W" --config "$B16" \
+stage ttfs_b16 240 python3 -m bench.launch.time_to_first_step --workdir "$W" --config "$B16" \
     --json "$RES/ttfs-$B16.json"
-stage ttfs_b32_second 150 python3 bench/launch/time_to_first_step.py --workdir "$W-b32" --home "$W/home" \
+stage ttfs_b32_second 150 python3 -m bench.launch.time_to_first_step --workdir "$W-b32" --home "$W/home" \
     --only cold --config "$B32" --json "$RES/ttfs-$B32-second-config.json"
-stage check_first_warm 60 python3 bench/check/check_speed.py --rounds 3 --warm 3 --json "$RES/check_speed_40.json"
-stage check_speed 60 bash -c "python3 bench/doctor/check_speed.py --repeat 3 \$(which python3) && \
+stage check_first_warm 60 python3 -m bench.check.check_speed --rounds 3 --warm 3 --json "$RES/check_speed_40.json"
+stage check_speed 60 bash -c "python3 -m bench.doctor.check_speed --repeat 3 \$(which python3) && \
     cp bench/results/check_speed.json '$RES/check_speed_doctor.json'"
 git checkout -q bench/results/check_speed.json 2>/dev/null || true  # the script writes there: the checkout keeps its own
 for f in "$W"/out-* "$W-b32"/out-*; do [ -f "$f" ] && cp "$f" "$LOGS/$(basename "$(dirname "$f")")-$(basename "$f")"; done

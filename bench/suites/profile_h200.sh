@@ -34,13 +34,13 @@ else
     CONFIG=qwen3-8b-b16; RECIPE=qwen3-8b-b16; STEPS=60; WINDOW=(--set profile.start=30 --set profile.steps=5)
     EXTRA=()
 fi
-stage profile_b16 300 python3 bench/e2e/e2e.py $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
+stage profile_b16 300 python3 -m bench.e2e.e2e $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
     --timeout-s 280 --workdir /tmp/profile-run --out "$RES/profile_run.json" "${WINDOW[@]}" "${EXTRA[@]}"
 cp /tmp/profile-run/"$RECIPE"/profile/*.summary.json "$RES/" 2>/dev/null
 cp /tmp/profile-run/*.log "$LOGS/profile-train.log" 2>/dev/null
 # The same run with the next capture on a second stream (topology.overlap_capture), warm cache: A/B in one call.
 for mode in step optimizer; do
-    stage "overlap_$mode" 110 python3 bench/e2e/e2e.py $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
+    stage "overlap_$mode" 110 python3 -m bench.e2e.e2e $TINY --config "$CONFIG" --steps "$STEPS" --no-deep \
         --timeout-s 100 --workdir "/tmp/overlap-$mode" --out "$RES/overlap_$mode.json" \
         --set "topology.overlap_capture=\"$mode\"" "${EXTRA[@]}"
 done
@@ -56,10 +56,10 @@ for name, row in rows.items():
 PY
 print_profiles "$RES" 12
 if [ -z "$SUITE_TINY" ]; then
-    stage spec_decode_b16 120 python3 bench/decode/spec_decode.py --config qwen3-8b-b16 --prompts 4 \
+    stage spec_decode_b16 120 python3 -m bench.decode.spec_decode --config qwen3-8b-b16 --prompts 4 \
         --prompt-len 512 --max-new-tokens 128 --tag h200-ties
     cp bench/results/spec_decode-h200-ties.json "$RES/" 2>/dev/null
-    stage layer_compile_b32 $(( $(left) - 15 )) python3 bench/kernels/layer_compile.py --config seed-b32 --repeats 5 \
+    stage layer_compile_b32 $(( $(left) - 15 )) python3 -m bench.kernels.layer_compile --config seed-b32 --repeats 5 \
         --out "$RES/layer_compile-b32.json"
 fi
 finish profile

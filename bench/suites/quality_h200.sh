@@ -189,7 +189,7 @@ if [ "$PHASE" = arms ]; then
         [ -f "$d/export/config.json" ] && exports+=(--export "$name=$d/export") && names+=("$name")
     done
     if [ "${#exports[@]}" -gt 0 ]; then
-        stage walk 80 python3 bench/decode/walk_estimate.py --config smollm2-135m "${exports[@]}" \
+        stage walk 80 python3 -m bench.decode.walk_estimate --config smollm2-135m "${exports[@]}" \
             --set "humaneval=$ROOT/data/eval_humaneval.jsonl" --set "chat=$ROOT/data/eval_chat.jsonl" \
             --out "$RES/walk.json"
         # the best arm by HumanEval's estimate: its export comes back in parts and is what `eval` decodes
@@ -213,9 +213,9 @@ awk "NR % $NTH == 1 % $NTH" "$ROOT/prompts/chat_eval.jsonl" >/tmp/eval_chat.json
 both() {  # TAG, then eval's arguments
     local tag=$1
     shift
-    python3 bench/decode/eval_shards.py --shards 6 --prompts /tmp/eval_chat.jsonl --out "$RES/eval_chat$tag.json" \
+    python3 -m bench.decode.eval_shards --shards 6 --prompts /tmp/eval_chat.jsonl --out "$RES/eval_chat$tag.json" \
         -- "$@" &
-    python3 bench/decode/eval_shards.py --shards 10 --prompts /tmp/eval_humaneval.jsonl \
+    python3 -m bench.decode.eval_shards --shards 10 --prompts /tmp/eval_humaneval.jsonl \
         --out "$RES/eval_humaneval$tag.json" -- "$@"
     wait
 }

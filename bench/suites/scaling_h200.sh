@@ -40,7 +40,7 @@ source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/scaling-home
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 ROOT=runs/smollm2-135m
-B=bench/decode/kv_engine_throughput.py
+B="-m bench.decode.kv_engine_throughput"
 NEW_TOKENS=${SCALING_NEW_TOKENS:-384}
 
 if [ "$PHASE" = shapes ]; then
@@ -118,9 +118,9 @@ fi
 ARGS=(--export "$ROOT/run/export" --config smollm2-135m --max-new-tokens "${SCALING_EVAL_NEW_TOKENS:-128}")
 both() {
     awk "NR % 5 == 1 || NR % 5 == 2 || NR % 5 == 3" "$ROOT/prompts/chat_eval.jsonl" > /tmp/chat_eval.jsonl  # 72 of 120, every kind
-    python3 bench/decode/eval_shards.py --shards 6 --prompts /tmp/chat_eval.jsonl \
+    python3 -m bench.decode.eval_shards --shards 6 --prompts /tmp/chat_eval.jsonl \
         --out "$RES/eval_chat.json" -- "$@" &
-    python3 bench/decode/eval_shards.py --shards 10 --prompts "$ROOT/prompts/humaneval.jsonl" \
+    python3 -m bench.decode.eval_shards --shards 10 --prompts "$ROOT/prompts/humaneval.jsonl" \
         --out "$RES/eval_humaneval.json" -- "$@"
     wait
 }

@@ -19,19 +19,19 @@ export DFLASH_DOCTOR_HOME=/tmp/smollm2-home
 ROOT=runs/smollm2-135m
 ARGS=(--export "$ROOT/run/export" --config smollm2-135m)
 stage setup 25 bash -c "install_carried_wheels"
-stage heldout_file 60 python3 bench/decode/heldout_prompts.py --config smollm2-135m \
+stage heldout_file 60 python3 -m bench.decode.heldout_prompts --config smollm2-135m \
     --count "${SMOLLM2_HELDOUT:-60}" --out "$RES/heldout_prompts.jsonl.txt"
 both() {  # HumanEval and the held-out conversations, all at once
-    python3 bench/decode/eval_shards.py --shards 6 --prompts "$RES/heldout_prompts.jsonl.txt" \
+    python3 -m bench.decode.eval_shards --shards 6 --prompts "$RES/heldout_prompts.jsonl.txt" \
         --out "$RES/eval_heldout.json" -- "$@" --max-new-tokens "${SMOLLM2_HELDOUT_NEW_TOKENS:-192}" &
-    python3 bench/decode/eval_shards.py --shards "${SMOLLM2_SHARDS:-10}" --prompts "$ROOT/prompts/humaneval.jsonl" \
+    python3 -m bench.decode.eval_shards --shards "${SMOLLM2_SHARDS:-10}" --prompts "$ROOT/prompts/humaneval.jsonl" \
         --out "$RES/eval_humaneval.json" -- "$@" --max-new-tokens "${SMOLLM2_EVAL_NEW_TOKENS:-128}"
     wait
 }
 stage eval $((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 30)) bash -c \
     "$(declare -f both); ROOT=$ROOT RES=$RES SMOLLM2_SHARDS=${SMOLLM2_SHARDS:-} both \"\$@\"" _ "${ARGS[@]}"
 left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 25))
-[ "$left" -gt 60 ] && stage solo "$left" python3 bench/decode/context_cache.py --config smollm2-135m \
+[ "$left" -gt 60 ] && stage solo "$left" python3 -m bench.decode.context_cache --config smollm2-135m \
     --export "$ROOT/run/export" --prompts "$ROOT/prompts/humaneval.jsonl" --num-prompts "${SMOLLM2_SOLO:-16}" \
     --max-new-tokens "${SMOLLM2_EVAL_NEW_TOKENS:-128}" --device cuda --dtype bf16 --out "$RES/eval_solo.json"
 rm -f "$RES"/*.shard*.jsonl

@@ -13,10 +13,10 @@ source bench/lib/suite_lib.sh
 export DFLASH_DOCTOR_HOME=/tmp/step-home
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 stage setup 25 bash -c install_carried_wheels
-stage b32_default 200 python3 bench/e2e/e2e.py --config seed-b32 --steps 12 --timeout-s 190 --no-deep \
+stage b32_default 200 python3 -m bench.e2e.e2e --config seed-b32 --steps 12 --timeout-s 190 --no-deep \
     --workdir /tmp/st-1 --out "$RES/b32_default.json"
 left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20))
-stage b16_profile "$left" python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps 60 --timeout-s $((left - 10)) \
+stage b16_profile "$left" python3 -m bench.e2e.e2e --config qwen3-8b-b16 --steps 60 --timeout-s $((left - 10)) \
     --no-deep --keep-output --workdir /tmp/st-2 --out "$RES/b16_profile.json" \
     --set profile.start=30 --set profile.steps=5
 cp /tmp/st-2/*/profile/*.summary.json "$RES/" 2>/dev/null

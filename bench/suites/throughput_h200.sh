@@ -17,14 +17,14 @@ export DFLASH_DOCTOR_HOME=/tmp/throughput-home
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR
 STEP='topology.overlap_capture="step"'
 stage setup 25 bash -c install_carried_wheels
-stage b16_default 190 python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps 60 --timeout-s 180 --no-deep \
+stage b16_default 190 python3 -m bench.e2e.e2e --config qwen3-8b-b16 --steps 60 --timeout-s 180 --no-deep \
     --workdir /tmp/tp-1 --out "$RES/b16_default.json"
-stage b16_step 80 python3 bench/e2e/e2e.py --config qwen3-8b-b16 --steps 60 --timeout-s 75 --no-deep \
+stage b16_step 80 python3 -m bench.e2e.e2e --config qwen3-8b-b16 --steps 60 --timeout-s 75 --no-deep \
     --set "$STEP" --workdir /tmp/tp-2 --out "$RES/b16_step.json"
-stage b32_default 150 python3 bench/e2e/e2e.py --config seed-b32 --steps 12 --timeout-s 140 --no-deep \
+stage b32_default 150 python3 -m bench.e2e.e2e --config seed-b32 --steps 12 --timeout-s 140 --no-deep \
     --workdir /tmp/tp-3 --out "$RES/b32_default.json"
 left=$((SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 20))
-stage b32_step "$left" python3 bench/e2e/e2e.py --config seed-b32 --steps 12 --timeout-s $((left - 10)) --no-deep \
+stage b32_step "$left" python3 -m bench.e2e.e2e --config seed-b32 --steps 12 --timeout-s $((left - 10)) --no-deep \
     --set "$STEP" --workdir /tmp/tp-4 --out "$RES/b32_step.json"
 for f in /tmp/tp-*/*.log; do cp "$f" "$LOGS/$(basename "$(dirname "$f")")-$(basename "$f")"; done
 df -h /tmp | tail -1

@@ -36,7 +36,7 @@ run_e2e() {  # NAME CONFIG STEPS NEED_S [--set ...]: one `train` through bench/e
         STAGE_LINES+=("$(printf '%-18s SKIPPED (%s s left, needs %s)' "$name" "$limit" "$need")")
         return 0
     fi
-    stage "$name" $((limit + 15)) python3 bench/e2e/e2e.py $TINY --config "$config" --steps "$steps" --no-deep \
+    stage "$name" $((limit + 15)) python3 -m bench.e2e.e2e $TINY --config "$config" --steps "$steps" --no-deep \
         --timeout-s "$limit" --workdir "/tmp/topology-$name" --out "$RES/$name.json" "$@"
     cp /tmp/topology-"$name"/*.log "$LOGS/$name-train.log" 2>/dev/null
 }
@@ -53,5 +53,5 @@ else
     run_e2e colocated-1-b16 qwen3-8b-b16 60 240
     run_e2e colocated-1-b32 seed-b32 12 150
 fi
-python3 bench/e2e/topology_table.py "$RES"/*.json --out "$OUT/topology.json"
+python3 -m bench.e2e.topology_table "$RES"/*.json --out "$OUT/topology.json"
 finish topology

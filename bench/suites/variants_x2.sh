@@ -10,7 +10,7 @@ SUITE_BUDGET_S=${SUITE_BUDGET_S:-560}
 source bench/lib/suite_lib.sh
 stage setup 25 bash -c install_carried_wheels
 RUN_S=$(( SUITE_BUDGET_S - ($(date +%s) - SUITE_START) - 180 ))  # a row started late may compile for a minute
-V=(python3 bench/kernels/drafter_variants.py $TINY --budget-s $RUN_S)
+V=(python3 -m bench.kernels.drafter_variants $TINY --budget-s $RUN_S)
 stage variants $((RUN_S + 80)) bash -c "
     ${V[*]} --config seed-b32 --device cuda:0 ${SUITE_TINY:+--device cpu} --variant trainer --variant 'unpadded kv' --variant 'flex fwd TMA' \
         --variant 'flex fwd 64x64' --out '$RES/drafter_variants-seed-b32.json' > '$LOGS/variants-b32.log' 2>&1 &

@@ -227,13 +227,6 @@ def random_name(stem: str) -> str:
     return f".{stem}.{secrets.token_hex(8)}"
 
 
-def create_exclusive(path: Path, mode: int = 0o600) -> int:
-    """A new file, never an existing one or a link's target; `mode` exactly, whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    os.fchmod(fd, mode)
-    return fd
-
-
 def open_regular(path: Path, what: str = "file") -> BinaryIO:
     """Open a regular file for reading: a link, a FIFO, a device or a folder is a DoctorError, never
     followed or waited on."""

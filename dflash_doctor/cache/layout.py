@@ -316,15 +316,3 @@ def examine(folder_fd: int) -> CacheContent:
     walk = _Walk()
     walk.top(folder_fd)
     return walk.content
-
-
-def examine_path(path: str | os.PathLike[str]) -> CacheContent | None:
-    """`examine` of the folder at `path` (opened without following a link); None when there is none."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        return examine(fd)
-    finally:
-        os.close(fd)

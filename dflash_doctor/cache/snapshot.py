@@ -9,7 +9,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import DoctorError
 from dflash_doctor import __version__
 from dflash_doctor.cache.archive import (
@@ -38,11 +37,6 @@ class SnapshotResult:
     archive_bytes: int
     seconds: float
     unmarked: tuple[str, ...] = ()  # roots on a read-only file system: read, but no marker written
-
-
-def write_marker(folder: Path, fingerprint: BuildFingerprint, origin: str, snapshot: str | None) -> None:
-    """Record in the cache folder which build it holds (atomically: beside, then rename)."""
-    write_bytes_atomic(folder / MARKER_NAME, marker_bytes(fingerprint, origin, snapshot, None))
 
 
 def archive_destination(store_root: Path, name: str, out: Path | None) -> Path:

@@ -53,16 +53,6 @@ MAX_FILES = 100_000  # a cache folder shared with much else: keep no record, alw
 ALWAYS_ENV = "DFLASH_DOCTOR_ALWAYS_WARM"  # set to 1: run the warm-up child on every launch
 LOCK_TIMEOUT_S = 60.0  # a write takes milliseconds; a lock held this long belongs to a hung process
 
-# Config fields that never reach a compiled graph (bookkeeping, schedule lengths): changing them keeps the key.
-_IGNORED_FIELDS = {
-    "output": None,  # the whole section
-    "checkpoint": None,
-    "profile": None,
-    "optim": {"steps", "epochs"},
-    "run": {"log_every", "timeout_s"},
-    "topology": {"overlap_capture"},  # which stream a capture runs on: the same graphs
-    "data": {"workers"},  # which process makes a sequence: the same sequences
-}
 _TRAINER_DIR = Path(__file__).resolve().parents[2] / "trainer"
 
 
@@ -74,19 +64,6 @@ def trainer_source_digest(folder: Path = _TRAINER_DIR) -> str:
     return digest.hexdigest()
 
 
-def graph_config(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The raw config without the fields listed in `_IGNORED_FIELDS`."""
-    kept: dict[str, Any] = {}
-    for section, body in raw.items():
-        ignored = _IGNORED_FIELDS.get(section, set())
-        if ignored is None:
-            continue
-        kept[section] = (
-            {k: v for k, v in body.items() if k not in ignored} if isinstance(body, dict) else body
-        )
-    return kept
-
-
 # Environment variables that steer compilation or device numbering (TORCHINDUCTOR_MAX_AUTOTUNE, ...).
 _ENV_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "CUDA_VISIBLE_DEVICES")
 # ... except where the caches live: that changes no graph, and the recorded files are checked where they are
@@ -96,17 +73,19 @@ _ENV_LOCATIONS = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRIT
 
 def warm_key(
     fingerprint: BuildFingerprint,
-    raw_config: Mapping[str, Any],
+    graph_config: Mapping[str, Any],
     device_type: str,
     devices: tuple[str, ...],
     python: str,
     environ: Mapping[str, str] | None = None,
     trainer_digest: str | None = None,
 ) -> str:
-    """What a warm-up's graphs depend on, as one digest."""
+    """What a warm-up's graphs depend on, as one digest. `graph_config`: the config's fields that can change a
+    compiled graph, as the launch reads them (`launch.compile_cache.graph_fields`: each field declares its effect
+    in the trainer's run spec, which the cache store does not import)."""
     facts = {
         "build": fingerprint.to_json(),
-        "config": graph_config(raw_config),
+        "config": dict(graph_config),
         "device_type": device_type,
         "devices": list(devices),
         "python": python,

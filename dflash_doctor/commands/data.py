@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +22,7 @@ from trainer.runspec.regenerate_request import DEFAULTS as R
 from trainer.runspec.regenerate_request import RegenerateRequest
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.text import Text
 
 data_app = typer.Typer(
@@ -37,52 +38,91 @@ def _engine_factory(request: RegenerateRequest, settings: Any) -> Any:
     return engine_factory(request.engine, settings, devices, request.batch_size, request.tensor_parallel)
 
 
-def regenerate_command(
-    config: ConfigOption,
-    prompts: Path = typer.Option(..., "--prompts", help='JSONL: {"messages": [...]} or {"prompt": "..."}.'),
-    out: Path = typer.Option(..., "--out", help="JSONL written in the chat format; re-run to resume."),
-    max_new_tokens: int = typer.Option(
-        R.max_new_tokens, "--max-new-tokens", help="Longest answer, in tokens."
-    ),
-    limit: int | None = typer.Option(R.limit, "--limit", help="Only the first N input records."),
-    engine: str = typer.Option(R.engine, "--engine", help="auto (vLLM when installed), torch, or vllm."),
-    temperature: float = typer.Option(R.temperature, "--temperature", help="0 is greedy (the default)."),
-    top_p: float = typer.Option(R.top_p, "--top-p", help="Nucleus sampling (with --temperature), in (0, 1]."),
-    samples_per_prompt: int = typer.Option(
-        R.samples_per_prompt,
-        "--samples-per-prompt",
-        help="Answers per prompt (ids <id>#1, #2...: sample 0 keeps <id>).",
-    ),
-    seed: int = typer.Option(
-        R.seed, "--seed", help="Sampled answers: each drawn from (seed, prompt id, sample)."
-    ),
-    on_error: str = typer.Option(
-        R.on_error, "--on-error", help="A bad input line: stop (exit 2) or skip it."
-    ),
-    force: bool = typer.Option(R.force, "--force", help="--out was made with other settings: start over."),
-    devices: str | None = typer.Option(
-        R.devices, "--devices", help="torch engine: e.g. cuda:0,cuda:1 (default: all)."
-    ),
-    batch_size: int | None = typer.Option(
-        R.batch_size,
+# The options, one type each (as eval's): the command's signature then reads one line per option; each
+# default is the request's (trainer.runspec.regenerate_request.DEFAULTS).
+PromptsOption = Annotated[
+    Path, typer.Option("--prompts", help='JSONL: {"messages": [...]} or {"prompt": "..."}.')
+]
+OutOption = Annotated[Path, typer.Option("--out", help="JSONL written in the chat format; re-run to resume.")]
+MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", help="Longest answer, in tokens.")]
+LimitOption = Annotated[int | None, typer.Option("--limit", help="Only the first N input records.")]
+EngineOption = Annotated[str, typer.Option("--engine", help="auto (vLLM when installed), torch, or vllm.")]
+TemperatureOption = Annotated[float, typer.Option("--temperature", help="0 is greedy (the default).")]
+TopPOption = Annotated[
+    float, typer.Option("--top-p", help="Nucleus sampling (with --temperature), in (0, 1].")
+]
+SamplesPerPromptOption = Annotated[
+    int,
+    typer.Option("--samples-per-prompt", help="Answers per prompt (ids <id>#1, #2...: sample 0 keeps <id>)."),
+]
+SeedOption = Annotated[
+    int, typer.Option("--seed", help="Sampled answers: each drawn from (seed, prompt id, sample).")
+]
+OnErrorOption = Annotated[str, typer.Option("--on-error", help="A bad input line: stop (exit 2) or skip it.")]
+ForceOption = Annotated[bool, typer.Option("--force", help="--out was made with other settings: start over.")]
+DevicesOption = Annotated[
+    str | None, typer.Option("--devices", help="torch engine: e.g. cuda:0,cuda:1 (default: all).")
+]
+BatchSizeOption = Annotated[
+    int | None,
+    typer.Option(
         "--batch-size",
         help="torch engine: rows decoded at once (default: 2,048 on a GPU, or what fits its memory; 8 on a CPU).",
     ),
-    tensor_parallel: int = typer.Option(
-        R.tensor_parallel, "--tensor-parallel", help="vllm engine: GPUs per model."
-    ),
-    set_: SetOption = None,
-    commit_every: float = typer.Option(
-        R.commit_every,
+]
+TensorParallelOption = Annotated[int, typer.Option("--tensor-parallel", help="vllm engine: GPUs per model.")]
+CommitEveryOption = Annotated[
+    float,
+    typer.Option(
         "--commit-every",
         help="Seconds of work per commit to --out (the chunk of conversations adapts to the pace): a kill loses at most about this.",
     ),
-    json_out: bool = typer.Option(R.json_out, "--json", help="Print the summary as JSON."),
+]
+
+
+def regenerate_command(
+    config: ConfigOption,
+    prompts: PromptsOption,
+    out: OutOption,
+    max_new_tokens: MaxNewTokensOption = R.max_new_tokens,
+    limit: LimitOption = R.limit,
+    engine: EngineOption = R.engine,
+    temperature: TemperatureOption = R.temperature,
+    top_p: TopPOption = R.top_p,
+    samples_per_prompt: SamplesPerPromptOption = R.samples_per_prompt,
+    seed: SeedOption = R.seed,
+    on_error: OnErrorOption = R.on_error,
+    force: ForceOption = R.force,
+    devices: DevicesOption = R.devices,
+    batch_size: BatchSizeOption = R.batch_size,
+    tensor_parallel: TensorParallelOption = R.tensor_parallel,
+    set_: SetOption = None,
+    commit_every: CommitEveryOption = R.commit_every,
+    json_out: bool = JsonOption,
 ) -> None:
     """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
-    request = RegenerateRequest.of(locals())
+    request = RegenerateRequest(
+        config=config,
+        prompts=prompts,
+        out=out,
+        overrides=tuple(set_ or ()),
+        max_new_tokens=max_new_tokens,
+        limit=limit,
+        engine=engine,
+        temperature=temperature,
+        top_p=top_p,
+        samples_per_prompt=samples_per_prompt,
+        seed=seed,
+        on_error=on_error,
+        force=force,
+        devices=devices,
+        batch_size=batch_size,
+        tensor_parallel=tensor_parallel,
+        commit_every=commit_every,
+        json_out=json_out,
+    )
     request.validate()  # bad options: exit 2 before torch is imported
-    from trainer.api import prepare_regeneration, regenerate
+    from trainer.api import prepare_regeneration
 
     settings, scan = prepare_regeneration(request)  # bad lines, prompts past the context: before the target
     err = make_console(stderr=True)
@@ -90,11 +130,20 @@ def regenerate_command(
         err.print(f"[yellow]skipped[/] {request.prompts} {bad}")
     if len(scan.bad) > 5:
         err.print(f"[yellow]skipped[/] {len(scan.bad) - 5} more bad lines")
+    summary = _regenerate_with_progress(request, settings, scan, err)
+    _print_summary(summary, request, err)
+    raise typer.Exit(0)
+
+
+def _regenerate_with_progress(request: RegenerateRequest, settings: Any, scan: Any, err: Console) -> Any:
+    """The regeneration, with its progress on stderr; Ctrl-C: exit 130, every line written whole."""
+    from trainer.api import regenerate
+
     factory = _engine_factory(request, settings)
     progress = RegenerateProgress(err, quiet=request.json_out)
     try:
         with progress:
-            summary = regenerate(
+            return regenerate(
                 scan, request.out, settings, factory, limit=request.limit, force=request.force,
                 commit_every_s=request.commit_every, on_progress=progress.show,
                 samples_per_prompt=request.samples_per_prompt, on_tokens=progress.tokens,
@@ -102,6 +151,10 @@ def regenerate_command(
     except KeyboardInterrupt:
         err.print(f"stopped: every line in {request.out} is whole; run the same command again to resume")
         raise typer.Exit(130) from None
+
+
+def _print_summary(summary: Any, request: RegenerateRequest, err: Console) -> None:
+    """stdout: the summary (text, or --json's one document); stderr: a warning when many answers were cut."""
     report = summary.to_json() | {"out": str(request.out)}
     if request.json_out:
         typer.echo(json.dumps(report, indent=2))
@@ -109,7 +162,6 @@ def regenerate_command(
         print(regenerate_text(summary, report, request.out), file=sys.stdout)
     if summary.stopped_at_length:
         err.print(cut_short_warning(summary, request.max_new_tokens), soft_wrap=True)
-    raise typer.Exit(0)
 
 
 def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:

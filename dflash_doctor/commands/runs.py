@@ -94,7 +94,7 @@ def list_runs(
             r.config_path or "-",
             _fmt_tps(r),
             _exit(r),
-            ", ".join(r.overrides) or "-",
+            ", ".join(r.forced_findings) or "-",
         )
         for r in records
     ]
@@ -106,7 +106,7 @@ def list_runs(
             typer.echo("\t".join(row[:6]))
         return
     table = Table(title="dflash-doctor runs")
-    for column in ("id", "when", "status", "config", "tok/s", "exit", "overrides"):
+    for column in ("id", "when", "status", "config", "tok/s", "exit", "forced"):
         table.add_column(column, no_wrap=column in ("id", "config", "status"))
     for r, row in zip(records, rows, strict=True):
         style = STATUS_STYLE.get(r.status, "")
@@ -193,8 +193,9 @@ def _print_record(console: Console, record: RunRecord) -> None:
     console.print(f"config: {escape(str(record.config_path))}")
     if record.command:
         console.print(f"command: {escape(' '.join(record.command))}")
-    if record.overrides:
-        console.print(f"[yellow]launched over failing findings (--force): {', '.join(record.overrides)}[/]")
+    if record.forced_findings:
+        forced = ", ".join(record.forced_findings)
+        console.print(f"[yellow]launched over failing findings (--force): {forced}[/]")
     failing = [f for f in record.findings if f.get("severity") in ("fail", "warn")]
     for finding in failing:
         console.print(escape(f"  {finding.get('severity')}: {finding.get('id')}: {finding.get('summary')}"))

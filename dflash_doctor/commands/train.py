@@ -13,7 +13,7 @@ import json
 import shlex
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -38,14 +38,9 @@ from dflash_doctor.launch.runs import RunRecord, RunStore
 from dflash_doctor.launch.timeline import LaunchTimeline
 from dflash_doctor.lock.lockfile import current_lock
 from dflash_doctor.report import render
+from trainer.runspec.mask_token import mask_token_of
 
 TRAIN_SCHEMA = "dflash-doctor/train/v1"
-
-
-def _mask_token(training: TrainingConfig) -> dict[str, object]:
-    """The drafter's mask token and the rule that chose it (trainer.runspec.mask_token)."""
-    d = training.config.drafter
-    return {"id": d.mask_token_id, "text": d.mask_token_text, "rule": d.mask_token_rule}
 
 
 def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: TrainingConfig) -> None:
@@ -84,7 +79,7 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
     console.print(f"command: {escape(shlex.join(plan.command))}", soft_wrap=True)  # pastes whole
     for key, value in plan.environ.items():
         console.print(f"env: {key}={escape(shlex.quote(value))}", soft_wrap=True)
-    mask = _mask_token(training)
+    mask = mask_token_of(training.config)
     shown = f" {mask['text']!r}" if mask["text"] is not None else " (a row no token uses)"
     console.print(f"mask token: {mask['id']}{escape(shown)}, chosen by {escape(str(mask['rule']))}")
     if plan.choice is not None:  # the topology and why: both designs' projections side by side
@@ -105,32 +100,49 @@ def _shown_roles(roles: list[RoleAssignment]) -> list[RoleAssignment | None]:
     return [*roles[:PLAN_ROWS_EACH_END], None, *roles[-PLAN_ROWS_EACH_END:]]
 
 
-def train_command(
-    context: typer.Context,
-    config: ConfigOption,
-    force: bool = typer.Option(
-        False, "--force", metavar=FLAG, help="Launch even over failing findings (recorded)."
-    ),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", metavar=FLAG, help="Print the plan and the verdicts; start nothing."
-    ),
-    deep: bool | None = typer.Option(
-        None,
+# The options, one type each (as eval's): the command's signature then reads one line per option.
+ForceOption = Annotated[
+    bool, typer.Option("--force", metavar=FLAG, help="Launch even over failing findings (recorded).")
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", metavar=FLAG, help="Print the plan and the verdicts; start nothing.")
+]
+DeepOption = Annotated[
+    bool | None,
+    typer.Option(
         "--deep/--no-deep",
         metavar=FLAG,
         help="--deep: run the deep probe anew; --no-deep: no probe. Default: reuse the passed probe of this "
         "exact environment (lock, driver, GPUs), else probe.",
         show_default=False,
     ),
+]
+NnodesOption = Annotated[int, typer.Option("--nnodes", min=1, help="torchrun: number of nodes.")]
+NodeRankOption = Annotated[int | None, typer.Option("--node-rank", help="torchrun: this node's rank.")]
+RdzvBackendOption = Annotated[
+    str | None, typer.Option("--rdzv-backend", help="torchrun: rendezvous backend.")
+]
+RdzvEndpointOption = Annotated[str | None, typer.Option("--rdzv-endpoint", help="torchrun: host:port.")]
+RdzvIdOption = Annotated[str | None, typer.Option("--rdzv-id", help="torchrun: job id.")]
+MasterAddrOption = Annotated[str | None, typer.Option("--master-addr", help="torchrun: master address.")]
+MasterPortOption = Annotated[int | None, typer.Option("--master-port", help="torchrun: master port.")]
+
+
+def train_command(
+    context: typer.Context,
+    config: ConfigOption,
+    force: ForceOption = False,
+    dry_run: DryRunOption = False,
+    deep: DeepOption = None,
     python: str | None = PythonOption,
     overrides: SetOption = None,
-    nnodes: int = typer.Option(1, "--nnodes", min=1, help="torchrun: number of nodes."),
-    node_rank: int | None = typer.Option(None, "--node-rank", help="torchrun: this node's rank."),
-    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", help="torchrun: rendezvous backend."),
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="torchrun: host:port."),
-    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="torchrun: job id."),
-    master_addr: str | None = typer.Option(None, "--master-addr", help="torchrun: master address."),
-    master_port: int | None = typer.Option(None, "--master-port", help="torchrun: master port."),
+    nnodes: NnodesOption = 1,
+    node_rank: NodeRankOption = None,
+    rdzv_backend: RdzvBackendOption = None,
+    rdzv_endpoint: RdzvEndpointOption = None,
+    rdzv_id: RdzvIdOption = None,
+    master_addr: MasterAddrOption = None,
+    master_port: MasterPortOption = None,
     json_out: bool = JsonOption,
 ) -> None:
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun (one
@@ -148,20 +160,9 @@ def train_command(
         master_addr=master_addr,
         master_port=master_port,
     )
-    # The compile cache warmed beside the gate once the checks it depends on pass (a lone rank: the rank itself)
     early = EarlyWarmUp(json_out=json_out, timeline=timeline)
     try:
-        gate = run_gate(
-            training,
-            python,
-            torchrun,
-            deep=deep,
-            lock_path=default_lock(None, False),
-            timeline=timeline,
-            on_warm_up_ready=None if dry_run else lambda first: early.start(first, training, force),
-        )
-        if gate.failing and not force:
-            early.stop()  # refused: stopped before anything is recorded
+        gate = _gate(training, python, torchrun, deep, early, warm=not dry_run, force=force)
         request = LaunchRequest(
             training=training,
             gate=gate,
@@ -181,6 +182,32 @@ def train_command(
     finally:
         early.stop()  # a refusal, an output folder another run holds, our own unwinding: nothing left running
     raise typer.Exit(_exit_code(record))
+
+
+def _gate(
+    training: TrainingConfig,
+    python: str | None,
+    torchrun: TorchrunOptions,
+    deep: bool | None,
+    early: EarlyWarmUp,
+    warm: bool,
+    force: bool,
+) -> GateResult:
+    """The checks, with the compile cache warmed beside them once the checks it depends on pass (a lone
+    rank: the rank itself; `warm` False for --dry-run); a refusal stops that warm-up before anything is
+    recorded."""
+    gate = run_gate(
+        training,
+        python,
+        torchrun,
+        deep=deep,
+        lock_path=default_lock(None, False),
+        timeline=early.timeline,
+        on_warm_up_ready=(lambda first: early.start(first, training, force)) if warm else None,
+    )
+    if gate.failing and not force:
+        early.stop()  # refused: stopped before anything is recorded
+    return gate
 
 
 def _show_gate(
@@ -237,7 +264,7 @@ def _dry_run_document(gate: GateResult, training: TrainingConfig, failing: list[
         "schema": TRAIN_SCHEMA,
         "status": "dry-run",
         "plan": gate.plan.to_json(),
-        "mask_token": _mask_token(training),
+        "mask_token": mask_token_of(training.config),
         "findings": [f.to_json() for f in gate.findings],
         "failing": failing,
     }

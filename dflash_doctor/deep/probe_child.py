@@ -82,24 +82,6 @@ def version_int_to_tuple(value: int, family: str) -> list[int]:
     return [value // 10000, (value % 10000) // 100, value % 100]
 
 
-def dflash_mask_reference(
-    anchors: list[int], block: int, context: int, q_len: int, kv_len: int
-) -> list[list[bool]]:
-    """The DFlash mask as a dense list: context strictly before the anchor, own block both ways."""
-    rows = []
-    for q in range(q_len):
-        b = q // block
-        anchor = anchors[b]
-        row = []
-        for kv in range(kv_len):
-            if kv < context:
-                row.append(kv < anchor)
-            else:
-                row.append((kv - context) // block == b)
-        rows.append(row)
-    return rows
-
-
 # --- the probe steps ---------------------------------------------------------------------------------
 
 
@@ -457,7 +439,8 @@ def flex_proof(t: object, device: str) -> dict[str, object]:
 def dense_dflash_mask(
     t: object, anchors: object, block: int, context: int, q_len: int, kv_len: int
 ) -> object:
-    """`dflash_mask_reference` as a boolean tensor, built with whole-tensor ops (fast at any shape)."""
+    """The DFlash mask as a boolean tensor (query rows, key columns: context strictly before the query block's
+    anchor, its own block both ways), built with whole-tensor ops (fast at any shape)."""
     q_block = t.arange(q_len, device=anchors.device) // block  # type: ignore[attr-defined]
     kv = t.arange(kv_len, device=anchors.device)  # type: ignore[attr-defined]
     anchor = anchors[q_block]  # type: ignore[index]

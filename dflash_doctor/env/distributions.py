@@ -204,10 +204,6 @@ def _is_target_folder(site_dir: str) -> bool:
     return os.path.basename(os.path.normpath(site_dir)) not in STANDARD_SITE_FOLDERS
 
 
-def read_record(record_path: str, site_dir: str) -> list[RecordEntry]:
-    return list(map(RecordEntry._make, read_record_rows(record_path, site_dir)))
-
-
 def _read_text(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:

@@ -76,14 +76,6 @@ def expand_search_path(
     return tuple(folders)
 
 
-def is_elf(path: str) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4) == _ELF_MAGIC
-    except OSError:
-        return False
-
-
 # What the cache stores per file: soname, NEEDED, raw DT_RPATH, raw DT_RUNPATH, machine, class.
 ElfFacts = tuple["str | None", tuple[str, ...], "str | None", "str | None", str, int]
 

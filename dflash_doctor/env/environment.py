@@ -15,7 +15,7 @@ from functools import cached_property
 
 from packaging.utils import canonicalize_name
 
-from dflash_doctor.env.distributions import Distribution, RecordEntry, read_record_rows, scan_distributions
+from dflash_doctor.env.distributions import Distribution, read_record_rows, scan_distributions
 from dflash_doctor.env.elf import ElfInfo, read_elf, read_elf_cached, read_elf_facts
 from dflash_doctor.env.interpreter import InterpreterInfo, InterpreterProbe, interpreter_for
 from dflash_doctor.env.parse_cache import ParseCache, StartedPrefill, absorb
@@ -153,15 +153,6 @@ class Environment:
             return several[path]
         key = first.get(path)
         return [] if key is None else [key]
-
-    @cached_property
-    def record_entries(self) -> dict[tuple[str, str], RecordEntry]:
-        """(distribution key, absolute path) -> its RECORD row."""
-        rows: dict[tuple[str, str], RecordEntry] = {}
-        for key, dist in self.distributions.items():
-            for entry in dist.record:
-                rows[(key, entry.path)] = entry
-        return rows
 
     def owners_of(self, path: str) -> list[str]:
         """Who claims this file; looks through symlinks to the file the loader really maps."""

@@ -62,10 +62,6 @@ class InterpreterInfo:
     site_disables_bytecode: bool = False
 
     @property
-    def is_venv(self) -> bool:
-        return self.prefix != self.base_prefix
-
-    @property
     def site_dirs(self) -> list[str]:
         """Existing sys.path folders, in import order (where distributions can live)."""
         return [p for p in self.sys_path if os.path.isdir(p)]

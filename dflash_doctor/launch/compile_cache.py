@@ -211,13 +211,6 @@ def rank_warmed_up(plan: WarmUpPlan, report: Mapping[str, Any]) -> CachePreparat
     return plan.done(misses, hits, seconds, "the rank compiled for itself beside the gate")
 
 
-# What of `[optim]` reaches a compiled graph: the shapes (sequences and anchors a micro-batch) and the loss's
-# decay, a constant in the compiled loss. The rest (lr, schedule, clipping, accumulation, betas, weight decay)
-# acts outside the compiled functions; `[eval]` says only when an evaluation runs.
-_GRAPH_OPTIM_FIELDS = frozenset({"batch_size", "anchors", "gamma"})
-_SCHEDULE_ONLY_SECTIONS = frozenset({"eval"})
-
-
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 WORKER_THREADS = "worker threads"  # in the warm-up key: graphs compiled for another thread count are others
 
@@ -231,13 +224,12 @@ def as_workers_see_it(environ: dict[str, str], local_workers: int) -> dict[str, 
 
 
 def graph_fields(raw: dict[str, Any]) -> dict[str, Any]:
-    """The raw config without what cannot change a compiled graph, so a launch that changes only `optim.lr`
-    or `eval.every` finds the warm-up record of the last one (issue 39 U4); `warm_record.graph_config`
-    drops the bookkeeping sections (output, checkpoint, profile, run.log_every) on top."""
-    kept = {k: v for k, v in raw.items() if k not in _SCHEDULE_ONLY_SECTIONS}
-    if isinstance(kept.get("optim"), dict):
-        kept["optim"] = {k: v for k, v in kept["optim"].items() if k in _GRAPH_OPTIM_FIELDS}
-    return kept
+    """The raw config with only the fields that can change a compiled graph (each field declares its effect:
+    trainer.runspec.field_effects), so a launch that changes only `optim.lr` or `eval.every` finds the warm-up
+    record of the last one (issue 39 U4)."""
+    from trainer.runspec.field_effects import graph_part
+
+    return graph_part(raw)
 
 
 def _config_with_overrides(config_path: Path, overrides: tuple[str, ...]) -> Path:

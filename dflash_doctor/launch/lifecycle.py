@@ -212,7 +212,7 @@ def launch_run(
         record = store.create(
             "running",
             environment=environment,
-            overrides=request.failing,
+            forced_findings=request.failing,
             notes=node,
             **common,
             **this_launcher(),
@@ -391,7 +391,8 @@ def _run_torchrun(
         whom = "the rank" if direct else "torchrun and its workers"
         say(
             f"[yellow]stopping the run ({signal_name(signum)}): signalled {whom} "
-            f"({processes} processes); waiting up to {supervise.STOP_GRACE_S:.0f} s, then killing what is left[/]"
+            f"({processes} process{'es' if processes != 1 else ''}); waiting up to {supervise.STOP_GRACE_S:.0f} s, "
+            "then killing what is left[/]"
         )
 
     if ready is not None:

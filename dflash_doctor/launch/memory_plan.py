@@ -258,9 +258,5 @@ def plan(p: PlanInputs, colocated: bool = False) -> dict[str, RoleEstimate]:
     return {"target": target_estimate(p), "drafter": drafter_estimate(p)}
 
 
-def headroom(total: int, free: int) -> float:
-    return (free - total) / free if free else -1.0
-
-
 def to_json(estimates: dict[str, RoleEstimate], inputs: PlanInputs) -> dict[str, object]:
     return {"inputs": asdict(inputs), "roles": {k: v.to_json() for k, v in estimates.items()}}

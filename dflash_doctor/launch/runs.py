@@ -11,7 +11,6 @@ process is gone (killed with SIGKILL, the machine rebooted) reads as `lost`, wit
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import time
@@ -23,7 +22,10 @@ from dflash_base.atomic import write_json_atomic
 from dflash_base.errors import DoctorError
 from dflash_doctor.paths import check_folder_path, runs_dir
 
-RECORD_SCHEMA = "dflash-doctor/run/v1"
+RECORD_SCHEMA = "dflash-doctor/run/v2"
+# v1 named `forced_findings` `overrides`, the word every other part of the tool uses for --set values; a v1
+# record reads as the same record (`from_json`).
+OLD_RECORD_SCHEMAS = {"dflash-doctor/run/v1": {"overrides": "forced_findings"}}
 STATUSES = ("refused", "running", "succeeded", "failed", "interrupted", "lost")
 FINISHED = frozenset({"refused", "succeeded", "failed", "interrupted"})
 
@@ -41,7 +43,7 @@ class RunRecord:
     config_text: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)  # an environment lock (see lock.py)
     findings: list[dict[str, Any]] = field(default_factory=list)
-    overrides: list[str] = field(default_factory=list)  # failing finding ids launched over with --force
+    forced_findings: list[str] = field(default_factory=list)  # failing finding ids launched over with --force
     command: list[str] = field(default_factory=list)
     plan: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
@@ -84,8 +86,11 @@ class RunRecord:
         """Validated: raises DamagedRecord naming the first field of the wrong type."""
         if not isinstance(data, dict):
             raise DamagedRecord(f"not a JSON object but a {type(data).__name__}")
-        if data.get("schema") != RECORD_SCHEMA:
-            raise DamagedRecord(f"schema {data.get('schema')!r}, expected {RECORD_SCHEMA!r}")
+        schema = data.get("schema")
+        if schema != RECORD_SCHEMA and schema not in OLD_RECORD_SCHEMAS:
+            raise DamagedRecord(f"schema {schema!r}, expected {RECORD_SCHEMA!r}")
+        renamed = OLD_RECORD_SCHEMAS.get(schema, {})
+        data = {renamed.get(k, k): v for k, v in data.items()}
         fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         for name in ("id", "created", "status"):
             if name not in fields:
@@ -123,7 +128,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "config_text": (str,),
     "environment": (dict,),
     "findings": (list,),
-    "overrides": (list,),
+    "forced_findings": (list,),
     "command": (list,),
     "plan": (dict,),
     "exit_code": (int,),
@@ -142,7 +147,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 ITEM_TYPES: dict[str, type] = {
     "findings": dict,
-    "overrides": str,
+    "forced_findings": str,
     "command": str,
     "notes": str,
     "stderr_tail": str,
@@ -269,7 +274,3 @@ def age(when: float, now: float | None = None) -> str:
         if delta >= size:
             return f"{int(delta // size)}{unit} ago"
     return f"{int(delta)}s ago"
-
-
-def run_output_dir(record: RunRecord) -> str | None:
-    return record.output_dir if record.output_dir and os.path.isdir(record.output_dir) else None

@@ -67,7 +67,6 @@ class StderrRelay(threading.Thread):
         super().__init__(name="stderr-relay", daemon=True)
         self.source, self.sink, self.log_path = source, sink, log
         self._quiet = threading.Event()
-        self.diverted = 0  # lines kept out of the terminal
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.reason: str | None = None
         self._lock = threading.Lock()
@@ -122,7 +121,6 @@ class StderrRelay(threading.Thread):
                 self.reason = reason
                 self.quiet()  # the rest is its echo: peers losing that rank, torchrun's summary
             return
-        self.diverted += 1
         if self.log_path is not None and self._log is None:
             with contextlib.suppress(OSError):
                 self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -38,24 +38,6 @@ if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate
 
 DEFAULT_STEP_TIMES_PATH = Path(__file__).resolve().parents[1] / "data" / "step_times.json"
 
-# `--set` keys that change how long a run goes on or where it writes, not how long one step takes: a run
-# that differs from this one only in these still measured this one's step.
-STEP_NEUTRAL_PREFIXES = (
-    "optim.steps",
-    "optim.epochs",
-    "optim.lr",
-    "optim.warmup_ratio",
-    "optim.min_lr_ratio",
-    "optim.schedule",
-    "eval.every",
-    "checkpoint.",
-    "output.",
-    "run.log_every",
-    "run.timeout_s",
-    "run.seed",
-    "profile.",
-)
-
 
 @dataclass(frozen=True)
 class TimeEstimate:
@@ -119,8 +101,11 @@ def planned_steps(cfg: TrainConfig, drafters: int) -> tuple[int | None, str]:
 
 
 def neutral(item: str) -> bool:
-    """A `--set` that does not change one step's time."""
-    return item.split("=", 1)[0].strip().startswith(STEP_NEUTRAL_PREFIXES)
+    """A `--set` that does not change one step's time: a BOOKKEEPING field's (how long the run goes on,
+    where it writes; each field declares its effect: trainer.runspec.field_effects)."""
+    from trainer.runspec.field_effects import keeps_step_time
+
+    return keeps_step_time(item)
 
 
 def step_sets(command: list[str]) -> list[str]:

@@ -45,13 +45,6 @@ class LdCache:
     def lookup(self, soname: str) -> str | None:
         return self.entries.get(soname)
 
-    def find_in_default_dirs(self, soname: str) -> str | None:
-        for folder in self.default_dirs:
-            candidate = os.path.join(folder, soname)
-            if os.path.isfile(candidate):
-                return candidate
-        return None
-
 
 def parse_cache_bytes(data: bytes, machine: str = "x86_64") -> dict[str, str]:
     """Parse the glibc 2.32+ cache format (also found after an old-format prefix)."""

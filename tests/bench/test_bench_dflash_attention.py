@@ -29,7 +29,7 @@ def test_cpu_dry_run_writes_a_triton_row_equal_to_the_exact_path(tmp_path: Path)
     out = tmp_path / "dflash.json"
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "bench/kernels/dflash_attention.py", "--device", "cpu", "--tiny", "--json", str(out)],
+        [sys.executable, "-m", "bench.kernels.dflash_attention", "--device", "cpu", "--tiny", "--json", str(out)],
         cwd=repo, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

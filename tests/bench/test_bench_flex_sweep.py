@@ -63,7 +63,7 @@ def test_cpu_dry_run_writes_rows_that_agree_with_the_default(tmp_path: Path) -> 
     out = tmp_path / "sweep.json"
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, "bench/kernels/flex_sweep.py", "--tiny", "--out", str(out)],
+        [sys.executable, "-m", "bench.kernels.flex_sweep", "--tiny", "--out", str(out)],
         cwd=repo, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -123,4 +123,4 @@ def test_eval_shards_default_to_one_process_and_the_gpu_suite_uses_sixteen() -> 
     assert parse_args([]).eval_shards == 1
     assert parse_args(["--eval-shards", "16"]).eval_shards == 16
     suite = (Path(__file__).resolve().parents[2] / "bench" / "suites" / "context_h200.sh").read_text()
-    assert "--eval-shards 16" in suite and "python3 -u bench/decode/chat_context.py" in suite
+    assert "--eval-shards 16" in suite and "python3 -u -m bench.decode.chat_context" in suite

@@ -2,7 +2,7 @@
 
 On CPU the kernels run in Triton's interpreter, in fp32: TRITON_INTERPRET=1 must be set before triton is first
 imported, and set for a whole session it would also move every CPU decode onto the interpreted decode-attention
-kernel (trainer/decode/decode_attention.py), so a GPU-less session skips this file and
+kernel (trainer/kernels/cached_attention.py), so a GPU-less session skips this file and
 test_dflash_mask_kernel_interpreted.py runs it in a pytest of its own with the variable set. Against `sdpa_attention` with `dense_mask`: the reference the trainer's
 CPU path uses. Each case aims at one edge of the kernel's loop bounds: an anchor at position 0 (no context
 key) or 1, padding anchors (context end 0), a context length that is not a multiple of the tile (the last

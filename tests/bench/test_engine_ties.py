@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.decode.engine_ties import END, answer_ids, classify_answers, classify_flip
-from tests.trainer.target_folder import make_target_folder
+from bench.lib.target_folder import make_target_folder
 from trainer.engine.target import load_generation_target, prompt_ids
 from trainer.regenerate.settings import Completion
 

@@ -50,7 +50,7 @@ def test_walk_estimate_scores_each_export_on_each_set(tmp_path: Path, chat_targe
     drafter = build_drafter(cfg, target.config, embed, embed, torch.device("cpu"))
     export = export_drafter(drafter, tmp_path / "export", dtype=torch.float32)
     out = tmp_path / "walk.json"
-    command = [sys.executable, "bench/decode/walk_estimate.py", "--config", str(config), "--dtype", "fp32"]
+    command = [sys.executable, "-m", "bench.decode.walk_estimate", "--config", str(config), "--dtype", "fp32"]
     command += ["--export", f"x={export}", "--export", f"y={export}", "--batch", "2", "--out", str(out)]
     command += ["--set", f"a={data}", "--set", f"b={other}"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -73,7 +73,7 @@ def test_loop_share_counts_what_cutting_loops_leaves_out(tmp_path: Path, chat_ta
         + "\n"
     )
     out = tmp_path / "share.json"
-    command = [sys.executable, "bench/decode/loop_share.py", "--target", str(chat_target)]
+    command = [sys.executable, "-m", "bench.decode.loop_share", "--target", str(chat_target)]
     command += ["--data", f"d={data}", "--sample", "2", "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -14,9 +14,10 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.cache import fsops, restore
 from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, MARKER_NAME, backup_owner_bytes
 from dflash_doctor.cache.restore import prune_backups, restore_snapshot
-from dflash_doctor.cache.snapshot import take_snapshot, write_marker
+from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore
 from tests.cache.helpers import CPU_BUILD, make_tree, manifest_for, tree_digests, write_raw_archive
+from tests.cache.layout_helpers import write_marker
 from tests.cache.second_user import OTHER_USER, SecondUser, needs_second_user
 from tests.cache.test_attacks import restore_into, snapshot_of
 from tests.cache.test_hostile import disk_state

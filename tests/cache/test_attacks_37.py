@@ -21,7 +21,6 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.cache import fsops, restore
 from dflash_doctor.cache.folder_lock import folder_lock
 from dflash_doctor.cache.journal import journal_path
-from dflash_doctor.cache.layout import examine_path
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, backup_owner_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
@@ -30,6 +29,7 @@ from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.store import SnapshotStore
 from dflash_doctor.cli import run
 from tests.cache.helpers import CPU_BUILD, live_build, make_tree, tree_digests
+from tests.cache.layout_helpers import examine_path
 from tests.cache.second_user import OTHER_USER, SecondUser, needs_second_user
 from tests.cache.test_attacks import restore_into, snapshot_of
 from tests.cache.test_hostile import disk_state

@@ -13,11 +13,12 @@ import pytest
 
 from dflash_doctor.cache.fingerprint import fingerprint_of
 from dflash_doctor.cache.inspection import volatility
-from dflash_doctor.cache.snapshot import take_snapshot, write_marker
+from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.registry import run_checks
 from tests.cache.helpers import make_tree
+from tests.cache.layout_helpers import write_marker
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_doctor.cache.layout import examine_path
 from dflash_doctor.cache.manifest import BACKUP_OWNER_NAME, MARKER_NAME
+from tests.cache.layout_helpers import examine_path
 
 LAYOUTS = Path(__file__).resolve().parent / "layouts"
 

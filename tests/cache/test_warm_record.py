@@ -13,13 +13,13 @@ from dflash_doctor.cache.warm_record import (
     KEEP_RECORDS,
     WarmRecords,
     cache_files,
-    graph_config,
     run_reason,
     skip_reason,
     trainer_source_digest,
     warm_key,
 )
 from dflash_doctor.launch import compile_cache
+from dflash_doctor.launch.compile_cache import graph_fields
 
 BUILD = BuildFingerprint("2.11.0+cu130", "70d99e998b49", "13.0", "3.6.0", "3.12", ("NVIDIA H200",) * 2)
 RAW = {
@@ -40,7 +40,9 @@ def key_of(
     environ: dict[str, str] | None = None,
 ) -> str:
     environ = {"HOME": "/root", "TORCHINDUCTOR_CACHE_DIR": "/c"} if environ is None else environ
-    return warm_key(build, raw, "cuda", devices, "/usr/bin/python3", environ, trainer_digest="t")
+    return warm_key(
+        build, graph_fields(raw), "cuda", devices, "/usr/bin/python3", environ, trainer_digest="t"
+    )
 
 
 def edited(section: str, field: str, value: object) -> dict:
@@ -53,16 +55,20 @@ def test_the_key_ignores_bookkeeping_and_follows_everything_a_graph_depends_on()
         ("optim", "steps", 5000), ("output", "dir", "runs/b"), ("checkpoint", "every", 0), ("run", "log_every", 1),
         ("topology", "overlap_capture", "optimizer"),  # which stream captures: the same graphs
         ("data", "workers", 4),  # which process makes a sequence: the same sequences
+        ("optim", "lr", 1e-4),  # acts outside the compiled functions
     ]:  # fmt: skip
         assert key_of(edited(section, field, value)) == base, (section, field)
     for section, field, value in [
         ("data", "seq_len", 40000), ("optim", "anchors", 1024), ("drafter", "block_size", 32),
-        ("optim", "lr", 1e-4), ("run", "device", "cpu"), ("topology", "mode", "split"),
+        ("run", "device", "cpu"), ("topology", "mode", "split"),
     ]:  # fmt: skip
         assert key_of(edited(section, field, value)) != base, (section, field)
     assert key_of(devices=("cuda:0",)) != base
     assert key_of(build=BuildFingerprint("2.12.0", None, "13.0", "3.6.0", "3.12", ("NVIDIA H200",))) != base
-    assert warm_key(BUILD, RAW, "cuda", ("cuda:1",), "/usr/bin/python3", trainer_digest="edited") != base
+    assert (
+        warm_key(BUILD, graph_fields(RAW), "cuda", ("cuda:1",), "/usr/bin/python3", trainer_digest="edited")
+        != base
+    )
     assert (
         key_of(environ={"HOME": "/elsewhere", "TORCHINDUCTOR_CACHE_DIR": "/c"}) == base
     )  # unrelated variable
@@ -70,7 +76,7 @@ def test_the_key_ignores_bookkeeping_and_follows_everything_a_graph_depends_on()
     assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/other/home"}) == base
     assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/c", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"}) != base
     assert key_of(environ={"TORCHINDUCTOR_CACHE_DIR": "/c", "CUDA_VISIBLE_DEVICES": "3"}) != base
-    assert "output" not in graph_config(RAW) and graph_config(RAW)["optim"] == {"anchors": 512, "lr": 6e-4}
+    assert "output" not in graph_fields(RAW) and graph_fields(RAW)["optim"] == {"anchors": 512}
 
 
 def test_the_trainer_digest_changes_when_a_trainer_file_changes(tmp_path: Path) -> None:

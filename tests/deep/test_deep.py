@@ -65,8 +65,28 @@ def test_version_integers_decode_like_the_libraries_encode() -> None:
     assert probe_child.version_int_to_tuple(13000, "cudart") == [13, 0]
 
 
+def dflash_mask_reference(
+    anchors: list[int], block: int, context: int, q_len: int, kv_len: int
+) -> list[list[bool]]:
+    """The DFlash mask as a dense list, element by element: the oracle for the probe's tensor version."""
+    rows = []
+    for q in range(q_len):
+        b = q // block
+        anchor = anchors[b]
+        row = []
+        for kv in range(kv_len):
+            if kv < context:
+                row.append(kv < anchor)
+            else:
+                row.append((kv - context) // block == b)
+        rows.append(row)
+    return rows
+
+
 def test_dflash_mask_sees_context_strictly_before_anchor_and_own_block() -> None:
-    mask = probe_child.dflash_mask_reference(anchors=[3, 5], block=2, context=6, q_len=4, kv_len=10)
+    torch = pytest.importorskip("torch")
+    mask = probe_child.dense_dflash_mask(torch, torch.tensor([3, 5]), 2, 6, 4, 10).tolist()
+    assert mask == dflash_mask_reference(anchors=[3, 5], block=2, context=6, q_len=4, kv_len=10)
     # query 0 (block 0, anchor 3): context 0..2 (not 3), own block kv 6,7, not block 1 (kv 8,9)
     assert mask[0] == [True, True, True, False, False, False, True, True, False, False]
     assert mask[3] == [True, True, True, True, True, False, False, False, True, True]
@@ -485,7 +505,7 @@ def test_cuda_steps_without_nvml_say_why_overhead_is_missing() -> None:
 def test_dense_mask_tensor_matches_the_reference() -> None:
     torch = pytest.importorskip("torch")
     anchors = [3, 9, 17]
-    want = probe_child.dflash_mask_reference(anchors, block=4, context=20, q_len=12, kv_len=32)
+    want = dflash_mask_reference(anchors, block=4, context=20, q_len=12, kv_len=32)
     got = probe_child.dense_dflash_mask(torch, torch.tensor(anchors), 4, 20, 12, 32)
     assert got.tolist() == want
 

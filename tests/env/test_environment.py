@@ -87,7 +87,7 @@ def test_probe_other_interpreter(tmp_path: Path) -> None:
     site_dir = make_venv(tmp_path / "venv")
     FakeSite(site_dir).add_torch(version="2.14.1", cuda="13.0")
     info = probe_interpreter(str(tmp_path / "venv" / "bin" / "python"))
-    assert str(site_dir) in info.sys_path and info.is_venv
+    assert str(site_dir) in info.sys_path and info.prefix != info.base_prefix  # a venv
     env = Environment.from_interpreter(info)
     assert env.torch is not None and env.torch.variant == "cu13x"
 

@@ -169,3 +169,33 @@ def test_an_empty_run_id_is_named_not_called_ambiguous(capsys: pytest.CaptureFix
     assert "ambiguous" not in err and "an empty run id" in err, err
     assert run(["runs", "show", ""]) == 2
     assert "an empty run id" in capsys.readouterr().err
+
+
+def test_a_v1_record_reads_its_forced_findings_from_overrides(capsys) -> None:
+    """v1 named the failing findings forced over with --force `overrides`; a record written then still reads,
+    as the same record, and is written back in the current schema."""
+    store = RunStore()
+    old = {
+        "schema": "dflash-doctor/run/v1", "id": "20240101-000000-abcd", "created": 1.0, "status": "failed",
+        "overrides": ["hazards.preload"], "exit_code": 1, "finished": 2.0,
+    }  # fmt: skip
+    store.path(old["id"]).parent.mkdir(parents=True)
+    store.path(old["id"]).write_text(json.dumps(old))
+    record = store.load(old["id"])
+    assert record.forced_findings == ["hazards.preload"] and record.exit_code == 1
+    assert run(["runs", "show", old["id"]]) == 0
+    assert "launched over failing findings (--force): hazards.preload" in capsys.readouterr().out
+    store.save(record)
+    written = json.loads(store.path(old["id"]).read_text())
+    assert written["schema"] == "dflash-doctor/run/v2" and written["forced_findings"] == ["hazards.preload"]
+    assert "overrides" not in written and store.load(old["id"]).forced_findings == ["hazards.preload"]
+
+
+def test_an_unknown_record_schema_is_damaged(home: Path) -> None:
+    store = RunStore()
+    path = store.path("20240101-000000-beef")
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps({"schema": "dflash-doctor/run/v9", "id": "x", "created": 1.0, "status": "failed"})
+    )
+    assert store.all() == []

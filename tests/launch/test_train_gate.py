@@ -59,7 +59,7 @@ def test_healthy_tiny_config_passes_the_gate_and_launches(launches: list[list[st
     assert run(["train", "--config", "tiny-cpu", "--no-deep"]) == 0
     assert len(launches) == 1 and "torch.distributed.run" in launches[0]
     record = only_record()
-    assert record["status"] == "succeeded" and record["overrides"] == []
+    assert record["status"] == "succeeded" and record["forced_findings"] == []
     assert record["environment"]["schema"].startswith("dflash-doctor/lock")
     # the launcher's share of time to first step, on screen and in the record
     assert "before torchrun: " in capsys.readouterr().out
@@ -92,7 +92,7 @@ def test_hazard_variable_blocks_then_force_overrides(launches, monkeypatch, caps
     assert len(launches) == 1
     forced = RunStore().all()[-1]
     assert forced.status == "succeeded"
-    assert any(o.startswith("hazards.") for o in forced.overrides)
+    assert any(o.startswith("hazards.") for o in forced.forced_findings)
 
 
 def test_topology_bigger_than_the_gpus_blocks(launches, monkeypatch, tmp_path) -> None:

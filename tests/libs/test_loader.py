@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dflash_doctor.libs.loader import LibraryReport, compare_with_maps, resolve_torch_libraries
+from dflash_doctor.libs.loader import LibraryReport, resolve_torch_libraries
 from dflash_doctor.libs.preload import DOCUMENTED_PLAN, parse_preload_plan
 from tests.conftest import env_for
 from tests.fakeenv import FakeSite, build_elf
-from tests.libs_fixtures import ALL_PRELOADS, cuda_libs, install_cuda_torch, system_cache
+from tests.libs_fixtures import ALL_PRELOADS, compare_with_maps, cuda_libs, install_cuda_torch, system_cache
 
 __all__ = ["cuda_libs"]
 

@@ -18,8 +18,9 @@ import pytest
 
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.environment import Environment
-from dflash_doctor.libs.loader import compare_with_maps, library_report
+from dflash_doctor.libs.loader import library_report
 from dflash_doctor.registry import run_checks
+from tests.libs_fixtures import compare_with_maps
 
 pytestmark = pytest.mark.slow
 

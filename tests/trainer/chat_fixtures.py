@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainer.data.chat import chat_sequence, sequence_token_spans, span_mask
+
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
@@ -103,3 +105,17 @@ def supervised_text(tokenizer: Any, ids: list[int], mask: list[bool]) -> list[st
             runs[-1].append(token)
         previous = on
     return [tokenizer.decode(run) for run in runs]
+
+
+def chat_tokens_and_mask(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    template_kwargs: dict[str, Any] | None = None,
+    where: str = "chat record",
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[bool]]:
+    """Token ids of the conversation as trained and True on exactly what the target wrote: what a chat
+    source makes of one record before its answers' ends are trimmed (`TokenizedSource.chat_tokens`)."""
+    sequence = chat_sequence(tokenizer, messages, dict(template_kwargs or {}), tools, where)
+    ids, token_spans = sequence_token_spans(tokenizer, sequence)
+    return ids, span_mask(len(ids), token_spans)

@@ -247,21 +247,3 @@ def span_mask(length: int, token_spans: list[range]) -> list[bool]:
     for span in token_spans:
         mask[span.start : span.stop] = [True] * len(span)
     return mask
-
-
-def sequence_tokens_and_mask(tokenizer: Any, sequence: ChatSequence) -> tuple[list[int], list[bool]]:
-    """Token ids of the sequence's text and True on the tokens that start inside a supervised span."""
-    ids, token_spans = sequence_token_spans(tokenizer, sequence)
-    return ids, span_mask(len(ids), token_spans)
-
-
-def chat_tokens_and_mask(
-    tokenizer: Any,
-    messages: list[dict[str, Any]],
-    template_kwargs: dict[str, Any] | None = None,
-    where: str = "chat record",
-    tools: list[dict[str, Any]] | None = None,
-) -> tuple[list[int], list[bool]]:
-    """Token ids of the conversation as trained and True on exactly what the target wrote."""
-    sequence = chat_sequence(tokenizer, messages, dict(template_kwargs or {}), tools, where)
-    return sequence_tokens_and_mask(tokenizer, sequence)

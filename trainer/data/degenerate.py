@@ -47,11 +47,6 @@ def loop_of(items: Sequence[T], max_period: int, min_length: int) -> tuple[int, 
     return None
 
 
-def ends_in_loop(token_ids: Sequence[int]) -> bool:
-    """Whether the answer's tokens end in a loop (the module docstring says what counts)."""
-    return loop_of(token_ids, MAX_PERIOD, MIN_LOOP_TOKENS) is not None
-
-
 def ends_in_loop_text(text: str) -> bool:
     """The same rule over characters, for engines that return text only."""
     return loop_of(text, MAX_PERIOD_CHARS, MIN_LOOP_CHARS) is not None

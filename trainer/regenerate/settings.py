@@ -9,18 +9,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from trainer.engine.target import Chat
+from trainer.runspec.regenerate_request import DEFAULTS
 
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """What decides the answers: recorded in every output line, compared on resume."""
+    """What decides the answers: recorded in every output line, compared on resume. The run config gives the
+    target, its dtype and chat template; the request (`prepare_regeneration`) the rest, its defaults here too."""
 
     target: str
-    max_new_tokens: int = 1024
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
+    max_new_tokens: int = DEFAULTS.max_new_tokens
+    temperature: float = DEFAULTS.temperature  # 0: greedy
+    top_p: float = DEFAULTS.top_p
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
+    seed: int = DEFAULTS.seed
     dtype: str = "auto"  # target.dtype: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp16 | fp32
 
     def to_json(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from torch import nn
 from dflash_base.atomic import fsync_dir, fsync_file
 from dflash_base.disk import require_space, writing
 from dflash_base.errors import ConfigError
-from trainer.runspec.outputs import CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR
+from trainer.runspec.outputs import CHECKPOINT_META, CHECKPOINT_PREFIX, CHECKPOINT_STATE, CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
     from trainer.runspec.config import CheckpointSection
@@ -60,8 +60,10 @@ def save_checkpoint(
         require_space(final, needed)
         tmp.mkdir()
         torch.save(state, tmp / CHECKPOINT_STATE)
-        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n")
-        for name in (CHECKPOINT_STATE, "meta.json"):
+        (tmp / CHECKPOINT_META).write_text(
+            json.dumps({"step": step, **meta}, indent=2, sort_keys=True) + "\n"
+        )
+        for name in (CHECKPOINT_STATE, CHECKPOINT_META):
             fsync_file(tmp / name)
         fsync_dir(tmp)
     if final.exists():  # a resumed run saving the same step again: replace the old copy
@@ -99,7 +101,7 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     for folder in root.iterdir():
         if (
             folder.name.startswith(PREFIX)
-            and (folder / "meta.json").is_file()
+            and (folder / CHECKPOINT_META).is_file()
             and (folder / CHECKPOINT_STATE).is_file()
         ):
             try:

@@ -135,12 +135,6 @@ def every_anchor(loss_mask: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
     return torch.where(valid, ordered, torch.zeros_like(ordered)), valid
 
 
-def decoding_walk(accept: dict[int, int], loss_mask: list[bool]) -> tuple[int, int]:
-    """(tokens, forwards) of greedy speculative decoding over every answer of one sequence (`answer_walks`)."""
-    walks = answer_walks(accept, loss_mask)
-    return sum(t for t, _ in walks), sum(f for _, f in walks)
-
-
 def answer_walks(accept: dict[int, int], loss_mask: list[bool]) -> list[tuple[int, int]]:
     """(tokens, forwards) of greedy speculative decoding over each answer of one sequence, in order: from the
     answer's first token, a verify forward at anchor a emits accept[a] tokens, cut at the answer's end."""

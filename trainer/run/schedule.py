@@ -28,10 +28,6 @@ class RunPlan:
     def total_micro_steps(self) -> int:
         return self.total_steps * self.accum
 
-    @property
-    def total_batches(self) -> int:
-        return self.total_micro_steps * self.drafters
-
 
 def plan_run(cfg: TrainConfig, sequences: int, drafters: int) -> RunPlan:
     """steps, or epochs over the (training) data rounded down to whole steps (each step takes `grad_accum`

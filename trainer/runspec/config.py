@@ -17,6 +17,9 @@ from trainer.runspec.config_file import apply_overrides, read_raw, resolve_confi
 from trainer.runspec.data_files import check_data_file, count_records
 from trainer.runspec.extras import require_extra
 from trainer.runspec.fields import (
+    BOOKKEEPING,
+    GRAPH,
+    STEP_TIME,
     Parser,
     _shown,
     betas,
@@ -52,35 +55,44 @@ MAX_RANKS_PER_ROLE = 4096
 # More data workers than any host gives a rank: a typo (`workers = 400`) is refused at once.
 MAX_DATA_WORKERS = 64
 
-# Each field is declared once: its type, its default and the rule a TOML value must pass (`option`).
+# Each field is declared once: its type, its default, the rule a TOML value must pass and what changing it
+# changes (`option(..., effect=...)`: GRAPH, STEP_TIME or BOOKKEEPING; trainer.runspec.field_effects derives
+# from them what keys the warm-up's record and which `--set`s keep a measured step time). A field not shown to
+# leave the compiled graphs alone counts as GRAPH: a warm-up skipped wrongly leaves every worker to compile cold.
 
 
 @dataclass(frozen=True)
 class TargetSection:
-    path: str = option("tiny", text())  # "tiny", "random:qwen3-8b", or a local Hugging Face folder
-    dtype: str = option("auto", choice("auto", "bf16", "fp16", "fp32"))  # auto: bf16 on CUDA, fp32 on CPU
-    compile_layers: bool = option(True, boolean())  # on CUDA: torch.compile each kept decoder layer's forward
+    # "tiny", "random:qwen3-8b", or a local Hugging Face folder
+    path: str = option("tiny", text(), effect=GRAPH)
+    # auto: bf16 on CUDA, fp32 on CPU
+    dtype: str = option("auto", choice("auto", "bf16", "fp16", "fp32"), effect=GRAPH)
+    # on CUDA: torch.compile each kept decoder layer's forward
+    compile_layers: bool = option(True, boolean(), effect=GRAPH)
 
 
 @dataclass(frozen=True)
 class DrafterSection:
-    layers: int = option(1, integer(1))
-    block_size: int = option(16, integer(2))
-    target_layer_ids: list[int] | None = option(None, int_list(0))  # default: evenly spaced from 1 to L-3
-    mask_token_id: int | None = option(
-        None, integer(0)
-    )  # default: resolved by trainer.runspec.mask_token's rules
-    intermediate_size: int | None = option(None, integer(1))  # default: the target's
-    attention: str = option("auto", choice("auto", "flex", "sdpa"))  # auto: flex on CUDA, sdpa on CPU
+    layers: int = option(1, integer(1), effect=GRAPH)
+    block_size: int = option(16, integer(2), effect=GRAPH)
+    # default: evenly spaced from 1 to L-3
+    target_layer_ids: list[int] | None = option(None, int_list(0), effect=GRAPH)
+    # default: resolved by trainer.runspec.mask_token's rules
+    mask_token_id: int | None = option(None, integer(0), effect=GRAPH)
+    intermediate_size: int | None = option(None, integer(1), effect=GRAPH)  # default: the target's
+    # auto: flex on CUDA, sdpa on CPU
+    attention: str = option("auto", choice("auto", "flex", "sdpa"), effect=GRAPH)
     # rows of LM head + CE per chunk (its gradient is computed in the same pass)
-    loss_chunk: int = option(2048, integer(1))
-    compile_loss: bool = option(True, boolean())  # LM head + CE chunk through torch.compile (in the warm-up)
-    compile_layers: bool = option(True, boolean())  # on CUDA: torch.compile each decoder layer (CPU: eager)
+    loss_chunk: int = option(2048, integer(1), effect=GRAPH)
+    # LM head + CE chunk through torch.compile (in the warm-up)
+    compile_loss: bool = option(True, boolean(), effect=GRAPH)
+    # on CUDA: torch.compile each decoder layer (CPU: eager)
+    compile_layers: bool = option(True, boolean(), effect=GRAPH)
     # the layers' torch.compile mode
-    compile_mode: str = option("default", choice("default", "max-autotune-no-cudagraphs"))
+    compile_mode: str = option("default", choice("default", "max-autotune-no-cudagraphs"), effect=GRAPH)
     # flex_attention's kernel_options, e.g. {USE_TMA = true} (Hopper's tensor memory accelerator); the
     # keys accepted: FLEX_KERNEL_OPTIONS. Empty: torch's own choices.
-    flex_kernel_options: dict[str, int | bool] = option(factory=dict, parse=kernel_options())
+    flex_kernel_options: dict[str, int | bool] = option(factory=dict, parse=kernel_options(), effect=GRAPH)
     # Filled by load_config (not TOML keys): the mask token's string and the rule that chose its id.
     mask_token_text: str | None = None
     mask_token_rule: str | None = None
@@ -88,28 +100,30 @@ class DrafterSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    kind: str = option("synthetic", choice("synthetic", "random", "jsonl", "text", "chat"))
-    path: str | None = option(None, text())  # a .jsonl file (jsonl/text/chat)
-    seq_len: int = option(128, integer(3))
-    num_samples: int = option(512, integer(1))  # synthetic / random only
-    prompt_len: int = option(8, integer(1))  # synthetic only: random prompt tokens (not supervised)
-    temperature: float = option(
-        0.5, number(above=0.0)
-    )  # synthetic only: sampling temperature of the tiny target
+    # GRAPH but `workers`: the held-out ones decide whether the eval-mode graph is compiled; the others are not
+    # known to leave the graphs alone, and the warm-up's record has always keyed on them
+    kind: str = option("synthetic", choice("synthetic", "random", "jsonl", "text", "chat"), effect=GRAPH)
+    path: str | None = option(None, text(), effect=GRAPH)  # a .jsonl file (jsonl/text/chat)
+    seq_len: int = option(128, integer(3), effect=GRAPH)
+    num_samples: int = option(512, integer(1), effect=GRAPH)  # synthetic / random only
+    # synthetic only: random prompt tokens (not supervised)
+    prompt_len: int = option(8, integer(1), effect=GRAPH)
+    # synthetic only: sampling temperature of the tiny target
+    temperature: float = option(0.5, number(above=0.0), effect=GRAPH)
     # chat only: handed to the tokenizer's chat template, e.g. {enable_thinking = false}, so the data are
     # rendered the way the target will be served
-    chat_template_kwargs: dict[str, Any] = option(factory=dict, parse=table())
+    chat_template_kwargs: dict[str, Any] = option(factory=dict, parse=table(), effect=GRAPH)
     # chat only: an answer that ends in a repetition loop is trained on whole ("keep": the target wrote it),
     # up to its loop's first period ("cut") or not at all ("drop"); trainer/data/answer_ends.py
-    loops: str = option("keep", choice("keep", "cut", "drop"))
+    loops: str = option("keep", choice("keep", "cut", "drop"), effect=GRAPH)
     # Held-out sequences the drafters score but never train on: a share of the data (fixed by run.seed),
     # or a separate file of the same kind. Either one turns held-out evaluation on ([eval]).
-    eval_fraction: float = option(0.0, number(0.0, 0.5))
-    eval_path: str | None = option(None, text())
+    eval_fraction: float = option(0.0, number(0.0, 0.5), effect=GRAPH)
+    eval_path: str | None = option(None, text(), effect=GRAPH)
     # text/chat only: processes that make first-epoch sequences ahead of the training thread
     # (trainer/data/prefetch.py). "auto": 0 on CPU (the cores train there), else min(4, usable cores / ranks on
     # this host - 1)
-    workers: int | str = option("auto", integer_or_auto(0, MAX_DATA_WORKERS))
+    workers: int | str = option("auto", integer_or_auto(0, MAX_DATA_WORKERS), effect=STEP_TIME)
 
     @property
     def holds_out(self) -> bool:
@@ -119,83 +133,86 @@ class DataSection:
 @dataclass(frozen=True)
 class EvalSection:
     # steps between held-out evaluations (0: only after the last step); needs held-out data
-    every: int = option(500, integer(0))
+    every: int = option(500, integer(0), effect=BOOKKEEPING)
 
 
 @dataclass(frozen=True)
 class TopologySection:
     # split: N target ranks stream to M drafter ranks; colocated: every rank captures and trains;
     # auto: the launcher picks the faster that fits (trainer/runspec/topology.py, dflash_doctor/launch/topology.py)
-    mode: str = option("auto", choice(*MODES))
+    mode: str = option("auto", choice(*MODES), effect=GRAPH)
     # split only; setting targets or drafters forces a split (unset: 1)
-    targets: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE))
-    drafters: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE))
+    targets: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE), effect=GRAPH)
+    drafters: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE), effect=GRAPH)
     # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
-    ranks: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE))
-    in_flight: int = option(4, integer(1))  # batches a target rank may have sent and not yet seen received
+    ranks: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE), effect=GRAPH)
+    # batches a target rank may have sent and not yet seen received
+    in_flight: int = option(4, integer(1), effect=GRAPH)
     # Colocated on CUDA: capture the next step's batch on a second stream (trainer/run/pipeline.py), beside what
     # is left of this step ("step": as soon as it is queued) or beside its optimizer update only
     # ("optimizer": the memory-bound AdamW next to the capture's matmuls). "auto": "step" on CUDA (measured
     # faster: BENCHMARKS.md), "off" on CPU (trainer.runspec.topology.overlap_mode).
-    overlap_capture: str = option("auto", choice(*OVERLAP_MODES))
+    overlap_capture: str = option("auto", choice(*OVERLAP_MODES), effect=STEP_TIME)
     # "auto": one process in all (one node, world size 1) starts without torchrun; "torchrun": always torchrun
-    launcher: str = option("auto", choice(*LAUNCHERS))
+    launcher: str = option("auto", choice(*LAUNCHERS), effect=GRAPH)
 
 
 @dataclass(frozen=True)
 class OptimSection:
-    lr: float = option(6e-4, number(above=0.0))
-    warmup_ratio: float = option(0.04, number(0.0, 1.0))
-    min_lr_ratio: float = option(0.1, number(0.0, 1.0))
-    schedule: str = option("cosine", choice("cosine"))
-    grad_clip: float = option(1.0, number(above=0.0))
-    steps: int | None = option(None, integer(1))  # exactly one of steps / epochs
-    epochs: float | None = option(None, number(above=0.0))
-    batch_size: int = option(1, integer(1))  # sequences per drafter rank per micro-step
+    lr: float = option(6e-4, number(above=0.0), effect=BOOKKEEPING)
+    warmup_ratio: float = option(0.04, number(0.0, 1.0), effect=BOOKKEEPING)
+    min_lr_ratio: float = option(0.1, number(0.0, 1.0), effect=BOOKKEEPING)
+    schedule: str = option("cosine", choice("cosine"), effect=BOOKKEEPING)
+    grad_clip: float = option(1.0, number(above=0.0), effect=STEP_TIME)
+    steps: int | None = option(None, integer(1), effect=BOOKKEEPING)  # exactly one of steps / epochs
+    epochs: float | None = option(None, number(above=0.0), effect=BOOKKEEPING)
+    batch_size: int = option(1, integer(1), effect=GRAPH)  # sequences per drafter rank per micro-step
     # micro-steps per optimizer step: sequences per step = batch_size x grad_accum x drafters
-    grad_accum: int = option(1, integer(1))
-    anchors: int = option(512, integer(1))  # anchors per sequence per step
-    gamma: float | None = option(
-        None, number(above=0.0)
-    )  # loss decay; default chosen by the drafter from the block size
-    weight_decay: float = option(0.0, number(0.0))
-    betas: tuple[float, float] = option((0.9, 0.95), betas())
+    grad_accum: int = option(1, integer(1), effect=STEP_TIME)
+    anchors: int = option(512, integer(1), effect=GRAPH)  # anchors per sequence per step
+    # loss decay; default chosen by the drafter from the block size
+    gamma: float | None = option(None, number(above=0.0), effect=GRAPH)
+    weight_decay: float = option(0.0, number(0.0), effect=STEP_TIME)
+    betas: tuple[float, float] = option((0.9, 0.95), betas(), effect=STEP_TIME)
 
 
 @dataclass(frozen=True)
 class PrecisionSection:
-    autocast: str = option("auto", choice("auto", "bf16", "off"))  # auto: bf16 on CUDA, off on CPU
+    # auto: bf16 on CUDA, off on CPU
+    autocast: str = option("auto", choice("auto", "bf16", "off"), effect=GRAPH)
 
 
 @dataclass(frozen=True)
 class CheckpointSection:
-    every: int = option(500, integer(0))  # steps between checkpoints (0: only at the end)
-    keep: int = option(3, integer(1))
+    every: int = option(500, integer(0), effect=BOOKKEEPING)  # steps between checkpoints (0: only at the end)
+    keep: int = option(3, integer(1), effect=BOOKKEEPING)
 
 
 @dataclass(frozen=True)
 class OutputSection:
-    dir: str = option("runs/dflash", text())
+    dir: str = option("runs/dflash", text(), effect=BOOKKEEPING)
     # the export's weights: bf16 (what engines serve) | fp32 (the master weights)
-    export_dtype: str = option("bf16", choice("bf16", "fp32"))
-    tensorboard: bool = option(False, boolean())  # event files in <dir>/tensorboard (the `tensorboard` extra)
+    export_dtype: str = option("bf16", choice("bf16", "fp32"), effect=BOOKKEEPING)
+    # event files in <dir>/tensorboard (the `tensorboard` extra)
+    tensorboard: bool = option(False, boolean(), effect=BOOKKEEPING)
     # a Weights & Biases project to log to (the `wandb` extra; WANDB_MODE=offline works)
-    wandb: str | None = option(None, text())
+    wandb: str | None = option(None, text(), effect=BOOKKEEPING)
 
 
 @dataclass(frozen=True)
 class RunSection:
-    seed: int = option(0, integer(0))
-    device: str = option("auto", choice("auto", "cpu", "cuda"))
-    log_every: int = option(10, integer(1))
-    timeout_s: int = option(300, integer(1))  # process-group timeout: how long a rank waits on a silent peer
+    seed: int = option(0, integer(0), effect=BOOKKEEPING)  # values (init, data order), never shapes
+    device: str = option("auto", choice("auto", "cpu", "cuda"), effect=GRAPH)
+    log_every: int = option(10, integer(1), effect=BOOKKEEPING)
+    # process-group timeout: how long a rank waits on a silent peer
+    timeout_s: int = option(300, integer(1), effect=BOOKKEEPING)
 
 
 @dataclass(frozen=True)
 class ProfileSection:
     # torch.profiler over steps start .. start + steps - 1 (1-based), every rank (trainer/run/profiling.py)
-    start: int = option(10, integer(1))
-    steps: int = option(0, integer(0))  # 0: off
+    start: int = option(10, integer(1), effect=BOOKKEEPING)
+    steps: int = option(0, integer(0), effect=BOOKKEEPING)  # 0: off
 
 
 @dataclass(frozen=True)

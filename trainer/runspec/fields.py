@@ -1,6 +1,7 @@
 """Config field rules: each parser takes (dotted name, raw TOML value) and returns the checked value or raises
 a ConfigError that names the field and what it must be (`drafter.block_size: must be an integer >= 2, got
-"sixteen"`). `option(default, parser)` declares a config field and its rule in one place (trainer.runspec.config).
+"sixteen"`). `option(default, parser, effect=...)` declares a config field, its rule and what changing it
+changes, in one place (trainer.runspec.config).
 """
 
 from __future__ import annotations
@@ -238,10 +239,30 @@ def kernel_options() -> Parser:
     return parse
 
 
-def option(default: Any = None, parse: Parser | None = None, factory: Callable[[], Any] | None = None) -> Any:
-    """A config field: its default (or `factory` for a mutable one) and the rule a TOML value must pass.
-    A field without a rule is not a TOML key (filled in by `load_config`)."""
-    metadata = {"parse": parse} if parse is not None else {}
+# What changing a field changes, strongest first. The doctor derives from these what keys a warm-up's record
+# (only GRAPH fields: trainer.runspec.field_effects.graph_part) and which `--set`s keep a measured step time
+# (only BOOKKEEPING ones: field_effects.keeps_step_time).
+GRAPH = "graph"  # may reach a compiled graph: a shape, a dtype, what is compiled, what is captured or how
+STEP_TIME = "step time"  # the same graphs, but one optimizer step takes another time (accumulation, workers)
+BOOKKEEPING = "bookkeeping"  # neither: how long the run goes, where it writes, the schedule, the seed
+EFFECTS = (GRAPH, STEP_TIME, BOOKKEEPING)
+
+
+def option(
+    default: Any = None,
+    parse: Parser | None = None,
+    factory: Callable[[], Any] | None = None,
+    *,
+    effect: str,
+) -> Any:
+    """A config field: its default (or `factory` for a mutable one), the rule a TOML value must pass and its
+    effect (GRAPH, STEP_TIME or BOOKKEEPING). A field without a rule is not a TOML key (filled in by
+    `load_config`)."""
+    if effect not in EFFECTS:
+        raise ValueError(f"effect {effect!r}: must be one of {EFFECTS}")
+    metadata: dict[str, Any] = {"effect": effect}
+    if parse is not None:
+        metadata["parse"] = parse
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -20,10 +20,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_base.errors import ConfigError
 from trainer.runspec.target_shapes import TINY
+
+if TYPE_CHECKING:  # types only: config imports this module
+    from trainer.runspec.config import TrainConfig
 
 # (model_type prefix, id, family): the ids the published DFlash drafters use; the longer prefix first.
 PUBLISHED_MASK_IDS = (("qwen3_5", 248070, "Qwen3.5/3.6"), ("qwen3", 151669, "Qwen3"))
@@ -169,7 +172,7 @@ def resolve_mask_token(
     )
 
 
-def mask_token_of(cfg: Any) -> dict[str, Any]:
-    """{"id", "text", "rule"} of a completed TrainConfig's drafter section (for reports and the export)."""
+def mask_token_of(cfg: TrainConfig) -> dict[str, Any]:
+    """{"id", "text", "rule"} of a completed TrainConfig's drafter section (`train`'s plan and --dry-run --json)."""
     d = cfg.drafter
     return {"id": d.mask_token_id, "text": d.mask_token_text, "rule": d.mask_token_rule}

@@ -16,7 +16,8 @@ SUMMARY_FILE = (
 EXPORT_DIR = "export"  # the drafter for the engines (trainer.model.export)
 CHECKPOINTS_DIR = "checkpoints"  # one folder per checkpoint (trainer.run.checkpoint)
 CHECKPOINT_PREFIX = "step_"  # `step_00000040`: a complete checkpoint; `.tmp-step_...` one being written
-CHECKPOINT_STATE = "state.pt"  # in each checkpoint folder, beside meta.json
+CHECKPOINT_STATE = "state.pt"  # in each checkpoint folder, beside CHECKPOINT_META
+CHECKPOINT_META = "meta.json"  # the checkpoint's step and data position, for people and tools
 
 
 ERROR_LINE_PREFIX = "dflash trainer: error: "  # then "rank N: <what is wrong>"

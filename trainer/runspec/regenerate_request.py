@@ -1,14 +1,13 @@
 """What `dflash-doctor data regenerate` is asked to do, as plain data: one request object, its defaults
 written once (the CLI's options take theirs from here), checked before torch or the target loads. No torch
-here: the CLI imports it to build its options. Adding an option is one field here (and its Typer parameter):
-the command builds the request from its parameters by name (`RegenerateRequest.of`)."""
+here: the CLI imports it to build its options. Adding an option is one field here, its Typer parameter, and
+one line where the command builds the request by name."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dflash_base.errors import ConfigError
 
@@ -38,15 +37,6 @@ class RegenerateRequest:
     tensor_parallel: int = 1  # vllm engine: GPUs per model
     commit_every: float = 60.0  # seconds of work per commit to --out
     json_out: bool = False
-
-    @classmethod
-    def of(cls, options: dict[str, Any]) -> RegenerateRequest:
-        """The request from the command's parameters, by name (`set_` is --set); others are ignored."""
-        named = {f.name for f in fields(cls)}
-        given = {k: v for k, v in options.items() if k in named}
-        if "set_" in options:
-            given["overrides"] = tuple(options["set_"] or ())
-        return cls(**given)
 
     def validate(self) -> None:
         """ConfigError naming the option (exit 2), before torch or the target loads."""

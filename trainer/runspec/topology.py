@@ -168,7 +168,8 @@ def resolve_topology(section: TopologySection, world_size: int | None = None, no
         return topology
     if world_size is not None and world_size != ranks:
         raise ConfigError(
-            f"topology.ranks: {ranks} colocated ranks, but torchrun started {world_size} processes "
+            f"topology.ranks: {ranks} colocated ranks, but torchrun started {world_size} "
+            f"process{'es' if world_size != 1 else ''} "
             f"(use --nproc-per-node {ranks}, or remove topology.ranks)",
             hint=hint,
         )

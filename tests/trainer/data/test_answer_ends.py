@@ -12,7 +12,7 @@ import pytest
 from dflash_base.errors import ConfigError
 from tests.trainer.chat_fixtures import QWEN3_LIKE, byte_tokenizer, supervised_text
 from trainer.data.answer_ends import finish_reasons, trim_answer_ends
-from trainer.data.degenerate import ends_in_loop
+from trainer.data.degenerate import MAX_PERIOD, MIN_LOOP_TOKENS, loop_of
 from trainer.data.sources import TokenizedSource
 from trainer.runspec.config import parse_config
 
@@ -94,7 +94,7 @@ def test_loops_drop_supervises_no_token_of_a_looping_answer_and_keeps_the_others
 
 def test_loops_cut_leaves_answers_that_do_not_loop_alone(tmp_path: Path) -> None:
     code = "\n".join(f"x{i} = {i * 7}" for i in range(30))  # lines of one shape that progress
-    assert not ends_in_loop(list(code.encode()))
+    assert loop_of(list(code.encode()), MAX_PERIOD, MIN_LOOP_TOKENS) is None  # its tokens end in no loop
     source = _source(tmp_path, [_record([code, "Bye"], ["stop", "stop"])], loops="cut")
     assert _supervised(source) == [code + "<|im_end|>", "Bye<|im_end|>"]
 

@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 
 from dflash_base.errors import ConfigError
-from tests.trainer.chat_fixtures import PLAIN, QWEN3_LIKE, REASONING, byte_tokenizer, supervised_text
-from trainer.data.chat import TemplateMarks, chat_tokens_and_mask
+from tests.trainer.chat_fixtures import (
+    PLAIN,
+    QWEN3_LIKE,
+    REASONING,
+    byte_tokenizer,
+    chat_tokens_and_mask,
+    supervised_text,
+)
+from trainer.data.chat import TemplateMarks
 from trainer.data.sources import TokenizedSource
 from trainer.runspec.config import parse_config
 

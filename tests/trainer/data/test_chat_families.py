@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from dflash_base.errors import ConfigError
-from tests.trainer.chat_fixtures import supervised_text
-from trainer.data.chat import chat_sequence, chat_tokens_and_mask
+from tests.trainer.chat_fixtures import chat_tokens_and_mask, supervised_text
+from trainer.data.chat import chat_sequence
 from trainer.data.sources import TokenizedSource
 
 TEMPLATES = Path(__file__).parent / "templates"

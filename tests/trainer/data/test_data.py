@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dflash_base.errors import ConfigError
-from trainer.data.chat import chat_tokens_and_mask
+from tests.trainer.chat_fixtures import chat_tokens_and_mask
 from trainer.data.order import BatchOrder
 from trainer.data.sources import (
     JsonlSource,
@@ -57,14 +57,19 @@ def _cfg(**optim: object) -> object:
     return parse_config({"optim": {"batch_size": 4, **optim}})
 
 
+def total_batches(plan: RunPlan) -> int:
+    """Every drafter's batches over the run."""
+    return plan.total_micro_steps * plan.drafters
+
+
 def test_plan_from_steps_or_epochs() -> None:
-    assert plan_run(_cfg(steps=5), 100, drafters=3).total_batches == 15
+    assert total_batches(plan_run(_cfg(steps=5), 100, drafters=3)) == 15
     plan = plan_run(_cfg(epochs=2.0), 100, drafters=3)  # 25 batches an epoch, 50 batches, 16 steps of 3
-    assert (plan.batches_per_epoch, plan.total_steps, plan.total_batches) == (25, 16, 48)
+    assert (plan.batches_per_epoch, plan.total_steps, total_batches(plan)) == (25, 16, 48)
     with pytest.raises(ConfigError, match=r"optim\.batch_size"):
         plan_run(_cfg(steps=1), 3, drafters=1)
     accumulated = plan_run(_cfg(epochs=2.0, grad_accum=2), 100, drafters=3)  # 50 batches, 6 per step: 8 steps
-    assert (accumulated.total_steps, accumulated.total_micro_steps, accumulated.total_batches) == (8, 16, 48)
+    assert (accumulated.total_steps, accumulated.total_micro_steps, total_batches(accumulated)) == (8, 16, 48)
 
 
 def test_jsonl_source(tmp_path: Path) -> None:

@@ -9,12 +9,18 @@ import random
 import pytest
 
 from trainer.data.degenerate import (
+    MAX_PERIOD,
     MIN_LOOP_TOKENS,
     cut_loop,
-    ends_in_loop,
     ends_in_loop_text,
     loop_of,
 )
+
+
+def ends_in_loop(token_ids: list[int]) -> bool:
+    """The token rule (the module docstring says what counts), as `cut_loop` and the data's loop counts apply it."""
+    return loop_of(token_ids, MAX_PERIOD, MIN_LOOP_TOKENS) is not None
+
 
 PROSE = (
     "Photosynthesis is how plants turn light into food. In the leaves, chlorophyll absorbs sunlight, and the "

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.trainer.target_folder import make_target_folder
+from bench.lib.target_folder import make_target_folder
 from trainer.engine.target import load_generation_target
 from trainer.regenerate.job import prepare_regeneration
 from trainer.regenerate.settings import GenerationSettings
@@ -37,10 +38,10 @@ def test_regenerate_settings_carry_target_dtype(target: Path, tmp_path: Path) ->
     )
     prompts = tmp_path / "in.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1"}) + "\n")
-    base = {"config": str(config), "prompts": prompts, "out": tmp_path / "out.jsonl"}
-    default, _ = prepare_regeneration(RegenerateRequest.of(base))
+    base = RegenerateRequest(config=str(config), prompts=prompts, out=tmp_path / "out.jsonl")
+    default, _ = prepare_regeneration(base)
     assert default.dtype == "auto" and "dtype" not in default.to_json()  # outputs written before still resume
-    bf16, _ = prepare_regeneration(RegenerateRequest.of(base | {"set_": ["target.dtype=bf16"]}))
+    bf16, _ = prepare_regeneration(replace(base, overrides=("target.dtype=bf16",)))
     assert bf16.dtype == "bf16" and bf16.to_json()["dtype"] == "bf16"  # recorded: a resume in fp32 is refused
 
 

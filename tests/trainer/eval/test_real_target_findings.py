@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.target_folder import make_tokenizer
+from bench.lib.target_folder import make_tokenizer
 from trainer.engine.target import prompt_ids
 from trainer.eval.prompts import prompts_from_file
 

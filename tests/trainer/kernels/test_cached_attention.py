@@ -111,7 +111,7 @@ def test_the_decoder_on_the_kernel_writes_the_tokens_it_writes_on_sdpa(tmp_path:
         f"""
         from pathlib import Path
         import torch
-        from tests.trainer.target_folder import make_target_folder
+        from bench.lib.target_folder import make_target_folder
         from trainer.engine.scheduler import Scheduler
         from trainer.engine.target import load_generation_target
         from trainer.engine.decoder import KVDecoder

@@ -319,7 +319,7 @@ def test_bad_input_lines_stop_or_are_skipped(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.trainer.target_folder import make_target_folder
+    from bench.lib.target_folder import make_target_folder
 
     return make_target_folder(tmp_path_factory.mktemp("target"))
 

@@ -21,7 +21,7 @@ def home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen3 target with a 512-word tokenizer and a chat template; context 4096."""
-    from tests.trainer.target_folder import make_target_folder
+    from bench.lib.target_folder import make_target_folder
 
     return make_target_folder(tmp_path_factory.mktemp("target"))
 

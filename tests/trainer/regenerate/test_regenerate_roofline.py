@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.target_folder import make_target_folder
+from bench.lib.target_folder import make_target_folder
 from trainer.regenerate.job import regenerate, scan_input
 from trainer.regenerate.kv_engine import KVEngine
 from trainer.regenerate.settings import GenerationSettings

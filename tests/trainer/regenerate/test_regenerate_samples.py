@@ -154,7 +154,7 @@ def test_vllm_seeds_each_answer_with_its_key(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.fixture(scope="module")
 def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.trainer.target_folder import make_target_folder
+    from bench.lib.target_folder import make_target_folder
 
     return make_target_folder(tmp_path_factory.mktemp("target"))
 

@@ -17,7 +17,7 @@ from trainer.regenerate.settings import Completion, GenerationSettings
 
 @pytest.fixture(scope="module")
 def target_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.trainer.target_folder import make_target_folder
+    from bench.lib.target_folder import make_target_folder
 
     return make_target_folder(tmp_path_factory.mktemp("target"))
 

@@ -15,7 +15,6 @@ from trainer.run.heldout import (
     HeldoutSums,
     acceptance_hits,
     answer_walks,
-    decoding_walk,
     every_anchor,
     leading_run,
     score_batch,
@@ -116,6 +115,12 @@ def test_acceptance_counts_the_bonus_token_and_stops_where_the_data_leave_the_gr
     assert vs_target.tolist() == [[[True, True, True, False]]]  # slot 4: the target's context is unknown
     assert vs_labels.tolist() == [[[True, True, False, True]]]
     assert (1 + leading_run(vs_target)).item() == 4 and (1 + leading_run(vs_labels)).item() == 3
+
+
+def decoding_walk(accept: dict[int, int], loss_mask: list[bool]) -> tuple[int, int]:
+    """(tokens, forwards) of greedy speculative decoding over every answer of one sequence (`answer_walks`)."""
+    walks = answer_walks(accept, loss_mask)
+    return sum(t for t, _ in walks), sum(f for _, f in walks)
 
 
 def test_the_held_out_figure_walks_each_answer_as_decoding_does() -> None:

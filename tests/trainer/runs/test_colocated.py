@@ -54,7 +54,7 @@ def test_colocated_refuses_a_process_count_other_than_its_ranks(tmp_path: Path) 
     over = {**COLOCATED, "topology.ranks": "2"}
     run = torchrun("configs/tiny-cpu.toml", tmp_path / "out", nproc=1, overrides=over, timeout=120)
     assert run.returncode != 0
-    assert "topology.ranks: 2 colocated ranks, but torchrun started 1 processes" in run.stderr
+    assert "topology.ranks: 2 colocated ranks, but torchrun started 1 process " in run.stderr
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 

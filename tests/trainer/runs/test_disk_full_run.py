@@ -72,7 +72,7 @@ def test_disk_full_while_the_checkpoint_is_written(small_disk) -> None:  # noqa:
     assert "Traceback" not in output and "ChildFailedError" not in output
     record = last_record()
     assert record["status"] == "failed" and "step_00000020" in record["reason"]
-    assert "launch.disk.full" in record["overrides"]
+    assert "launch.disk.full" in record["forced_findings"]
     assert partial_files(out) == []
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000010"]
     subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)

@@ -1,4 +1,4 @@
-"""`RegenerateRequest`: built by keyword from the command's parameters, its defaults the CLI's, checked
+"""`RegenerateRequest`: built by name from the command's parameters, its defaults the CLI's, checked
 before torch loads (issue 35 section 1)."""
 
 from __future__ import annotations
@@ -28,15 +28,32 @@ def test_the_command_options_are_the_request_fields_with_its_defaults() -> None:
     for name, parameter in parameters.items():
         if name in ("config", "prompts", "out", "set_"):
             continue
-        assert parameter.default.default == getattr(DEFAULTS, name), name
+        default = parameter.default
+        default = getattr(default, "default", default)  # `--json` is the shared JsonOption (a typer default)
+        assert default == getattr(DEFAULTS, name), name
 
 
-def test_of_takes_the_parameters_by_name() -> None:
-    request = RegenerateRequest.of(
-        {"config": "c.toml", "prompts": Path("p"), "out": Path("o"), "set_": ["run.seed=3"], "top_p": 0.5}
-    )
+def test_the_command_passes_every_option_to_the_request_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each option reaches the request's field of its name (`--set` as `overrides`), and nothing else does."""
+    from dflash_doctor.cli import run as cli_run
+
+    seen: list[RegenerateRequest] = []
+
+    def prepare(request: RegenerateRequest) -> None:
+        seen.append(request)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr("trainer.api.prepare_regeneration", prepare)
+    argv = ["data", "regenerate", "--config", "c.toml", "--prompts", "p", "--out", "o", "--set", "run.seed=3"]
+    argv += ["--top-p", "0.5", "--seed", "7", "--commit-every", "5", "--limit", "4", "--json"]
+    assert cli_run(argv) == 2
+    (request,) = seen
     assert request.overrides == ("run.seed=3",) and request.top_p == 0.5 and request.config == "c.toml"
-    request.validate()
+    assert (request.prompts, request.out, request.seed, request.limit) == (Path("p"), Path("o"), 7, 4)
+    assert request.commit_every == 5.0 and request.json_out is True
+    assert request.max_new_tokens == DEFAULTS.max_new_tokens and request.engine == DEFAULTS.engine
 
 
 @pytest.mark.parametrize(

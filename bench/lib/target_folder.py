@@ -1,5 +1,6 @@
 """A real Hugging Face target folder made offline: the embedded tiny Qwen3 with a 512-word tokenizer and a chat
-template, so code that loads `AutoModelForCausalLM`/`AutoTokenizer` from `target.path` runs in tests."""
+template, so code that loads `AutoModelForCausalLM`/`AutoTokenizer` from `target.path` runs in tests and in the
+benchmarks' `--tiny` dry runs."""
 
 from __future__ import annotations
 
