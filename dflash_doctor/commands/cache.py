@@ -27,10 +27,11 @@ from dflash_doctor.cache.locations import (
     command_locations,
     snapshots_dir,
 )
-from dflash_doctor.cache.restore import RestoreResult, restore_snapshot
+from dflash_doctor.cache.restore import RestoreResult
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
+from dflash_doctor.cache.store_restore import restore_from_store
 from dflash_doctor.cache.warm import (
     WarmShapes,
     check_device,
@@ -253,28 +254,21 @@ class RestoreOutcome:
 
 
 def restore_request(request: RestoreRequest) -> RestoreOutcome:
-    """Verify and swap in the snapshot, then adopt the warm-up records it carries (not after --force:
-    a forced restore is for another build, its records could never match here)."""
+    """Verify and swap in the snapshot and adopt its warm-up records (`cache.store_restore`, the one home of
+    both, shared with `train`)."""
     _, current = _current(request.python)
     locations = command_locations(os.environ)
-    store = SnapshotStore(snapshots_dir())
-    with store.locked():
-        archive = store.resolve(request.snapshot)
-        result = restore_snapshot(
-            archive,
-            locations.roots(),
-            current,
-            force=request.force,
-            replace_non_cache=request.replace_non_cache,
-        )
-    warnings = list(result.left_alone)
-    adopted = 0
-    if not result.forced_over:
-        try:
-            adopted = default_records().adopt(result.manifest.warm_records, result.manifest.name)
-        except DoctorError as exc:  # the cache is restored; only the records could not be kept
-            warnings.append(exc.message)
-    return RestoreOutcome(archive, result, locations.inductor_source, warnings, adopted)
+    restored = restore_from_store(
+        SnapshotStore(snapshots_dir()),
+        request.snapshot,
+        locations.roots(),
+        current,
+        force=request.force,
+        replace_non_cache=request.replace_non_cache,
+    )
+    return RestoreOutcome(
+        restored.archive, restored.result, locations.inductor_source, restored.warnings, restored.adopted
+    )
 
 
 def restore_json(outcome: RestoreOutcome) -> dict[str, Any]:

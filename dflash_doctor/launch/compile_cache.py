@@ -21,12 +21,13 @@ from typing import Any
 
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import DoctorError
+from dflash_doctor.cache.claim import claim_cache_folders
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.locations import snapshots_dir, warm_configs_dir
-from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
+from dflash_doctor.cache.store_restore import restore_from_store
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
 from dflash_doctor.cache.warm_record import (
     WarmRecords,
@@ -80,12 +81,15 @@ class WarmUpPlan:
 
     def done(self, misses: int, hits: int, seconds: object, by: str) -> CachePreparation:
         """The warm-up ran (`by` says where) and compiled `misses` graphs: its record is kept."""
-        self.records.save(self.key, self.devices, cache_files(self.roots))
         where = ", ".join(self.devices) or self.device_type
         steps = [
             *self.steps,
             f"{by} on {where}: {misses} graphs compiled, {hits} from cache, {seconds} s (ran: {self.why})",
         ]
+        try:
+            self.records.save(self.key, self.devices, cache_files(self.roots))
+        except DoctorError as exc:  # the cache is warm; only the next launch's skip is lost (store_restore.py)
+            steps.append(f"! its warm-up record was not kept: {exc.message}")
         action = "warmed" if misses and self.action == "warm" else self.action
         return CachePreparation(action, "; ".join(steps), time.perf_counter() - self.began)
 
@@ -110,16 +114,18 @@ def plan_warm_up(
         compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
         if compatible:
             newest = compatible[-1]
-            store = SnapshotStore(snapshots_dir())
             try:  # a launch that can run cold is never stopped by its cache (issue 37 F2)
-                with store.locked():
-                    result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+                restored = restore_from_store(
+                    SnapshotStore(snapshots_dir()), str(newest.path), status.locations.roots(), fingerprint
+                )
             except DoctorError as exc:
-                steps.append(f"! snapshot {newest.name} not restored ({exc}); compiling cold")
+                steps.append(f"! snapshot {newest.name} not restored ({exc.message}); compiling cold")
             else:
-                records.adopt(result.manifest.warm_records, newest.name)
-                steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
+                steps.append(f"restored snapshot {newest.name} ({len(restored.result.manifest.files)} files)")
+                steps.extend(f"! {warning}" for warning in restored.warnings)
                 action = "restored"
+    # What the warm-up and the workers will use, judged now, whatever became of the restore (issue 58, TR1).
+    claim_cache_folders(status.locations.roots())
     from trainer.runspec.config_file import read_raw
 
     config = _config_with_overrides(config_path, overrides)
