@@ -116,7 +116,7 @@ def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:
     """The summary a person reads: what was written, what was cut or looped, and how to train on it."""
     text = (
         f"wrote {summary.written} conversations to {out} ({summary.skipped_done} already there, "
-        f"{summary.skipped_bad} bad lines skipped); {summary.answers} answers, "
+        f"{summary.skipped_bad} bad lines skipped{_dropped(summary)}); {summary.answers} answers, "
         f"{summary.stopped_at_length} cut at --max-new-tokens, {summary.ended_in_loop} ending in a "
         f"repetition loop ({summary.loops_at_length} of them at --max-new-tokens); "
         f"{report['generated_tokens_per_s']:,.0f} generated tok/s"
@@ -130,6 +130,12 @@ def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:
     if summary.written or summary.skipped_done:
         text += f'\ntrain on it with: data.kind = "chat", data.path = "{os.path.abspath(out)}"'
     return text
+
+
+def _dropped(summary: Any) -> str:
+    """Lines of --out that repeated an id, dropped on resume (two runs into one file; issue 58, N5)."""
+    count = getattr(summary, "duplicates_dropped", 0)
+    return f", {count} duplicate lines dropped (an id written twice)" if count else ""
 
 
 def cut_short_warning(summary: Any, max_new_tokens: int) -> str:

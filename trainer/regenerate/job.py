@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.atomic import write_bytes_atomic
 from dflash_base.disk import writing
 from dflash_base.errors import ConfigError, DoctorError
 from trainer.data.degenerate import ends_in_loop_text
 from trainer.engine.sampling import row_key
 from trainer.engine.target import prompt_ids
 from trainer.regenerate.conversations import PromptRecord, RecordError, Regeneration, read_records
+from trainer.regenerate.out_lock import holding_output
 from trainer.regenerate.settings import CountsTokens, Engine, GenerationSettings
 from trainer.runspec.regenerate_request import RegenerateRequest
 
@@ -182,20 +184,38 @@ def _start_over(out: Path) -> set[str]:
     return set()
 
 
+@dataclass
+class Resumed:
+    """What an earlier run left in `--out`: the ids written, and how many lines repeated an id (dropped)."""
+
+    ids: set[str]
+    duplicates_dropped: int = 0
+
+
 def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[str]:
+    return resume(out, settings, force).ids
+
+
+def resume(out: Path, settings: GenerationSettings, force: bool) -> Resumed:
     """Ids already in `out`. A torn last line is cut off; a damaged line elsewhere, or lines made with other
-    settings, are refused (with `force`, the old file is moved aside to `<out>.old-<time>` and we start over)."""
+    settings, are refused (with `force`, the old file is moved aside to `<out>.old-<time>` and we start over).
+    A line whose id an earlier line has (two runs into one file before the output was locked: issue 58, N5) is
+    dropped, the first of each id kept: the file is rewritten beside and renamed, and the count said."""
     if not out.exists():
-        return set()
+        return Resumed(set())
     if not out.is_file():
         raise RegenerateError(f"--out: {out} exists and is not a file")
     data = out.read_bytes()
     lines = data.split(b"\n")
     good_end, ids, mismatch = 0, set(), None
+    kept: list[bytes] = []  # whole lines, each id's first
+    duplicates = 0
     for number, raw in enumerate(lines, start=1):
         complete = number < len(lines)  # the piece after the last newline is empty or torn
         if not raw.strip():
             good_end += len(raw) + (1 if complete else 0)
+            if complete:
+                kept.append(raw)
             continue
         try:
             line = json.loads(raw)
@@ -217,9 +237,13 @@ def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[st
                     f"--out: {out} line {number} is damaged (not a regenerated conversation)",
                     hint="pass --force to start over (the old file is kept beside), or move the file away",
                 )
-            return _start_over(out)  # was: --force, which the hint named, gave this same error
+            return Resumed(_start_over(out))  # was: --force, which the hint named, gave this same error
         if mismatch is None and _settings_of(line) != settings.to_json():
             mismatch = (number, _settings_of(line))
+        if line["id"] in ids:
+            duplicates += 1
+        else:
+            kept.append(raw)
         ids.add(line["id"])
         good_end += len(raw) + 1
     if mismatch is not None:
@@ -230,12 +254,16 @@ def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[st
                 f"--out: {out} was made with other settings (line {number}: {json.dumps(diff)})",
                 hint="use another --out, or pass --force to start over (the old file is kept beside)",
             )
-        return _start_over(out)
-    if good_end < len(data):
+        return Resumed(_start_over(out))
+    if duplicates:
+        mode = out.stat().st_mode & 0o777
+        write_bytes_atomic(out, b"".join(line + b"\n" for line in kept))
+        os.chmod(out, mode)
+    elif good_end < len(data):
         with open(out, "r+b") as handle:
             handle.truncate(good_end)
             os.fsync(handle.fileno())
-    return ids
+    return Resumed(ids, duplicates)
 
 
 def output_line(regen: Regeneration, settings: GenerationSettings, engine: str) -> str:
@@ -260,6 +288,9 @@ class Summary:
     written: int = 0
     skipped_done: int = 0
     skipped_bad: int = 0
+    duplicates_dropped: int = (
+        0  # lines of --out that repeated an id (two runs into one file), dropped on resume
+    )
     generated_tokens: int = 0
     answers: int = 0
     stopped_at_length: int = 0
@@ -295,6 +326,7 @@ class Summary:
             "written": self.written,
             "skipped_already_written": self.skipped_done,
             "skipped_bad_lines": self.skipped_bad,
+            "duplicates_dropped": self.duplicates_dropped,
             "answers": self.answers,
             "answers_cut_at_max_new_tokens": self.stopped_at_length,
             "answers_ending_in_a_loop": self.ended_in_loop,
@@ -387,11 +419,36 @@ def regenerate(
     chunk is answered, each time the engine counts tokens (`summary.in_flight_tokens`, `summary.seconds`)."""
     if scan.source is not None:
         check_out_is_not_prompts(scan.source, out)  # before `force` could move the input aside
-    done = resume_state(out, settings, force)
+    with holding_output(out):  # one run per output file (N5), from the read of what it holds to the last line
+        return _regenerate(
+            scan, out, settings, engine_factory, limit, force, commit_every_s, on_progress, chunk_size,
+            samples_per_prompt, on_tokens,
+        )  # fmt: skip
+
+
+def _regenerate(
+    scan: InputScan,
+    out: Path,
+    settings: GenerationSettings,
+    engine_factory: Callable[[], Engine],
+    limit: int | None,
+    force: bool,
+    commit_every_s: float,
+    on_progress: Callable[[Summary, int], None] | None,
+    chunk_size: int | None,
+    samples_per_prompt: int,
+    on_tokens: Callable[[Summary], None] | None,
+) -> Summary:
+    resumed = resume(out, settings, force)
+    done = resumed.ids
     records = scan.records[:limit] if limit is not None else scan.records
     walks = sample_walks(records, samples_per_prompt)
     todo = [w for w in walks if w.id not in done]
-    summary = Summary(skipped_done=len(walks) - len(todo), skipped_bad=len(scan.bad))
+    summary = Summary(
+        skipped_done=len(walks) - len(todo),
+        skipped_bad=len(scan.bad),
+        duplicates_dropped=resumed.duplicates_dropped,
+    )
     if on_progress:
         on_progress(summary, len(todo))
     if not todo:

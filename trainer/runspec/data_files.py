@@ -101,6 +101,8 @@ class DataScan:
     bad_lines: int = 0
     first_bad: str | None = None  # "line 100: not JSON (...)"
     answered: int = 0  # chat: conversations with an assistant turn (the only turns a drafter learns)
+    duplicates: int = 0  # records whose string `id` an earlier record has (two runs into one output file)
+    first_duplicate: str | None = None  # 'id "a" on line 70, first on line 3'
 
 
 def template_problem(record: dict[str, Any], template_kwargs: dict[str, Any] | None) -> str | None:
@@ -127,6 +129,7 @@ def scan_data_file(
     template_kwargs: dict[str, Any] | None = None,
 ) -> DataScan:
     scan = DataScan()
+    seen: dict[str, int] = {}  # id -> its first line: a file `data regenerate` wrote names each conversation
     for number, record, problem in _lines(path, field):
         if record is not None:
             problem = record_problem(kind, record, vocab_size)
@@ -134,6 +137,16 @@ def scan_data_file(
                 problem = template_problem(record, template_kwargs)
         if problem is None and record is not None:
             scan.records += 1
+            ident = record.get("id")
+            if isinstance(ident, str):
+                if ident in seen:
+                    scan.duplicates += 1
+                    if scan.first_duplicate is None:
+                        scan.first_duplicate = (
+                            f"id {json.dumps(ident)[:80]} on line {number}, first on line {seen[ident]}"
+                        )
+                else:
+                    seen[ident] = number
             if kind == "chat" and any(m.get("role") == "assistant" for m in record["messages"]):
                 scan.answered += 1
             continue
@@ -167,6 +180,13 @@ def check_data_file(
         )
     if not scan.records:
         raise ConfigError(f"{field}: {path} holds no records")
+    if scan.duplicates:  # trained twice as often as the rest, and in the held-out split and the training one
+        raise ConfigError(
+            f"{field}: {path}: {scan.duplicates} record(s) repeat an id an earlier record has ({scan.first_duplicate}): "
+            "each would be trained (or held out) more than once",
+            hint="if `dflash-doctor data regenerate` wrote it, run that command again with the same --out: it keeps "
+            "the first line of each id and drops the rest, saying how many",
+        )
     if kind == "chat" and not scan.answered:
         raise ConfigError(
             f"{field}: {path}: none of its {scan.records} conversations has an assistant turn: nothing to "
