@@ -88,7 +88,9 @@ class WarmUpPlan:
         ]
         try:
             self.records.save(self.key, self.devices, cache_files(self.roots))
-        except DoctorError as exc:  # the cache is warm; only the next launch's skip is lost (store_restore.py)
+        except (
+            DoctorError
+        ) as exc:  # the cache is warm; only the next launch's skip is lost (store_restore.py)
             steps.append(f"! its warm-up record was not kept: {exc.message}")
         action = "warmed" if misses and self.action == "warm" else self.action
         return CachePreparation(action, "; ".join(steps), time.perf_counter() - self.began)
