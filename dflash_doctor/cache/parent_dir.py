@@ -50,6 +50,7 @@ class ParentDir:
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self.fd = fd
+        self.lock_fds: list[int] = []  # the cache folder's locks held through it (folder_lock.py)
         info = os.fstat(fd)
         self.shared = exposure(info.st_uid, stat.S_IMODE(info.st_mode)) == "shared"
 

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
-from dflash_doctor.cache.folder_lock import folder_locks
+from dflash_doctor.cache.folder_lock import folder_locks, held_lock_fds
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.locations import (
     INDUCTOR_VARIABLE,
@@ -462,8 +462,10 @@ def warm_command(
         SnapshotStore(snapshots_dir()).check_writable("`cache warm`'s snapshot (--no-snapshot compiles only)")
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
-    with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles
-        result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
+    # No restore swaps the folder while the child compiles: the child holds the locks too, and dies with us (W2)
+    with folder_locks(locations.roots().values()) as parents:
+        environ = child_environ(os.environ, locations.inductor, locations.triton)
+        result = run_warm_child(command, environ, pass_fds=held_lock_fds(parents))
     misses, hits = compile_count(result)
     snapshot: dict[str, Any] | None = None
     if not no_snapshot:
