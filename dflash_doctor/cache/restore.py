@@ -51,7 +51,6 @@ from dflash_doctor.cache.journal import (
     JOURNAL_SCHEMA,
     JOURNAL_SUFFIX,
     STAGING_TAG,
-    journal_path,
     pending_restore,
     read_journal,
 )
@@ -59,6 +58,7 @@ from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, ArchiveError, CacheManifest, marker_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
 from dflash_doctor.cache.recovery import (
+    JournalFile,
     recover_interrupted,
     roll_back,
     untouched,
@@ -224,7 +224,7 @@ class _Restore:
         if unrecorded:  # every root swapped, no staging folder left; the journal stays for recovery (B5)
             result.left_alone.extend(unrecorded.values())
         else:
-            first.parent.unlink(journal_path(first.target).name)
+            JournalFile(first.parent, first.target).remove()
         for root in self.roots:
             kept = result.backups.get(root.label)
             prune_backups(root.target, current=kept.name if kept else None, parent=root.parent)
@@ -324,7 +324,7 @@ class _Restore:
             return
         roll_back(self.roots, self.restore_id)
         first = self.roots[0]
-        first.parent.unlink(journal_path(first.target).name)
+        JournalFile(first.parent, first.target).remove()
         raise DoctorError(
             f"cannot swap the restored cache in at {printable(str(failed.target), 4096)} ({exc.strerror}): "
             "nothing was changed, the staging folders were removed",
@@ -342,7 +342,7 @@ class _Restore:
                 os.rmdir(name, dir_fd=root.parent.fd)
         if self.journal:
             first = self.roots[0]
-            first.parent.unlink(journal_path(first.target).name)
+            JournalFile(first.parent, first.target).remove()
 
 
 def refuse_read_only(target: Path, parent: ParentDir) -> None:

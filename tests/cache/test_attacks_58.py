@@ -87,3 +87,56 @@ def test_a1_links_of_yours_on_the_way_still_work(tmp_path: Path) -> None:
     make_tree(tmp_path / "unused", files=1)
     restore_into(archive, tmp_path / "abs" / "inductor", force=True)
     assert len(list((real / "inductor").rglob("*"))) >= len(digests)
+
+
+# -- JN: another user taking the journal's name beside a cache in a sticky shared folder
+
+
+def _shared(tmp_path: Path) -> Path:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+@needs_root
+def test_jn_a_journal_name_another_user_took_blocks_no_restore(tmp_path: Path) -> None:
+    """A non-root user could not replace it (EPERM in a sticky folder: every restore refused); root replaced
+    another user's file. Now the journal goes to this user's lock folder, the planted file is left as it is."""
+    from dflash_doctor.cache.journal import journal_path
+
+    archive, digests = snapshot_of(tmp_path)
+    target = _shared(tmp_path) / "inductor"
+    planted = journal_path(target)
+    planted.write_text("theirs")
+    os.chown(planted, OTHER_USER, OTHER_USER)
+    restore_into(archive, target)
+    assert planted.read_text() == "theirs" and planted.stat().st_uid == OTHER_USER
+    assert sorted(
+        p.name for p in target.rglob("*") if p.is_file() and p.name != ".dflash-doctor.json"
+    ) == sorted(Path(rel).name for rel in digests)
+
+
+def test_jn_a_kill_mid_restore_with_the_journal_aside_is_finished_by_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal in the lock folder is what recovery and `cache status` read: a restore killed while it
+    wrote there is rolled back or forward by the next one, whole."""
+    from dflash_doctor.cache import recovery
+    from dflash_doctor.cache.journal import pending_restore
+    from tests.cache.helpers import fork_reporting, tree_digests, wait_for_progress
+
+    archive, digests = snapshot_of(tmp_path, files=12)
+    target = tmp_path / "caches" / "inductor"
+    old = make_tree(target, files=3, seed=9)
+    monkeypatch.setattr(recovery.JournalFile, "_taken", lambda self: True)  # as if the name were another's
+    pid, progress = fork_reporting(lambda: restore_into(archive, target))
+    wait_for_progress(progress, 6)  # mid-extraction
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    os.close(progress)
+    assert not (target.parent / ".inductor.dflash-restore.json").exists()
+    assert pending_restore(target) is not None  # read from the lock folder
+    restore_into(archive, target)
+    assert pending_restore(target) is None
+    assert tree_digests(target) == digests and old
