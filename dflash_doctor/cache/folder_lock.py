@@ -39,7 +39,7 @@ from dflash_base.errors import DoctorError
 from dflash_doctor import paths
 from dflash_doctor.cache import fsops
 from dflash_doctor.cache.fsops import kind_of
-from dflash_doctor.cache.parent_dir import ParentDir, open_trusted
+from dflash_doctor.cache.parent_dir import ParentDir, lock_folder_remedy, open_trusted
 
 LOCK_SUFFIX = ".dflash-doctor.lock"
 TIMEOUT_S = 600.0
@@ -69,7 +69,7 @@ def identity_lock(parent: ParentDir, name: str, timeout: float, busy: DoctorErro
     """Hold the lock of the cache folder `name` in `parent` in this user's lock folder."""
     root = paths.lock_root()
     paths.make_private_dirs(root)
-    folder = open_trusted(root, "the lock folder")
+    folder = open_trusted(root, "the lock folder", lock_folder_remedy)
     try:
         lock_name = identity_lock_name(parent, name)
         fd = open_lock(

@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from dflash_base.errors import DoctorError
@@ -42,6 +44,15 @@ def exposure(uid: int, mode: int) -> str | None:
 
 def parent_remedy() -> str:
     return f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache in a folder only you own"
+
+
+def lock_folder_remedy(folder: Path) -> str:
+    """The fix when a folder on the way to this user's lock folder is one others can write (issue 58, L2: a
+    group-writable ~/.cache under umask 002 refused every restore with the cache's hint, which fixed nothing)."""
+    return (
+        f"chmod go-w {shlex.quote(str(folder))}  # or: export {paths.LOCK_DIR_ENV}=<a folder only you can write, "
+        "the same for every DFLASH_DOCTOR_HOME>"
+    )
 
 
 class ParentDir:
@@ -247,11 +258,11 @@ def untrusted_folder(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def open_trusted(path: Path, what: str) -> int:
+def open_trusted(path: Path, what: str, remedy: Callable[[Path], str] | None = None) -> int:
     """A handle of the folder `path`, walked as given from `/` (`_walk`: no link followed by the kernel, every
     folder on the way judged on its handle, a folder holding a link too): owned by you or root, not writable by
     others unless sticky. A DoctorError naming the first folder that breaks the rule, before anything is
-    written."""
+    written. `remedy(folder)`: the hint for that folder (default: a cache in a folder only you own)."""
     try:
         found = _walk(path, stop_at_missing=False)
     except _Untrusted as exc:
@@ -259,7 +270,7 @@ def open_trusted(path: Path, what: str) -> int:
         raise DoctorError(
             f"{where} {fsops.printable(str(exc.where), 4096)} {exc.why}: another user could rename what is in it "
             "or put a link in its place, and a restore, snapshot or warm-up would write through it as you",
-            hint=parent_remedy(),
+            hint=remedy(exc.where) if remedy is not None else parent_remedy(),
         ) from None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):

@@ -28,7 +28,7 @@ from dflash_doctor import paths
 from dflash_doctor.cache import fsops
 from dflash_doctor.cache.backups import MovedFolderChanged, finish_deletions, give_record, unowned_backups
 from dflash_doctor.cache.journal import aside_name, journal_path, parse_journal
-from dflash_doctor.cache.parent_dir import ParentDir, open_trusted
+from dflash_doctor.cache.parent_dir import ParentDir, lock_folder_remedy, open_trusted
 from dflash_doctor.cache.swap import (
     SwapRoot,
     is_empty,
@@ -88,7 +88,7 @@ def _lock_folder() -> Iterator[int]:
     """This user's lock folder (made 0700), opened and judged like a cache's parent."""
     root = paths.lock_root()
     paths.make_private_dirs(root)
-    fd = open_trusted(root, "the lock folder")
+    fd = open_trusted(root, "the lock folder", lock_folder_remedy)
     try:
         yield fd
     finally:

@@ -121,7 +121,8 @@ def plan_warm_up(
                     SnapshotStore(snapshots_dir()), str(newest.path), status.locations.roots(), fingerprint
                 )
             except DoctorError as exc:
-                steps.append(f"! snapshot {newest.name} not restored ({exc.message}); compiling cold")
+                fix = f"; fix: {exc.hint}" if exc.hint else ""  # a lock folder others can write (L2), say
+                steps.append(f"! snapshot {newest.name} not restored ({exc.message}{fix}); compiling cold")
             else:
                 steps.append(f"restored snapshot {newest.name} ({len(restored.result.manifest.files)} files)")
                 steps.extend(f"! {warning}" for warning in restored.warnings)

@@ -140,3 +140,39 @@ def test_jn_a_kill_mid_restore_with_the_journal_aside_is_finished_by_the_next_on
     restore_into(archive, target)
     assert pending_restore(target) is None
     assert tree_digests(target) == digests and old
+
+
+# -- L2: a group-writable folder on the way to the lock folder (umask 002's ~/.cache)
+
+
+def test_l2_check_names_a_lock_folder_others_can_write_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from checks.cache import lock_folder_findings
+
+    dot_cache = tmp_path / "account" / ".cache"
+    locks = dot_cache / "dflash-doctor" / "locks"
+    locks.mkdir(parents=True)
+    monkeypatch.setenv("DFLASH_DOCTOR_LOCK_DIR", str(locks))
+    assert list(lock_folder_findings()) == []  # private all the way: quiet
+    dot_cache.chmod(0o775)
+    (found,) = lock_folder_findings()
+    assert found.id == "cache.lock_folder" and found.severity.name == "WARN"
+    assert str(dot_cache) in found.summary and "compiles cold" in found.summary
+    assert found.remedy is not None and found.remedy.startswith(f"chmod go-w {dot_cache}")
+
+
+def test_l2_a_restore_refused_by_the_lock_folder_names_its_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive, _ = snapshot_of(tmp_path)
+    dot_cache = tmp_path / "account" / ".cache"
+    (dot_cache / "dflash-doctor" / "locks").mkdir(parents=True)
+    dot_cache.chmod(0o775)
+    monkeypatch.setenv("DFLASH_DOCTOR_LOCK_DIR", str(dot_cache / "dflash-doctor" / "locks"))
+    with pytest.raises(DoctorError, match="lock folder") as refused:
+        restore_into(archive, tmp_path / "caches" / "inductor")
+    assert refused.value.hint is not None and refused.value.hint.startswith(f"chmod go-w {dot_cache}")
+    assert (
+        "DFLASH_DOCTOR_LOCK_DIR" in refused.value.hint and "TORCHINDUCTOR_CACHE_DIR" not in refused.value.hint
+    )
