@@ -176,3 +176,53 @@ def test_l2_a_restore_refused_by_the_lock_folder_names_its_fix(
     assert (
         "DFLASH_DOCTOR_LOCK_DIR" in refused.value.hint and "TORCHINDUCTOR_CACHE_DIR" not in refused.value.hint
     )
+
+
+# -- H1: restore memory bounded whatever a member's size; the declared size bounded by the archive's
+
+
+def test_h1_a_large_member_is_restored_in_bounded_memory(tmp_path: Path) -> None:
+    """A 48 MiB member in 2 MiB frames: its pieces were all kept for the hash thread (memory grew with the
+    largest member: 944 MB resident for a 900 MB one). Now the peak stays at a few frames."""
+    import tracemalloc
+
+    from dflash_doctor.cache.extract import extract_verified
+
+    source = tmp_path / "source"
+    make_tree(source, files=2)
+    key = "b" * 52
+    (source / key[:2]).mkdir(exist_ok=True)
+    (source / key[:2] / f"c{key}.so").write_bytes(os.urandom(48 << 20))
+    archive = take_snapshot({"inductor": source}, CPU_BUILD, "big", tmp_path / "big.tar.zst").path
+    (tmp_path / "out").mkdir()
+    tracemalloc.start()
+    try:
+        extract_verified(archive, {"inductor": tmp_path / "out"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (tmp_path / "out" / key[:2] / f"c{key}.so").stat().st_size == 48 << 20
+    assert peak < 20 << 20, f"peak {peak / 2**20:.1f} MiB for a 48 MiB member"
+
+
+def test_h1_an_archive_declaring_far_more_than_a_cache_compresses_to_is_refused(tmp_path: Path) -> None:
+    """Data that compresses ~300x (a cache compresses 2-10x): admitted under the old 1000x rule (a 17 MB
+    archive could declare 16 GiB, written whole before its sha256 could fail); refused before a byte is
+    written now. The fixed slack is left out so that the test stays small."""
+    import numpy as np
+
+    from dflash_doctor.cache.extract import ReadLimits, extract_verified
+
+    source = tmp_path / "source"
+    make_tree(source, files=1)
+    key = "c" * 52
+    (source / key[:2]).mkdir(exist_ok=True)
+    sparse = (np.random.default_rng(0).random(8 << 20) < 0.001).astype(np.uint8).tobytes()
+    (source / key[:2] / f"c{key}.so").write_bytes(sparse)
+    archive = take_snapshot({"inductor": source}, CPU_BUILD, "sparse", tmp_path / "s.tar.zst").path
+    ratio = (8 << 20) / archive.stat().st_size
+    assert 100 < ratio < 1000, ratio
+    (tmp_path / "out").mkdir()
+    with pytest.raises(DoctorError, match="more than 100x"):
+        extract_verified(archive, {"inductor": tmp_path / "out"}, ReadLimits(expansion_slack_bytes=0))
+    assert not list((tmp_path / "out").iterdir())
