@@ -12,7 +12,7 @@ import pytest
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.parent_dir import untrusted_folder
 from dflash_doctor.cache.snapshot import take_snapshot
-from tests.cache.helpers import CPU_BUILD, make_tree
+from tests.cache.helpers import CPU_BUILD, fork_reporting, make_tree, tree_digests, wait_for_progress
 from tests.cache.second_user import OTHER_USER
 from tests.cache.test_attacks import restore_into, snapshot_of
 from tests.cache.test_hostile import disk_state
@@ -124,7 +124,6 @@ def test_jn_a_kill_mid_restore_with_the_journal_aside_is_finished_by_the_next_on
     wrote there is rolled back or forward by the next one, whole."""
     from dflash_doctor.cache import recovery
     from dflash_doctor.cache.journal import pending_restore
-    from tests.cache.helpers import fork_reporting, tree_digests, wait_for_progress
 
     archive, digests = snapshot_of(tmp_path, files=12)
     target = tmp_path / "caches" / "inductor"
@@ -226,3 +225,62 @@ def test_h1_an_archive_declaring_far_more_than_a_cache_compresses_to_is_refused(
     with pytest.raises(DoctorError, match="more than 100x"):
         extract_verified(archive, {"inductor": tmp_path / "out"}, ReadLimits(expansion_slack_bytes=0))
     assert not list((tmp_path / "out").iterdir())
+
+
+# -- R1: a user without an account home: one lock folder per uid, not one per home
+
+
+def _no_account_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    from dflash_doctor import paths
+
+    def no_entry(uid: int) -> pwd.struct_passwd:  # `docker run -u 1234`
+        raise KeyError(uid)
+
+    monkeypatch.delenv("DFLASH_DOCTOR_LOCK_DIR")
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    monkeypatch.setattr(paths, "SHARED_LOCK_BASE", str(_shared(tmp_path)))  # stands for /tmp
+
+
+@needs_root
+def test_r1_two_homes_without_an_account_home_exclude_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name beside the cache taken by another user (the only lock the two homes shared): home B's restore
+    now waits for home A's instead of running into the same cache at once (both failed, one half-swapped, a
+    whole copy left as a staging folder)."""
+    from dflash_doctor.cache.folder_lock import folder_lock
+
+    _no_account_home(tmp_path, monkeypatch)
+    archive, _ = snapshot_of(tmp_path)
+    caches = tmp_path / "caches"
+    caches.mkdir()
+    caches.chmod(0o1777)
+    target = caches / "inductor"
+    old = make_tree(target, files=3, seed=9)
+    planted = caches / ".inductor.dflash-doctor.lock"
+    planted.write_text("")
+    os.chown(planted, OTHER_USER, OTHER_USER)
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home-a"))
+    with folder_lock(target):  # home A restores...
+        monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home-b"))
+        with pytest.raises(DoctorError, match="another dflash-doctor command is using"):
+            restore_into(archive, target, lock_timeout=0.2)  # ...and home B waits
+    assert tree_digests(target) == old
+    assert not list(caches.glob(".inductor.dflash-staging-*"))
+
+
+def test_r1_the_lock_folder_is_the_uids_whatever_the_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dflash_doctor import paths
+
+    _no_account_home(tmp_path, monkeypatch)
+    shared = tmp_path / "shared" / f"dflash-doctor-locks-{os.getuid()}"
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home-a"))
+    first = paths.lock_root()
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home-b"))
+    assert first == paths.lock_root() == shared
+    shared.write_text("taken by someone else first")  # not a folder of ours: the home's own, as before
+    assert paths.lock_root() == tmp_path / "home-b" / "cache" / "locks"
