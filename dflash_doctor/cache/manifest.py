@@ -269,11 +269,18 @@ def read_marker(raw: bytes) -> dict[str, Any] | None:
 
 
 def backup_owner_bytes(
-    restore_id: str, target: str, created: float, not_a_cache: bool = False, kept: str | None = None
+    restore_id: str,
+    target: str,
+    created: float,
+    not_a_cache: bool = False,
+    kept: str | None = None,
+    sequence: int | None = None,
 ) -> bytes:
     """The ownership record a restore puts in the previous cache when it becomes `<name>.bak-...`:
-    retention deletes only folders carrying one, and sorts them by `created`, never by name. `kept` says
-    why retention must leave this one alone (a far smaller snapshot replaced it)."""
+    retention deletes only folders carrying one, and sorts them by `sequence` (one more than the backups of
+    ours beside it had when it was made: the order they were made in, whatever the clock said; issue 58, C2),
+    then `created`, never by name. `kept` says why retention must leave this one alone (a far smaller snapshot
+    replaced it)."""
     data = {
         "schema": BACKUP_SCHEMA,
         "restore_id": restore_id,
@@ -283,6 +290,8 @@ def backup_owner_bytes(
         "not_a_cache": not_a_cache,
         "kept": kept,
     }
+    if sequence is not None:
+        data["sequence"] = sequence
     return json.dumps(data, indent=1).encode()
 
 

@@ -199,6 +199,7 @@ def snapshot_command(
         result = take_snapshot(
             locations.roots(), current, snap_name, dest, level=level, now=now, records=default_records()
         )
+        store.record(result.path)  # the newest in the store's own order, whatever the clock says (C1)
     manifest = result.manifest
     if json_out:
         _emit(
@@ -365,6 +366,8 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
                         "bytes": s.manifest.total_bytes if s.manifest else None,
                         "files": len(s.manifest.files) if s.manifest else None,
                         "created": s.created,
+                        "created_in_the_future": s.from_the_future,
+                        "store_order": s.sequence,
                         "fingerprint": s.manifest.fingerprint.to_json() if s.manifest else None,
                         "compatible": not reasons,
                         "incompatible_because": reasons,
@@ -389,9 +392,10 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
         verdict = (
             "[green]yes[/]" if not reasons else f"[yellow]no[/]: {shown(printable('; '.join(reasons), 400))}"
         )
-        console.print(
-            f"{shown(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {shown(made_for)}  {verdict}"
+        when = _when(snap.created) + (
+            " (in the future: made with a clock running ahead)" if snap.from_the_future else ""
         )
+        console.print(f"{shown(snap.name)}  {_mb(snap.size_bytes)}  {when}  {shown(made_for)}  {verdict}")
         for line, style in remedy_lines(printable(snap.remedy, 800)) if snap.remedy else []:
             console.print(f"  {line}", style=style, markup=False)
 
@@ -477,6 +481,7 @@ def warm_command(
             taken = take_snapshot(
                 locations.roots(), current, snap_name, dest, now=now, records=default_records()
             )
+            store.record(taken.path)
         snapshot = {"name": snap_name, "path": str(taken.path), "files": len(taken.manifest.files)}
     if json_out:
         _emit(

@@ -113,7 +113,7 @@ def plan_warm_up(
     action = "warm"
     records = default_records()
     if warmth_of(status.main, fingerprint).state != "warm":
-        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
+        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.order)  # the store's order (C1)
         if compatible:
             newest = compatible[-1]
             try:  # a launch that can run cold is never stopped by its cache (issue 37 F2)
@@ -310,6 +310,7 @@ def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int 
                 now=now,
                 records=default_records(),
             )
+            store.record(taken.path)
             ours = [s for s in store.snapshots() if s.name.startswith(TRAIN_PREFIX)]
             for old in choose_prunable(ours, keep=keep, older_than=None, now=now):
                 old.path.unlink(missing_ok=True)

@@ -284,3 +284,65 @@ def test_r1_the_lock_folder_is_the_uids_whatever_the_home(
     assert first == paths.lock_root() == shared
     shared.write_text("taken by someone else first")  # not a folder of ours: the home's own, as before
     assert paths.lock_root() == tmp_path / "home-b" / "cache" / "locks"
+
+
+# -- C1/C2: a clock ten years ahead when a snapshot or a backup was made
+
+
+TEN_YEARS = 10 * 365 * 86400.0
+
+
+def test_c2_retention_keeps_the_real_newest_backups_after_a_clock_ran_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention sorted backups by their recorded time: one made with the clock ten years ahead stayed
+    "newest" for ten years, and every later restore kept it and only one real backup."""
+    import time as clock
+
+    from dflash_doctor.cache import backups
+
+    target = tmp_path / "caches" / "inductor"
+    make_tree(target, files=3, seed=100)
+    archives = [snapshot_of(tmp_path, name=f"s{i}", seed=i)[0] for i in range(4)]
+    real_time = clock.time
+    monkeypatch.setattr(backups.time, "time", lambda: real_time() + TEN_YEARS)
+    first = restore_into(archives[0], target).backups["inductor"]  # the backup of seed 100, made "in 2036"
+    monkeypatch.setattr(backups.time, "time", real_time)
+    kept = [restore_into(archive, target).backups["inductor"] for archive in archives[1:]]
+    left = sorted(p for p in target.parent.iterdir() if ".bak-" in p.name)
+    assert left == sorted(kept[-2:]), (
+        f"kept {[p.name for p in left]}; the ten-years-ahead one was {first.name}"
+    )
+
+
+def test_c1_a_snapshot_made_with_the_clock_ahead_is_never_the_newest(
+    tmp_path: Path,
+    cache_env: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It was "newest" for ten years: `status` recommended it, `train` restored it, `prune --keep 1` deleted the
+    real newest. The store's own order now decides; `cache list` says its time is in the future."""
+    import time as clock
+
+    from dflash_doctor.cache.status import gather_status
+    from dflash_doctor.cache.store import SnapshotStore
+    from dflash_doctor.cli import run
+    from tests.cache.helpers import live_build
+
+    make_tree(cache_env["inductor"], files=3)
+    real_time = clock.time
+    monkeypatch.setattr(clock, "time", lambda: real_time() + TEN_YEARS)
+    assert run(["cache", "snapshot", "--name", "ahead"]) == 0
+    monkeypatch.setattr(clock, "time", real_time)
+    assert run(["cache", "snapshot", "--name", "real"]) == 0
+    store = SnapshotStore(cache_env["snapshots"])
+    assert [s.name for s in store.snapshots()] == ["real", "ahead"]
+    assert [s.name for s in gather_status(live_build()).compatible_snapshots()] == ["real", "ahead"]
+    capsys.readouterr()
+    assert run(["cache", "list"]) == 0
+    assert "in the future" in next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("ahead")
+    )
+    assert run(["cache", "prune", "--keep", "1"]) == 0
+    assert [s.name for s in store.snapshots()] == ["real"]
