@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -550,8 +551,66 @@ def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings
     )
     check_answer_length(settings)
     scan = check_prompt_lengths(scan_input(request.prompts, request.on_error), settings, request.on_error)
+    check_plan(scan, request)
     check_supervisable(settings)  # a template train cannot supervise: refused before any answer is paid for
     return settings, scan
+
+
+# What one conversation to answer costs before any answer exists: ~290 bytes of memory (measured: 100,000
+# samples of 2 prompts, tracemalloc), and on disk at least its prompt's text and a line's fixed fields (the id,
+# the settings, the finish reasons: ~250 bytes), whatever the answers add.
+PLAN_BYTES_EACH = 300
+LINE_BYTES_EACH = 250
+
+
+def check_plan(scan: InputScan, request: RegenerateRequest) -> None:
+    """Before anything is allocated: the conversations asked for (prompts x --samples-per-prompt) must fit the
+    memory that plans them and the disk that will hold them, at the least (issue 58, N7: a billion samples of
+    2 prompts grew to 6.6 GB of memory and wrote nothing). A RegenerateError saying how much each would need."""
+    from dflash_base.disk import existing_ancestor, size_text
+
+    records = scan.records[: request.limit] if request.limit is not None else scan.records
+    count = len(records) * request.samples_per_prompt
+    prompt_bytes = sum(len(m["content"].encode("utf-8")) for r in records for m in r.messages)
+    disk = count * LINE_BYTES_EACH + prompt_bytes * request.samples_per_prompt
+    if request.out.is_file():  # a resumed run: what an earlier one wrote is on the disk already
+        disk = max(0, disk - request.out.stat().st_size)
+    memory = count * PLAN_BYTES_EACH
+    free, available = disk_free(existing_ancestor(request.out)), available_memory()
+    what = f"{len(records):,} prompts x --samples-per-prompt {request.samples_per_prompt:,} = {count:,} conversations"
+    if free is not None and disk > free:
+        raise RegenerateError(
+            f"{what}: their output needs at least {size_text(disk)} before any answer (the prompts and each line's "
+            f"fields), and {size_text(free)} are free for --out {request.out}",
+            hint="ask for fewer samples (--samples-per-prompt, --limit), or write where there is room",
+        )
+    if available is not None and memory > available // 2:
+        raise RegenerateError(
+            f"{what}: planning them takes about {size_text(memory)} of memory, more than half of the "
+            f"{size_text(available)} available",
+            hint="ask for fewer samples (--samples-per-prompt, --limit), or run it in parts with --limit",
+        )
+
+
+def disk_free(folder: Path) -> int | None:
+    """Free bytes of the file system holding `folder`; None where it is no disk (/proc: no blocks at all)."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return None
+    return usage.free if usage.total else None
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def check_answer_length(settings: GenerationSettings) -> None:

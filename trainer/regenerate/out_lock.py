@@ -42,6 +42,11 @@ def holding_output(out: Path) -> Iterator[None]:
         raise DoctorError(
             f"--out {out}: cannot make its folder ({exc.strerror})", hint="give another --out"
         ) from None
+    try:  # a folder where no file can be made (/proc, a read-only mount): nothing can append to --out there
+        os.close(os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+    except OSError:  # either: the job's own checks say what is wrong with --out
+        yield
+        return
     lock = FileLock(str(lock_file), timeout=0)
     try:
         lock.acquire()

@@ -5,6 +5,8 @@ applied). Validation is `trainer.runspec.config`'s job."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,21 @@ def read_raw(path: Path) -> dict[str, Any]:
         ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from exc
+    except ValueError as exc:  # Python's limit on an integer's digits (issue 58, N4: a traceback, exit 3)
+        raise ConfigError(
+            f"config: {path}{_long_number_line(path)}: an integer of more digits than Python reads ({exc})",
+            hint="no setting takes a number that long; fix that value",
+        ) from None
+
+
+def _long_number_line(path: Path) -> str:
+    """` line N` of the first line holding a run of digits too long to read, or nothing."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    limit = sys.get_int_max_str_digits() or 4300
+    for number, line in enumerate(text.splitlines(), start=1):
+        if re.search(rf"[0-9_]{{{limit + 1},}}", line):
+            return f" line {number}"
+    return ""

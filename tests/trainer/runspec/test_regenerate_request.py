@@ -33,7 +33,14 @@ def test_the_command_options_are_the_request_fields_with_its_defaults() -> None:
 
 def test_of_takes_the_parameters_by_name() -> None:
     request = RegenerateRequest.of(
-        {"config": "c.toml", "prompts": Path("p"), "out": Path("o"), "set_": ["run.seed=3"], "top_p": 0.5}
+        {
+            "config": "c.toml",
+            "prompts": Path("p"),
+            "out": Path("o"),
+            "set_": ["run.seed=3"],
+            "top_p": 0.5,
+            "temperature": 0.7,
+        }
     )
     assert request.overrides == ("run.seed=3",) and request.top_p == 0.5 and request.config == "c.toml"
     request.validate()

@@ -1,0 +1,103 @@
+"""Issue 58, `data regenerate` and the config files every command reads: N7 (a plan too large refused before
+anything is allocated), N8 (sampling options without sampling refused), N4 (an integer of 5,000 digits in a
+config file: exit 2 naming it, was exit 3), N14's seed past 64 bits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dflash_base.errors import ConfigError
+from dflash_doctor.cli import run as cli_run
+from tests.commands.test_data_regenerate import argv_for, no_target_loads, target_folder  # noqa: F401  (fixture)
+from trainer.regenerate import job
+from trainer.regenerate.conversations import PromptRecord
+from trainer.runspec.regenerate_request import RegenerateRequest
+
+
+def _scan(count: int) -> job.InputScan:
+    return job.InputScan(
+        [PromptRecord(f"p{i}", i + 1, ({"role": "user", "content": "hi"},)) for i in range(count)]
+    )
+
+
+def test_n7_a_plan_too_large_for_the_memory_is_refused_before_it_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = RegenerateRequest(out=tmp_path / "out.jsonl", samples_per_prompt=1000, temperature=0.7)
+    monkeypatch.setattr(job, "available_memory", lambda: 1 << 20)
+    with pytest.raises(
+        job.RegenerateError, match=r"2 prompts x --samples-per-prompt 1,000 = 2,000 conversations"
+    ):
+        job.check_plan(_scan(2), request)
+    monkeypatch.setattr(job, "available_memory", lambda: 1 << 30)
+    job.check_plan(_scan(2), request)  # fits: quiet
+
+
+def test_n7_a_plan_too_large_for_the_disk_says_what_it_would_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = RegenerateRequest(out=tmp_path / "out.jsonl", samples_per_prompt=1000, temperature=0.7)
+    monkeypatch.setattr(job, "disk_free", lambda folder: 100_000)
+    with pytest.raises(job.RegenerateError, match=r"needs at least 50\d\.\d kB .* 100\.0 kB are free"):
+        job.check_plan(_scan(2), request)
+
+
+def test_n7_a_billion_samples_is_refused_at_once_by_the_command(
+    target_folder: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The row's own command: 2 prompts, --samples-per-prompt 1000000000 (it grew to 6.6 GB with no output)."""
+    no_target_loads(monkeypatch)
+    argv = argv_for(tmp_path, target_folder, '{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert cli_run([*argv, "--samples-per-prompt", "1000000000", "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err
+    assert "2,000,000,000 conversations" in err and "Traceback" not in err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        (
+            {"samples_per_prompt": 2},
+            "--samples-per-prompt 2 at --temperature 0: greedy decoding gives the same",
+        ),
+        ({"top_p": 0.9}, "--top-p 0.9 at --temperature 0"),
+        ({"seed": 7}, "--seed 7 at --temperature 0"),
+    ],
+)
+def test_n8_sampling_options_without_sampling_are_refused(changes: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        RegenerateRequest(**changes).validate()  # type: ignore[arg-type]
+    assert says in refused.value.message and "--temperature" in (refused.value.hint or "")
+    RegenerateRequest(**changes, temperature=0.7).validate()  # type: ignore[arg-type]  # sampling: fine
+
+
+def test_n14_a_seed_past_64_bits_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--seed: 18446744073709551616 is not a seed"):
+        RegenerateRequest(seed=2**64, temperature=0.7).validate()
+    RegenerateRequest(seed=2**64 - 1, temperature=0.7).validate()
+
+
+def _huge_config(tmp_path: Path) -> Path:
+    config = tmp_path / "huge.toml"
+    config.write_text(f'[target]\npath = "tiny"\n[optim]\nsteps = {"9" * 5000}\n')
+    return config
+
+
+@pytest.mark.parametrize("command", [["train", "--dry-run"], ["data", "preview"]])
+def test_n4_an_integer_of_5000_digits_in_a_config_file_is_named(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+) -> None:
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    config = _huge_config(tmp_path)
+    assert cli_run([*command, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{config} line 4: an integer of more digits than Python reads" in err and "Traceback" not in err
