@@ -112,7 +112,9 @@ class CacheManifest:
                 fingerprint=fingerprint_from_json(data["fingerprint"]),
                 origins={_text(k, "origins"): _text(v, "origins") for k, v in origins.items()},
                 files=files,
-                skipped=[_text(s, "skipped") for s in _list(data, "skipped", required=False)],
+                skipped=[
+                    printable(s, 1024) for s in _list(data, "skipped", required=False) if isinstance(s, str)
+                ],
                 tool_version=_text(data.get("tool_version", ""), "tool_version", empty=True),
                 schema=str(data["schema"]),
                 warm_records=_dicts(data.get("warm_records")),

@@ -219,6 +219,14 @@ class SnapshotStore:
             ) from None
         if not self.root.is_dir():
             raise DoctorError(f"the snapshot store {self.root} is not a folder", hint="move it away")
+        distrust = folder_distrust(self.root)
+        if distrust is not None:  # another user's store, made before ours could be (issue 58, P7)
+            raise DoctorError(
+                f"{distrust}: its owner (or anyone who can write it) could replace an archive written there, which "
+                "a restore would install as yours; nothing was written",
+                hint=f"set {HOME_ENV} to a folder of yours, or remove {self.root} if you did not make it "
+                f"(`chmod go-w {self.root}` if it is yours)",
+            )
 
     def read_only(self) -> bool:
         """The store is on a read-only file system (prebuilt snapshots on a shared read-only mount)."""

@@ -346,3 +346,99 @@ def test_c1_a_snapshot_made_with_the_clock_ahead_is_never_the_newest(
     )
     assert run(["cache", "prune", "--keep", "1"]) == 0
     assert [s.name for s in store.snapshots()] == ["real"]
+
+
+# -- E1: escape bytes in a cache's path reach `cache status`'s findings escaped
+
+
+def test_e1_cache_status_prints_no_escape_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_doctor.cli import run
+
+    cache = tmp_path / "ca\x1b[31mche"
+    make_tree(cache, files=2)
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    capsys.readouterr()
+    run(["cache", "status", "--verbose"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "ca\\x1b[31mche" in out
+
+
+# -- E2: a stray's name no manifest accepts made the whole snapshot unrestorable
+
+
+def test_e2_a_stray_named_with_an_escape_byte_leaves_the_snapshot_restorable(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    digests = make_tree(source, files=10)
+    (source / "#notes\x1b[2J#").write_text("an editor's autosave")  # a stray: left out, named in `skipped`
+    archive = take_snapshot({"inductor": source}, CPU_BUILD, "s", tmp_path / "s.tar.zst")
+    assert archive.manifest.skipped == ["inductor/#notes\\x1b[2J#"]
+    target = tmp_path / "caches" / "inductor"
+    restore_into(archive.path, target)
+    assert tree_digests(target) == digests
+
+
+# -- P1: a message names the file, never the temp file beside it
+
+
+def test_p1_a_snapshot_that_cannot_be_written_names_the_archive(
+    tmp_path: Path, cache_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_doctor.cli import run
+
+    make_tree(cache_env["inductor"], files=3)
+    assert run(["cache", "snapshot", "--out", "/proc/x.tar.zst"]) == 2  # no file can be made in /proc
+    err = capsys.readouterr().err
+    assert "cannot use /proc/x.tar.zst:" in err and "partial" not in err
+
+
+# -- P7: a store another user made first
+
+
+@needs_root
+def test_p7_root_never_snapshots_into_a_store_another_user_made(
+    tmp_path: Path, cache_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dflash_doctor.cli import run
+
+    make_tree(cache_env["inductor"], files=3)
+    store = cache_env["snapshots"]
+    store.mkdir(parents=True)
+    os.chown(store, OTHER_USER, OTHER_USER)
+    assert run(["cache", "snapshot", "--name", "mine"]) == 2
+    err = capsys.readouterr().err
+    assert f"belongs to uid {OTHER_USER}" in err and "DFLASH_DOCTOR_HOME" in err
+    assert list(store.iterdir()) == []  # no archive, no lock file
+
+
+# -- H3: an archive whose files would not make a compile cache
+
+
+def test_h3_an_archive_of_look_alike_names_is_refused_before_the_swap(tmp_path: Path) -> None:
+    """Names borrowed from Inductor's (`triton/`, `cache/`, `kernel/`) holding what no compiler writes: it was
+    restored, and every later restore then refused the folder as "not a compile cache"."""
+    from dflash_doctor.cache.archive import collect_files, hash_files, write_archive
+    from dflash_doctor.cache.layout import examine_path
+    from dflash_doctor.cache.manifest import CacheManifest
+
+    source = tmp_path / "source"
+    (source / "triton").mkdir(parents=True)
+    (source / "triton" / "flash_attn.py").write_text("import triton")
+    (source / "cache").mkdir()
+    (source / "cache" / "thesis").write_text("chapter one")
+    (source / "kernel").mkdir()
+    (source / "kernel" / "attn.cu").write_text("__global__ void attn() {}")
+    files, _ = collect_files({"inductor": source})
+    manifest = CacheManifest("look-alike", 1.0, CPU_BUILD, {"inductor": str(source)}, hash_files(files))
+    archive = tmp_path / "look-alike.tar.zst"
+    write_archive(archive, manifest, files)
+    target = tmp_path / "caches" / "inductor"
+    old = make_tree(target, files=3, seed=9)
+    with pytest.raises(DoctorError, match="would not make a compile cache"):
+        restore_into(archive, target)
+    assert tree_digests(target) == old
+    content = examine_path(target)
+    assert content is not None and content.reason is None  # the next restore still accepts the cache
+    assert not list(target.parent.glob(".inductor.dflash-staging-*"))
