@@ -101,3 +101,25 @@ def test_n4_an_integer_of_5000_digits_in_a_config_file_is_named(
     assert cli_run([*command, "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert f"{config} line 4: an integer of more digits than Python reads" in err and "Traceback" not in err
+
+
+# -- N9: one line that is not UTF-8
+
+
+def test_n9_a_line_that_is_not_utf8_is_named_and_skippable(tmp_path: Path) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n{"prompt": "c"}\n')
+    with pytest.raises(job.RegenerateError, match="line 2: not UTF-8 text"):
+        job.scan_input(prompts, "stop")
+    scan = job.scan_input(prompts, "skip")
+    assert [r.line for r in scan.records] == [1, 3] and [b.line for b in scan.bad] == [2]
+
+
+def test_n9_train_and_preview_name_the_line_that_is_not_utf8(tmp_path: Path) -> None:
+    from trainer.runspec.data_files import check_data_file
+
+    data = tmp_path / "data.jsonl"
+    chat = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n'
+    data.write_bytes(chat + b'{"messages": "\xff"}\n' + chat)
+    with pytest.raises(ConfigError, match=r"line 2: not UTF-8 text \(byte 15 of the line"):
+        check_data_file("chat", str(data))

@@ -26,9 +26,16 @@ RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat":
 def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """(line number, record, None) or (line number, None, what is wrong) for every non-empty line."""
     try:
-        # utf-8-sig: a byte-order mark (Windows editors, PowerShell's Out-File) is read past, not a bad line 1
-        with open(path, encoding="utf-8-sig") as handle:
-            for number, line in enumerate(handle, start=1):
+        # Bytes, decoded line by line: a line that is not UTF-8 is that line's error, with its number (N9).
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if number == 1 and raw.startswith(BOM):  # a byte-order mark (Windows editors, PowerShell)
+                    raw = raw[len(BOM) :]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield number, None, f"not UTF-8 text (byte {exc.start + 1} of the line: {exc.reason})"
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -42,8 +49,9 @@ def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str
                 yield number, record, None
     except OSError as exc:
         raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{field}: {path} is not UTF-8 text ({exc.reason})") from exc
+
+
+BOM = b"\xef\xbb\xbf"
 
 
 def json_objects(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any]]]:
