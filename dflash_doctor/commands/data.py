@@ -99,8 +99,9 @@ def regenerate_command(
                 commit_every_s=request.commit_every, on_progress=progress.show,
                 samples_per_prompt=request.samples_per_prompt, on_tokens=progress.tokens,
             )  # fmt: skip
-    except KeyboardInterrupt:
-        err.print(f"stopped: every line in {request.out} is whole; run the same command again to resume")
+    except KeyboardInterrupt as stop:  # what was kept and what was dropped (job.RegenerateStopped)
+        describe = getattr(stop, "describe", None)
+        err.print(describe() if callable(describe) else f"stopped: every line in {request.out} is whole")
         raise typer.Exit(130) from None
     report = summary.to_json() | {"out": str(request.out)}
     if request.json_out:

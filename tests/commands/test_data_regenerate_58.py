@@ -123,3 +123,24 @@ def test_n9_train_and_preview_name_the_line_that_is_not_utf8(tmp_path: Path) -> 
     data.write_bytes(chat + b'{"messages": "\xff"}\n' + chat)
     with pytest.raises(ConfigError, match=r"line 2: not UTF-8 text \(byte 15 of the line"):
         check_data_file("chat", str(data))
+
+
+# -- N12: Ctrl-C before the first commit says what was dropped
+
+
+def test_n12_a_stop_before_the_first_commit_says_what_was_dropped(
+    target_folder: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dflash_doctor.commands import data as data_command
+    from tests.trainer.regenerate.test_regenerate import EchoEngine
+
+    monkeypatch.setattr(data_command, "_engine_factory", lambda *a: lambda: EchoEngine(fail_after_calls=0))
+    argv = argv_for(tmp_path, target_folder, '{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n')
+    assert cli_run(argv) == 130
+    err = " ".join(capsys.readouterr().err.split())
+    out = tmp_path / "out.jsonl"
+    assert f"nothing written to {out}; the 3 being answered were dropped" in err and "start again" in err
+    assert not out.exists()

@@ -37,6 +37,26 @@ class RegenerateError(DoctorError):
     """Bad input or an output that belongs to other settings: exit 2, nothing written."""
 
 
+class RegenerateStopped(KeyboardInterrupt):
+    """Ctrl-C while the job ran: every line of `out` is whole; the conversations of the chunk in flight were
+    dropped (they are answered again by the next run of the same command)."""
+
+    def __init__(self, written: int, already: int, dropped: int, out: Path) -> None:
+        super().__init__()
+        self.written, self.already, self.dropped, self.out = written, already, dropped, out
+
+    def describe(self) -> str:
+        kept = self.written + self.already
+        where = (
+            f"{kept:,} conversations in {self.out}, every line whole"
+            if kept
+            else f"nothing written to {self.out}"
+        )
+        dropped = f"; the {self.dropped:,} being answered were dropped" if self.dropped else ""
+        again = "resume" if kept else "start again"
+        return f"stopped: {where}{dropped}; run the same command again to {again}"
+
+
 @dataclass
 class InputScan:
     """The whole input, validated before any model loads."""
@@ -473,6 +493,7 @@ def _regenerate(
             on_tokens(summary)
 
         engine.on_tokens = made
+    chunk: list[Regeneration] = []
     try:
         for chunk in chunks(todo, pace):
             chunk_began = time.perf_counter()
@@ -484,6 +505,9 @@ def _regenerate(
             summary.seconds = time.perf_counter() - start
             if on_progress:
                 on_progress(summary, len(todo))
+            chunk = []
+    except KeyboardInterrupt:  # what was kept and what was dropped, for the line the command prints (N12)
+        raise RegenerateStopped(summary.written, summary.skipped_done, len(chunk), out) from None
     finally:
         summary.seconds = time.perf_counter() - start
         report = getattr(engine, "report", None)
