@@ -103,13 +103,31 @@ def _register_for(argv: list[str]) -> None:
         _register(modules)
 
 
-def _print_error(message: str, hint: str | None = None) -> None:
+ERROR_SCHEMA = "dflash-doctor/error/v1"
+
+
+def _print_error(message: str, hint: str | None = None, json_code: int | None = None) -> None:
+    """The error on stderr, as a person reads it; with `json_code` (the command ran with --json) also one JSON
+    document on stdout, `{"schema", "error", "hint", "exit_code"}`, so a program reading stdout gets JSON
+    whatever happened (issue 58, N13: errors under --json were plain text only)."""
     from rich.markup import escape
 
     err = make_console(stderr=True, soft_wrap=True)  # rich loaded only on this path
     err.print(f"[bold red]error:[/] {escape(message)}")
     if hint:
         err.print(f"  [cyan]hint:[/] {escape(hint)}")
+    if json_code is not None:
+        import json
+
+        document = {"schema": ERROR_SCHEMA, "error": message, "hint": hint, "exit_code": json_code}
+        with contextlib.suppress(OSError, ValueError):
+            print(json.dumps(document), flush=True)
+
+
+def _json_code(args: list[str], code: int) -> int | None:
+    """`code` when the command was asked for --json (before any `--`), else None."""
+    asked = "--json" in (args[: args.index("--")] if "--" in args else args)
+    return code if asked else None
 
 
 @contextlib.contextmanager
@@ -147,7 +165,7 @@ def run(argv: list[str] | None = None) -> int:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except DoctorError as exc:
-        _print_error(exc.message, exc.hint)
+        _print_error(exc.message, exc.hint, _json_code(args, exc.exit_code))
         return exc.exit_code
     except OSError as exc:
         if exc.filename == STDOUT:
@@ -160,6 +178,7 @@ def run(argv: list[str] | None = None) -> int:
             os_error_message(exc),
             hint="check that the path is right, that it is a folder where a folder is expected, "
             f"and that you may write there (dflash-doctor's own state: ${HOME_ENV})",
+            json_code=_json_code(args, DoctorError.exit_code),
         )
         return DoctorError.exit_code
     except Exception as exc:

@@ -144,3 +144,48 @@ def test_n12_a_stop_before_the_first_commit_says_what_was_dropped(
     out = tmp_path / "out.jsonl"
     assert f"nothing written to {out}; the 3 being answered were dropped" in err and "start again" in err
     assert not out.exists()
+
+
+# -- N13: messages that say which option, which column, which path
+
+
+def test_n13_eval_names_the_option_that_is_below_one() -> None:
+    from trainer.runspec.eval_request import EvalRequest
+
+    for field, option in (("max_new_tokens", "--max-new-tokens"), ("num_prompts", "--num-prompts"),
+                          ("prompt_len", "--prompt-len")):  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            EvalRequest(export=None, **{field: 0}).check()  # type: ignore[arg-type]
+        assert refused.value.message.startswith(f"{option}: must be >= 1, got 0")
+
+
+def test_n13_a_nul_byte_is_named_with_its_column(tmp_path: Path) -> None:
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_bytes(b'{"prompt": "a\x00b"}\n')
+    with pytest.raises(job.RegenerateError, match=r"line 1: not JSON .* at column 14: a NUL byte"):
+        job.scan_input(prompts, "stop")
+
+
+def test_n13_an_empty_out_is_named(
+    target_folder: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    no_target_loads(monkeypatch)
+    argv = argv_for(tmp_path, target_folder)
+    assert cli_run([*argv[:-1], ""]) == 2
+    assert "--out '.': names no file (empty, or the current folder)" in capsys.readouterr().err
+
+
+def test_n13_an_error_under_json_is_a_json_document_on_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    assert cli_run(["train", "--dry-run", "--json", "--config", str(tmp_path / "missing.toml")]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["schema"] == "dflash-doctor/error/v1" and document["exit_code"] == 2
+    assert "missing.toml" in document["error"] and "error:" in captured.err

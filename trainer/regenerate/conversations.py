@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.runspec.messages import fields_problem, lone_surrogate, messages_problem, text_problem
+from trainer.runspec.messages import (
+    fields_problem,
+    json_problem,
+    lone_surrogate,
+    messages_problem,
+    text_problem,
+)
 
 # Issue 38, Q6: the engines take messages only, so a record's tool definitions would be left out of the
 # prompt a server renders with them (`tools=` to the template): its answers would be the target's answers
@@ -48,7 +54,7 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RecordError(line_number, f"not JSON ({exc.msg})") from exc
+        raise RecordError(line_number, json_problem(exc, text)) from exc
     except RecursionError as exc:  # was: exit 3 on a line nested 5,000 levels deep
         raise RecordError(
             line_number, "nested too deeply to read (JSON arrays or objects within each other)"

@@ -563,6 +563,7 @@ def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings
     against the context, and the chat template's assistant turns found (what `train` will supervise)."""
     from trainer.runspec.config import load_config
 
+    request.validate_paths()
     cfg = load_config(request.config, list(request.overrides), check_data=False, drafter=False)
     settings = GenerationSettings(
         target=cfg.target.path,

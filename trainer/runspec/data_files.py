@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import ConfigError
-from trainer.runspec.messages import messages_problem, text_problem
+from trainer.runspec.messages import json_problem, messages_problem, text_problem
 
 RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
 
@@ -41,7 +41,7 @@ def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    yield number, None, f"not JSON ({exc.msg})"
+                    yield number, None, json_problem(exc, line)
                     continue
                 if not isinstance(record, dict):
                     yield number, None, "must be a JSON object"

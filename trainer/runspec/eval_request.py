@@ -56,8 +56,13 @@ class EvalRequest:
             raise ConfigError(
                 f'--dtype: "{self.dtype}" is not one of {", ".join(EVAL_DTYPES)} (auto: bf16 on CUDA, fp32 on CPU)'
             )
-        if self.max_new_tokens < 1 or self.num_prompts < 1 or self.prompt_len < 1:
-            raise ConfigError("--max-new-tokens, --num-prompts and --prompt-len: must be >= 1")
+        for name, value in (
+            ("--max-new-tokens", self.max_new_tokens),
+            ("--num-prompts", self.num_prompts),
+            ("--prompt-len", self.prompt_len),
+        ):
+            if value < 1:  # the one that is, by name (issue 58, N13: all three were named)
+                raise ConfigError(f"{name}: must be >= 1, got {value}")
         if self.drafter not in DRAFTERS:
             raise ConfigError(f'--drafter: "{self.drafter}" is not one of {", ".join(DRAFTERS)}')
         if self.drafter == "dflash" and not self.export:

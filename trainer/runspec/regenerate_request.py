@@ -87,6 +87,15 @@ class RegenerateRequest:
             )
         self.validate_sampling()
 
+    def validate_paths(self) -> None:
+        """`--out ''` (it arrives as ".") or `--prompts ''`: named as such (issue 58, N13)."""
+        for name, path in (("--out", self.out), ("--prompts", self.prompts)):
+            if str(path) in ("", "."):
+                raise ConfigError(
+                    f"{name} {str(path)!r}: names no file (empty, or the current folder)",
+                    hint=f"give a file path, e.g. {name} {'answers' if name == '--out' else 'prompts'}.jsonl",
+                )
+
     def validate_sampling(self) -> None:
         """Sampling options without sampling are refused, not ignored (issue 58, N8: `--samples-per-prompt 2`
         at temperature 0 wrote each greedy answer twice; `--top-p` and `--seed` did nothing)."""
