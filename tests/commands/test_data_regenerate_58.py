@@ -189,3 +189,39 @@ def test_n13_an_error_under_json_is_a_json_document_on_stdout(
     document = json.loads(captured.out)
     assert document["schema"] == "dflash-doctor/error/v1" and document["exit_code"] == 2
     assert "missing.toml" in document["error"] and "error:" in captured.err
+
+
+# -- N14: options accepted that torchrun or the engines could never act on
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"master_port": 99999}, "--master-port 99999: not a TCP port"),
+        ({"node_rank": 5, "nnodes": 1}, "--node-rank 5: not a node of --nnodes 1"),
+        ({"node_rank": -1, "nnodes": 2}, "--node-rank -1: not a node of --nnodes 2"),
+    ],
+)
+def test_n14_torchrun_options_out_of_range_are_refused(options: dict[str, int], says: str) -> None:
+    from dflash_base.errors import DoctorError
+    from dflash_doctor.launch.plan import TorchrunOptions
+
+    with pytest.raises(DoctorError, match=says):
+        TorchrunOptions(**options)  # type: ignore[arg-type]
+    TorchrunOptions(nnodes=2, node_rank=1, master_port=29500)  # in range: fine
+
+
+def test_n14_train_refuses_master_port_99999(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    assert cli_run(["train", "--dry-run", "--config", "tiny-cpu", "--master-port", "99999"]) == 2
+    assert "--master-port 99999: not a TCP port" in capsys.readouterr().err
+
+
+def test_n14_a_device_named_twice_is_refused() -> None:
+    from trainer.regenerate.engines import local_devices
+
+    with pytest.raises(ConfigError, match="--devices: cpu is named twice in 'cpu,cpu'"):
+        local_devices("cpu,cpu")
+    assert local_devices("cpu") == ["cpu"]
