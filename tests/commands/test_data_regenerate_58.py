@@ -225,3 +225,31 @@ def test_n14_a_device_named_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match="--devices: cpu is named twice in 'cpu,cpu'"):
         local_devices("cpu,cpu")
     assert local_devices("cpu") == ["cpu"]
+
+
+# -- U14b: `--set optim.epochs` drops the config's `steps`, and says so
+
+
+def test_u14b_a_set_that_replaces_a_key_of_the_file_says_so() -> None:
+    from trainer.runspec.config_file import replaced_by_overrides
+
+    raw = {"optim": {"steps": 300, "lr": 0.005}}
+    assert replaced_by_overrides(raw, ["optim.epochs=2"]) == [
+        "--set optim.epochs replaces the config's optim.steps = 300 (a run takes one of the two)"
+    ]
+    assert replaced_by_overrides(raw, ["optim.steps=7"]) == []  # the same key: nothing dropped
+    assert replaced_by_overrides(raw, ["optim.epochs=2", "optim.steps=5"]) == []  # both given: the check says
+
+
+def test_u14b_train_dry_run_prints_what_the_set_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
+    argv = ["train", "--dry-run", "--json", "--no-deep", "--config", "tiny-cpu", "--set", "optim.epochs=2"]
+    assert cli_run([*argv, "--set", f"output.dir={tmp_path / 'out'}"]) in (0, 1)
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert notes == [
+        "--set optim.epochs replaces the config's optim.steps = 300 (a run takes one of the two)"
+    ]

@@ -70,6 +70,26 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def replaced_by_overrides(raw: dict[str, Any], overrides: list[str]) -> list[str]:
+    """A line for each key of the file that a `--set` of its one-of partner drops (`apply_overrides`): `--set
+    optim.epochs=3` trains for epochs, not the config's `optim.steps = 300`, and says so (issue 58, U14b: it
+    was dropped silently)."""
+    overridden = {tuple(item.partition("=")[0].strip().partition(".")[::2]) for item in overrides}
+    lines = []
+    for (section, key), (other_section, other_key) in ONE_OF.items():
+        body = raw.get(other_section)
+        dropped = (
+            isinstance(body, dict) and other_key in body and (other_section, other_key) not in overridden
+        )
+        if (section, key) in overridden and dropped:
+            assert isinstance(body, dict)
+            lines.append(
+                f"--set {section}.{key} replaces the config's {other_section}.{other_key} = "
+                f"{_toml_value(body[other_key])} (a run takes one of the two)"
+            )
+    return lines
+
+
 def config_to_toml(raw: dict[str, Any]) -> str:
     """A raw config (sections of scalars, lists and inline tables) as TOML text that `read_raw` reads back.
     The launcher and the benches write configs with overrides applied; tomllib only reads TOML."""
