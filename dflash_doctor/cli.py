@@ -85,6 +85,35 @@ def _register(names: list[str]) -> None:
         _REGISTERED.add(name)
 
 
+def reflowed(doc: str) -> str:
+    """A docstring as help: each paragraph's hard-wrapped lines joined, so the terminal wraps it at its own
+    width (issue 58: rich kept the source's line breaks after the first paragraph, "Exit 1 when the" then
+    "probe could not run" on the next line); a paragraph of list items or indented lines is kept as written."""
+    lines = doc.expandtabs().splitlines() or [""]
+    rest = lines[1:]
+    margin = min((len(line) - len(line.lstrip()) for line in rest if line.strip()), default=0)
+    clean = "\n".join([lines[0].strip(), *(line[margin:].rstrip() for line in rest)]).strip()
+    paragraphs = [p for p in clean.split("\n\n") if p.strip()]  # as inspect.cleandoc, without its import
+    kept = []
+    for paragraph in paragraphs:
+        lines = paragraph.splitlines()
+        listed = any(
+            line.startswith((" ", "-", "*", "|")) or line[:2].rstrip(".").isdigit() for line in lines
+        )
+        kept.append(paragraph if listed else " ".join(line.strip() for line in lines))
+    return "\n\n".join(kept)
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    """Every command's help from its docstring, reflowed (`reflowed`), unless it was given as `help=`."""
+    for command in group.registered_commands:
+        if command.help is None and command.callback is not None and command.callback.__doc__:
+            command.help = reflowed(command.callback.__doc__)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
 def _command_word(argv: list[str]) -> str | None:
     """The first word that is not an option: the command's name, when the command line names one."""
     words = [a for a in argv if not a.startswith("-")]
@@ -101,6 +130,7 @@ def _register_for(argv: list[str]) -> None:
         _register([word])
     else:
         _register(modules)
+    _reflow_help(app)
 
 
 ERROR_SCHEMA = "dflash-doctor/error/v1"

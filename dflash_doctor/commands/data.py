@@ -1,7 +1,7 @@
 """`dflash-doctor data ...`: the training data, made and checked with the target it will be trained for.
 
 `data regenerate` answers every prompt (or every assistant turn of a chat) again with the target, greedy by
-default, into the `data.kind = "chat"` format `train` reads. `data preview` shows the first records exactly
+default or sampled (`--temperature`, `--samples-per-prompt`), into the `data.kind = "chat"` format `train` reads. `data preview` shows the first records exactly
 as the trainer will see them (supervised tokens highlighted) and counts over the whole file.
 """
 
@@ -79,7 +79,8 @@ def regenerate_command(
     ),
     json_out: bool = typer.Option(R.json_out, "--json", help="Print the summary as JSON."),
 ) -> None:
-    """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
+    """Answer the prompts with the target itself (greedy; --temperature T samples, --samples-per-prompt N answers
+    each prompt N times), so the drafter learns what the target will say."""
     request = RegenerateRequest.of(locals())
     request.validate()  # bad options: exit 2 before torch is imported
     from trainer.api import prepare_regeneration, regenerate
