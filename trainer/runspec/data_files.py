@@ -129,6 +129,20 @@ def template_problem(record: dict[str, Any], template_kwargs: dict[str, Any] | N
     )
 
 
+# What a line of `data regenerate` records of one answer, not of the settings it was made with.
+_PER_ANSWER = frozenset({"finish_reasons", "generated_tokens", "engine"})
+
+
+def made_with(record: dict[str, Any]) -> str:
+    """The settings a regenerated conversation was made with (its `generation`, per-answer figures left out),
+    as text: one id made twice with the same settings is a line written twice (N5), while a greedy and a
+    sampled run over the same prompts, concatenated, share ids on purpose (docs/data.md)."""
+    made = record.get("generation")
+    if not isinstance(made, dict):
+        return ""
+    return json.dumps({k: v for k, v in made.items() if k not in _PER_ANSWER}, sort_keys=True, default=str)
+
+
 def scan_data_file(
     kind: str,
     path: Path,
@@ -137,7 +151,7 @@ def scan_data_file(
     template_kwargs: dict[str, Any] | None = None,
 ) -> DataScan:
     scan = DataScan()
-    seen: dict[str, int] = {}  # id -> its first line: a file `data regenerate` wrote names each conversation
+    seen: dict[str, int] = {}  # (id, settings) -> its first line: `data regenerate` names each conversation
     for number, record, problem in _lines(path, field):
         if record is not None:
             problem = record_problem(kind, record, vocab_size)
@@ -147,14 +161,15 @@ def scan_data_file(
             scan.records += 1
             ident = record.get("id")
             if isinstance(ident, str):
-                if ident in seen:
+                key = f"{ident}\0{made_with(record)}"
+                if key in seen:
                     scan.duplicates += 1
                     if scan.first_duplicate is None:
                         scan.first_duplicate = (
-                            f"id {json.dumps(ident)[:80]} on line {number}, first on line {seen[ident]}"
+                            f"id {json.dumps(ident)[:80]} on line {number}, first on line {seen[key]}"
                         )
                 else:
-                    seen[ident] = number
+                    seen[key] = number
             if kind == "chat" and any(m.get("role") == "assistant" for m in record["messages"]):
                 scan.answered += 1
             continue
@@ -190,7 +205,8 @@ def check_data_file(
         raise ConfigError(f"{field}: {path} holds no records")
     if scan.duplicates:  # trained twice as often as the rest, and in the held-out split and the training one
         raise ConfigError(
-            f"{field}: {path}: {scan.duplicates} record(s) repeat an id an earlier record has ({scan.first_duplicate}): "
+            f"{field}: {path}: {scan.duplicates} record(s) repeat an id an earlier record made with the same settings "
+            f"has ({scan.first_duplicate}): "
             "each would be trained (or held out) more than once",
             hint="if `dflash-doctor data regenerate` wrote it, run that command again with the same --out: it keeps "
             "the first line of each id and drops the rest, saying how many",

@@ -5,6 +5,7 @@ data checks of `train` and `data preview` refuse them, saying how many."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -63,3 +64,26 @@ def test_n5_train_and_preview_refuse_repeated_ids_saying_how_many(tmp_path: Path
     assert "data regenerate" in (refused.value.hint or "")
     data.write_text("".join(json.dumps(_chat(i)) + "\n" for i in ["a", "b", "c"]))
     check_data_file("chat", str(data))  # unique ids: quiet
+
+
+def test_n5_a_greedy_and_a_sampled_run_concatenated_share_ids_and_pass(tmp_path: Path) -> None:
+    """docs/data.md's recipe: `cat greedy.jsonl sampled.jsonl` carries each prompt's id twice, made with other
+    settings: not a doubled line. The same id with the same settings is one (the line above)."""
+    prompts = _prompts(tmp_path)
+    greedy, sampled = tmp_path / "greedy.jsonl", tmp_path / "sampled.jsonl"
+    regenerate(scan_input(prompts, "stop"), greedy, SETTINGS, EchoEngine)
+    warm = dataclasses.replace(SETTINGS, temperature=0.8, seed=1)
+    regenerate(scan_input(prompts, "stop"), sampled, warm, KeyedEcho)
+    both = tmp_path / "train.jsonl"
+    both.write_text(greedy.read_text() + sampled.read_text())
+    check_data_file("chat", str(both))
+    both.write_text(greedy.read_text() + greedy.read_text())
+    with pytest.raises(ConfigError, match=r"4 record\(s\) repeat an id"):
+        check_data_file("chat", str(both))
+
+
+class KeyedEcho(EchoEngine):
+    """EchoEngine for a sampled run: it is given each answer's key too."""
+
+    def generate(self, chats, keys=None):  # type: ignore[no-untyped-def]
+        return super().generate(chats)
