@@ -54,7 +54,7 @@ from dflash_doctor.cache.journal import (
     pending_restore,
     read_journal,
 )
-from dflash_doctor.cache.layout import examine
+from dflash_doctor.cache.layout import examine_listing
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, ArchiveError, CacheManifest, marker_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
@@ -183,7 +183,6 @@ class _Restore:
             manifest = extract_verified(self.archive, prepare, limits, on_file=_per_file_hook())
             for root, fd in self.staged:
                 check_staged(fd, root, manifest)
-                check_a_cache(fd, root, manifest)
         except OSError as exc:
             # a full disk while the journal, a staging folder or its marker was written: a message
             self.undo()
@@ -259,6 +258,7 @@ class _Restore:
             )
         for label in manifest.origins:
             target = self.targets[label]
+            check_a_cache(label, target, manifest)
             root = SwapRoot(
                 label,
                 target,
@@ -445,16 +445,20 @@ def check_staged(fd: int, root: SwapRoot, manifest: CacheManifest) -> None:
         )
 
 
-def check_a_cache(fd: int, root: SwapRoot, manifest: CacheManifest) -> None:
-    """Just before the swap: what goes live must be a compile cache by the content rule every later restore
-    judges its target by (layout.py), or that restore would refuse it, and every one after it (issue 58, H3:
-    an archive of look-alike names left a cache no restore would replace)."""
-    reason = examine(fd).reason
+def check_a_cache(label: str, target: Path, manifest: CacheManifest) -> None:
+    """Before a byte is written: what the manifest lists for this root must make a compile cache by the content
+    rule every later restore judges its target by (layout.py), or that restore would refuse it, and every one
+    after it (issue 58, H3: an archive of look-alike names left a cache no restore would replace). The staged
+    tree is checked against the manifest at the swap (`check_staged`), so the listing stands for it."""
+    prefix = f"{label}/"
+    reason = examine_listing(
+        e.path[len(prefix) :] for e in manifest.files if e.path.startswith(prefix)
+    ).reason
     if reason is not None:
         raise ArchiveError(
-            f"snapshot {printable(manifest.name)!r}: its {root.label} files would not make a compile cache "
-            f"({printable(reason, 400)}): every later restore would refuse that folder; nothing was swapped in, "
-            f"{printable(str(root.target), 4096)} is unchanged",
+            f"snapshot {printable(manifest.name)!r}: its {label} files would not make a compile cache "
+            f"({printable(reason, 400)}): every later restore would refuse that folder; nothing was written, "
+            f"{printable(str(target), 4096)} is unchanged",
             hint="restore a snapshot dflash-doctor made (`cache snapshot` archives only a compile cache)",
         )
 

@@ -31,6 +31,10 @@ GOOD_PATH = (
     f"inductor/{_KEY[:2]}/c{_KEY}.py"  # named as Inductor names its code: what a restore may put live (H3)
 )
 GOOD = {GOOD_PATH: b"print('cached kernel')\n" * 50}
+_OTHER = inductor_key("other")
+OTHER_PATH = (
+    f"inductor/{_OTHER[:2]}/c{_OTHER}.so"  # a second compiler-named file (planted, or listed and gone)
+)
 
 
 def disk_state(root: Path) -> dict[str, str]:
@@ -89,11 +93,11 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, list]], str]] = {
     ),
     "fifo": (lambda t: (manifest_for(GOOD), _members([special("inductor/pipe", tarfile.FIFOTYPE)])), "fifo"),
     "member not in manifest": (
-        lambda t: (manifest_for(GOOD), _members([("inductor/ab/cextra.so", b"planted")])),
+        lambda t: (manifest_for(GOOD), _members([(OTHER_PATH, b"planted")])),
         "not in the manifest",
     ),
     "manifest lists a missing file": (
-        lambda t: (manifest_for({**GOOD, "inductor/ab/cgone.so": b"gone"}), _members([])),
+        lambda t: (manifest_for({**GOOD, OTHER_PATH: b"gone"}), _members([])),
         "does not hold",
     ),
     "size differs from manifest": (
