@@ -16,10 +16,11 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.audit.cache import cache_status, start_cache_walks
 from dflash_doctor.cache.inspection import SAMPLE, FolderReport, volatility
 from dflash_doctor.cache.locations import INDUCTOR_VARIABLE, check_apart, managed_inductor_dir, snapshots_dir
+from dflash_doctor.cache.parent_dir import lock_folder_remedy, untrusted_folder
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.context import CheckContext
 from dflash_doctor.findings import Finding, fail, ok, skip, warn
-from dflash_doctor.paths import HOME_ENV, cache_root
+from dflash_doctor.paths import HOME_ENV, cache_root, lock_root
 from dflash_doctor.registry import check
 
 
@@ -143,10 +144,28 @@ def home_findings() -> Iterator[Finding]:
             )
 
 
+def lock_folder_findings() -> Iterator[Finding]:
+    """This user's lock folder (the same for every home) is judged like a cache's parent before any restore,
+    snapshot or warm-up takes a lock in it: a folder others can write on its way refuses them all, and `train`
+    compiles cold at every launch (issue 58, L2: a group-writable ~/.cache under umask 002). Said here first."""
+    root = lock_root()
+    found = untrusted_folder(root)
+    if found is not None:
+        where, why = found
+        yield warn(
+            "cache.lock_folder",
+            f"the folder {where} on the way to your lock folder {root} {why}: every `cache restore`, `snapshot` "
+            "and `warm` refuses to take its lock there, and `train` compiles cold at every launch",
+            remedy=lock_folder_remedy(where),
+            path=str(where),
+        )
+
+
 @check("cache.store", "compile cache", starts=start_cache_walks)
 def cache_store(ctx: CheckContext) -> Iterator[Finding]:
     """The snapshot store holds code a restore installs: it must be yours and private, like the cache."""
     yield from home_findings()
+    yield from lock_folder_findings()
     status = cache_status(ctx)
     store = snapshots_dir()
     if status.store_distrust:

@@ -91,6 +91,13 @@ def writing(
             cleanup()
         if isinstance(exc, NoSpace) or not isinstance(exc, Exception):
             raise
+        if (
+            isinstance(exc, OSError) and exc.errno == errno.EROFS
+        ):  # never "full": it takes no byte at all (N10)
+            raise DoctorError(
+                f"{path} is on a read-only file system: nothing can be written there",
+                hint="give a folder on a writable disk (output.dir, --out)",
+            ) from exc
         free = free_bytes(path)
         if is_full_error(exc) or (needed is not None and free is not None and free < needed):
             raise NoSpace(path, needed, free) from exc

@@ -85,6 +85,35 @@ def _register(names: list[str]) -> None:
         _REGISTERED.add(name)
 
 
+def reflowed(doc: str) -> str:
+    """A docstring as help: each paragraph's hard-wrapped lines joined, so the terminal wraps it at its own
+    width (issue 58: rich kept the source's line breaks after the first paragraph, "Exit 1 when the" then
+    "probe could not run" on the next line); a paragraph of list items or indented lines is kept as written."""
+    lines = doc.expandtabs().splitlines() or [""]
+    rest = lines[1:]
+    margin = min((len(line) - len(line.lstrip()) for line in rest if line.strip()), default=0)
+    clean = "\n".join([lines[0].strip(), *(line[margin:].rstrip() for line in rest)]).strip()
+    paragraphs = [p for p in clean.split("\n\n") if p.strip()]  # as inspect.cleandoc, without its import
+    kept = []
+    for paragraph in paragraphs:
+        lines = paragraph.splitlines()
+        listed = any(
+            line.startswith((" ", "-", "*", "|")) or line[:2].rstrip(".").isdigit() for line in lines
+        )
+        kept.append(paragraph if listed else " ".join(line.strip() for line in lines))
+    return "\n\n".join(kept)
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    """Every command's help from its docstring, reflowed (`reflowed`), unless it was given as `help=`."""
+    for command in group.registered_commands:
+        if command.help is None and command.callback is not None and command.callback.__doc__:
+            command.help = reflowed(command.callback.__doc__)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _reflow_help(sub.typer_instance)
+
+
 def _command_word(argv: list[str]) -> str | None:
     """The first word that is not an option: the command's name, when the command line names one."""
     words = [a for a in argv if not a.startswith("-")]
@@ -101,15 +130,34 @@ def _register_for(argv: list[str]) -> None:
         _register([word])
     else:
         _register(modules)
+    _reflow_help(app)
 
 
-def _print_error(message: str, hint: str | None = None) -> None:
+ERROR_SCHEMA = "dflash-doctor/error/v1"
+
+
+def _print_error(message: str, hint: str | None = None, json_code: int | None = None) -> None:
+    """The error on stderr, as a person reads it; with `json_code` (the command ran with --json) also one JSON
+    document on stdout, `{"schema", "error", "hint", "exit_code"}`, so a program reading stdout gets JSON
+    whatever happened (issue 58, N13: errors under --json were plain text only)."""
     from rich.markup import escape
 
     err = make_console(stderr=True, soft_wrap=True)  # rich loaded only on this path
     err.print(f"[bold red]error:[/] {escape(message)}")
     if hint:
         err.print(f"  [cyan]hint:[/] {escape(hint)}")
+    if json_code is not None:
+        import json
+
+        document = {"schema": ERROR_SCHEMA, "error": message, "hint": hint, "exit_code": json_code}
+        with contextlib.suppress(OSError, ValueError):
+            print(json.dumps(document), flush=True)
+
+
+def _json_code(args: list[str], code: int) -> int | None:
+    """`code` when the command was asked for --json (before any `--`), else None."""
+    asked = "--json" in (args[: args.index("--")] if "--" in args else args)
+    return code if asked else None
 
 
 @contextlib.contextmanager
@@ -147,7 +195,7 @@ def run(argv: list[str] | None = None) -> int:
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     except DoctorError as exc:
-        _print_error(exc.message, exc.hint)
+        _print_error(exc.message, exc.hint, _json_code(args, exc.exit_code))
         return exc.exit_code
     except OSError as exc:
         if exc.filename == STDOUT:
@@ -160,6 +208,7 @@ def run(argv: list[str] | None = None) -> int:
             os_error_message(exc),
             hint="check that the path is right, that it is a folder where a folder is expected, "
             f"and that you may write there (dflash-doctor's own state: ${HOME_ENV})",
+            json_code=_json_code(args, DoctorError.exit_code),
         )
         return DoctorError.exit_code
     except Exception as exc:

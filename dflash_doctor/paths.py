@@ -59,22 +59,39 @@ def check_folder_path(folder: Path, what: str) -> None:
             return
 
 
+# Where the lock folder of a user without an account home lives: one per uid for every home of that user
+# (issue 58, R1: one per home let two homes restore into one cache at once). Tests point it at their own folder.
+SHARED_LOCK_BASE = "/tmp"
+
+
 def lock_root() -> Path:
     """The folder of this user's cache-folder locks, the same for every `DFLASH_DOCTOR_HOME` (two homes
     restoring into one cache must find one lock; issue 37, G3): `DFLASH_DOCTOR_LOCK_DIR` when set (tests,
     or a machine whose users have no home folder), else `~/.cache/dflash-doctor/locks` of the account's
-    home folder (from the password database, not $HOME), else the home's `cache/locks`."""
+    home folder (from the password database, not $HOME). Without an account home (no password entry, as
+    `docker run -u 1234` gives; a home that is missing or not the user's): `/tmp/dflash-doctor-locks-<uid>`,
+    one for every home of the uid (issue 58, R1), unless something not ours holds that name (another user can
+    take it first in /tmp): then the home's own `cache/locks`, as before."""
     configured = os.environ.get(LOCK_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
     try:
         account_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
         info = os.stat(account_home)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            return account_home / ".cache" / "dflash-doctor" / "locks"
     except (KeyError, OSError):
+        pass
+    shared = Path(SHARED_LOCK_BASE) / f"dflash-doctor-locks-{os.getuid()}"
+    try:
+        taken = os.lstat(shared)
+    except FileNotFoundError:
+        return shared
+    except OSError:
         return cache_root() / "locks"
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        return cache_root() / "locks"
-    return account_home / ".cache" / "dflash-doctor" / "locks"
+    if stat.S_ISDIR(taken.st_mode) and taken.st_uid == os.getuid():
+        return shared
+    return cache_root() / "locks"
 
 
 def make_private_dirs(folder: Path) -> None:

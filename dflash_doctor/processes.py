@@ -15,9 +15,12 @@ probe (`deep/run.py`) and the warm-up child (`cache/warm.py`) use `run_child`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -103,6 +106,41 @@ class ChildTimedOut(DoctorError):
         self.stdout, self.stderr = stdout, stderr
 
 
+# Run by path-less `python -c` between our fork and the child's own exec: asks the kernel to send the child
+# `argv[1]` when its parent dies (PR_SET_PDEATHSIG, kept across exec), checks the parent did not die before it
+# asked (then the child's parent is another process), and becomes the child's command. A shim rather than a
+# `preexec_fn`, which Python calls unsafe in a process with threads (ours has several).
+_DEATH_SHIM = (
+    "import ctypes, os, sys\n"
+    "if ctypes.CDLL(None).prctl(1, int(sys.argv[1]), 0, 0, 0) != 0 or os.getppid() != int(sys.argv[2]):\n"
+    "    os._exit(70)\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n"
+)
+
+
+def dying_with_us(
+    command: Sequence[str], signum: int = signal.SIGKILL, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """`command`, started so that the kernel sends it `signum` when this process dies, SIGKILL included (a
+    launcher or `cache warm` killed outright left its child compiling into a cache nobody held, and torchrun's
+    workers holding the GPUs; issue 58, W2 and N6). The signal follows the death of the *thread* that started
+    it: only for a child whose starting thread waits for it to end (`run_child`, the launcher's main thread).
+    The program is found here, on `env`'s PATH as Popen finds it: one that cannot run is an OSError for the
+    caller, as it was without the shim, not a traceback of the shim's."""
+    program = command[0]
+    if "/" not in program:
+        found = shutil.which(program, path=(os.environ if env is None else env).get("PATH", os.defpath))
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+        program = found
+    elif not os.path.isfile(program):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    elif not os.access(program, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
+    shim = [sys.executable, "-S", "-I", "-c", _DEATH_SHIM, str(int(signum)), str(os.getpid())]
+    return [*shim, program, *command[1:]]
+
+
 def run_child(
     args: Sequence[str],
     timeout: float,
@@ -111,6 +149,7 @@ def run_child(
     cwd: str | None = None,
     hint: str | None = None,
     cancel: threading.Event | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ChildResult:
     """Run `args` to the end, within `timeout` seconds, and return its exit code and output.
 
@@ -118,11 +157,14 @@ def run_child(
     group and every descendant seen are stopped and the child is reaped before this returns or raises.
     Timeout: `ChildTimedOut` ("<what> did not finish within N s"). OSError when it cannot start. `cancel`
     (a child run from a thread beside other work): once set, the child is stopped and `ChildCancelled` raised.
+    The child dies with us, whatever kills us (`dying_with_us`); `pass_fds`: descriptors it inherits (the locks
+    it must hold while it lives).
     """
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            list(args),
+            dying_with_us(args, env=env),
+            pass_fds=tuple(pass_fds),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,

@@ -60,6 +60,15 @@ def to_json(runs: list[CheckRun], context: dict[str, Any], strict: bool = False)
     }
 
 
+def terminal_safe(text: str) -> str:
+    """`text` with control characters (escape sequences, carriage returns) written as \\xNN, newlines kept:
+    a finding's summary, evidence or remedy names paths, and a path with escape bytes in it printed raw could
+    recolour or rewrite the terminal (issue 58, E1: `cache status` printed a cache path's escape bytes raw)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else ascii(c)[1:-1] for c in text)
+
+
 def _format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return (
@@ -69,16 +78,16 @@ def _format_value(value: Any) -> str:
         )
     if isinstance(value, dict):
         return ", ".join(f"{k}={_format_value(v)}" for k, v in value.items())
-    return str(value)
+    return terminal_safe(str(value))
 
 
 def _verdict_cell(finding: Finding, verbose: bool) -> Text:
     from rich.text import Text
 
-    text = Text(finding.summary)
+    text = Text(terminal_safe(finding.summary))
     if _shows_details(finding, verbose):
         for key, value in finding.evidence.items():
-            text.append(f"\n  {key}: {_format_value(value)}", style="dim")
+            text.append(f"\n  {terminal_safe(str(key))}: {_format_value(value)}", style="dim")
     return text
 
 
@@ -93,7 +102,7 @@ def remedy_lines(remedy: str) -> list[tuple[str, str]]:
     line and the comment on the next, so nothing that must run hides after a `#` on the same line.
     Several lines: a fenced block, one command per line.
     """
-    commands = [line for line in remedy.strip().splitlines() if line.strip()]
+    commands = [terminal_safe(line) for line in remedy.strip().splitlines() if line.strip()]
     if len(commands) > 1:
         return [("fix:", "bold cyan"), ("```", "dim"), *((c, "cyan") for c in commands), ("```", "dim")]
     command, hash_sign, comment = commands[0].partition("  # ") if commands else ("", "", "")

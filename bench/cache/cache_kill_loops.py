@@ -13,7 +13,10 @@ step or a deletion):
 - two homes restoring two archives into one cache in a shared (1777) parent where another user (uid 65534)
   took the lock's name first, one of them killed at a random point (issue 37, G3; root only);
 - a restore into a bind-mounted cache folder (`mount --bind` in a mount namespace of its own, as
-  `docker -v host:<cache>`), killed at a random point: refused before anything is written (B1; root only).
+  `docker -v host:<cache>`), killed at a random point: refused before anything is written (B1; root only);
+- `cache warm` (the command, its compile child a stand-in that writes a file into the cache every 10 ms),
+  killed at a random moment; then a restore into that cache: the child must be gone at once and nothing may
+  be added to the restored cache after it said "verified" (issue 58, W2).
 After each kill: the state at the kill, then recovery (what the next command does first), then the
 invariants: a cache is the whole old tree or the whole new one and all roots of one restore agree;
 a new cache's backup is the whole old tree; no staging folder, journal, half-deleted backup or partial
@@ -22,7 +25,7 @@ back whole. Prints a table and writes JSON.
 
     .venv/bin/python -m bench.cache.cache_kill_loops [--restores 50] [--fallback 50] [--two-roots 50] \
         [--absent 50] [--snapshots 50] [--prunes 50] [--retention 50] [--two-homes 50] [--bind-mount 50] \
-        [--seed 30]
+        [--warms 50] [--seed 30]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -238,6 +242,77 @@ def bind_mount_loop(work: Path, runs: int, rng: random.Random) -> Counter:
     return counts
 
 
+WRITER = """
+import json, os, sys, time
+cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+open(sys.argv[1], "w").write(str(os.getpid()))
+for i in range(100):
+    key = f"{i:02d}" + "w" * 50
+    os.makedirs(os.path.join(cache, key[:2]), exist_ok=True)
+    with open(os.path.join(cache, key[:2], f"c{key}.py"), "w") as out:
+        out.write("compiled")
+    time.sleep(0.01)
+print("DFLASH_WARM_RESULT " + json.dumps({"what": "stand-in", "counters": {}}))
+"""
+
+
+def warm_loop(work: Path, runs: int, rng: random.Random) -> Counter:
+    """`cache warm` killed outright while its compile child writes into the cache; then a restore into that
+    cache. Before issue 58 (W2) the child ran on with no lock, and a restore printed "verified" while the
+    orphan added files to the cache it had just put in place."""
+    from dflash_doctor.cli import run as cli_run
+    from dflash_doctor.commands import cache as cache_command
+
+    cache = work / "run" / "inductor"
+    source = work / "new"
+    new = make_tree(source, files=FILES, seed=2, size=30_000)
+    archive = take_snapshot({"inductor": source}, BUILD, "new", work / "new.tar.zst").path
+    pid_file = work / "writer.pid"
+    counts: Counter = Counter()
+    for _ in range(runs):
+        shutil.rmtree(work / "run", ignore_errors=True)
+        make_tree(cache, files=25, seed=7, size=30_000)
+        pid_file.unlink(missing_ok=True)
+
+        def warm() -> None:
+            os.environ.update(TORCHINDUCTOR_CACHE_DIR=str(cache), DFLASH_DOCTOR_HOME=str(work / "home"))
+            cache_command.child_command = lambda *a, **k: [sys.executable, "-c", WRITER, str(pid_file)]  # type: ignore[assignment]
+            cli_run(["cache", "warm", "--no-snapshot"])
+
+        pid = child(warm)
+        deadline = time.monotonic() + 30
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.8))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        writer = int(pid_file.read_text()) if pid_file.is_file() and pid_file.read_text() else None
+        gone_by = time.monotonic() + 2.0
+        while writer is not None and _alive(writer) and time.monotonic() < gone_by:
+            time.sleep(0.01)
+        if writer is not None and _alive(writer):
+            counts["BAD the compile child outlived cache warm"] += 1
+            os.kill(writer, signal.SIGKILL)
+        else:
+            counts["at kill: the compile child died with it"] += 1
+        restore_snapshot(archive, {"inductor": cache}, BUILD, lock_timeout=30)
+        time.sleep(0.2)  # an orphan would have added a file or more by now
+        counts[
+            "after recovery: new" if tree_digests(cache) == new else "BAD files added after the restore"
+        ] += 1
+        if leftovers(work / "run"):
+            counts["LEFTOVER staging, journal or half-deleted backup"] += 1
+    return counts
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat_file:
+            return stat_file.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def private_mount_namespace() -> str | None:
     """Enter a mount namespace of this process's own (bind mounts made here stay here); why not, or None."""
     if os.getuid() != 0:
@@ -368,6 +443,7 @@ def main() -> None:
     parser.add_argument("--retention", type=int, default=50)
     parser.add_argument("--two-homes", type=int, default=50)
     parser.add_argument("--bind-mount", type=int, default=50)
+    parser.add_argument("--warms", type=int, default=50)
     parser.add_argument("--seed", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
@@ -399,6 +475,10 @@ def main() -> None:
         else:
             print(f"bind-mount loop skipped: {why_not}")
 
+        if args.warms:
+            (base / "warm").mkdir()
+            results["cache warm, killed (W2)"] = dict(warm_loop(base / "warm", args.warms, rng))
+
         store = SnapshotStore(base / "store")
         store.ensure()
         cache = base / "cache" / "inductor"
@@ -407,7 +487,13 @@ def main() -> None:
 
         def snapshot_work() -> Callable[[], object]:
             name = f"s{next(serial)}"
-            return lambda: take_snapshot({"inductor": cache}, BUILD, name, store.path_for(name))
+
+            def snapshot() -> None:  # as the commands do: under the store's lock, then its order noted (C1)
+                with store.locked():
+                    taken = take_snapshot({"inductor": cache}, BUILD, name, store.path_for(name))
+                    store.record(taken.path)
+
+            return snapshot
 
         start = time.perf_counter()
         take_snapshot({"inductor": cache}, BUILD, "timing", store.path_for("timing"))

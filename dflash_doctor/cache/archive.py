@@ -85,7 +85,12 @@ def collect_files(
                 pending.extend(
                     (entry.path, f"{prefix}/{entry.name}", False) for entry in reversed(subfolders)
                 )
-    return files, skipped
+    # Named for people, in the manifest: each printable and short, as the manifest's reader requires (issue 58,
+    # E2: a stray named with an escape byte made the whole snapshot unrestorable).
+    return files, [printable(path, SKIPPED_CHARS) for path in skipped]
+
+
+SKIPPED_CHARS = 1024  # a skipped entry's name in the manifest, at most (the reader takes 4096)
 
 
 def is_our_record(name: str) -> bool:
@@ -122,7 +127,7 @@ def _collect(
             skipped.append(archive_path)
             continue
         if not _archivable(name):  # a restore refuses such a name: never archive one (issue 37, E2)
-            skipped.append(printable(archive_path, 1 << 12))
+            skipped.append(archive_path)
             continue
         try:
             is_dir = entry.is_dir()
@@ -239,6 +244,17 @@ def write_archive(
 
     The tar stream is written here (headers as tarfile writes them, tar_header): tarfile's own
     writer spent 0.4 s of a 1.5 s snapshot of 9000 files in per-member Python."""
+    try:
+        return _write_archive(dest, manifest, files, level, threads)
+    except OSError as exc:  # named by the archive, never by its partial file (issue 58, P1)
+        if exc.filename is None or Path(exc.filename).name.startswith(f".{dest.name}{PARTIAL_TAG}"):
+            raise OSError(exc.errno, exc.strerror, str(dest)) from None
+        raise
+
+
+def _write_archive(
+    dest: Path, manifest: CacheManifest, files: list[SourceFile], level: int, threads: int
+) -> int:
     # A name nobody can guess, created new (O_EXCL, no link followed): the folder may be shared.
     fd, partial_name = tempfile.mkstemp(prefix=f".{dest.name}{PARTIAL_TAG}", dir=dest.parent)
     partial = Path(partial_name)

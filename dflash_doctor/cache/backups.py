@@ -4,7 +4,8 @@ that deletes the oldest of them.
 A backup is ours when it is a folder of this user holding our ownership record
 (`.dflash-doctor-backup.json`: restore id, uid, time, target), written through a handle of the folder
 after its device and inode were checked to be the folder the restore moved. Retention keeps the newest
-KEEP_BACKUPS of ours by recorded time, never by name, and never deletes:
+KEEP_BACKUPS of ours in the order they were made (a sequence each record carries, not the clock: issue 58,
+C2), never by name, and never deletes:
 - a backup marked kept: a folder that was not a cache (`--replace-non-cache`), or a cache that a far
   smaller snapshot replaced (issue 30, N6: three empty restores used to prune the real cache);
 - a backup whose content is not a compile cache's (layout.py): a folder of documents taken for a cache
@@ -20,6 +21,7 @@ A doomed folder with content but no record is not ours to delete: left alone and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import secrets
@@ -62,9 +64,12 @@ class BackupRecord:
     target: Path
     not_a_cache: bool = False
     kept: str | None = None  # why retention leaves it alone
+    sequence: int | None = None  # its place in the order backups of this target were made (C2)
 
     def to_bytes(self) -> bytes:
-        return backup_owner_bytes(self.restore_id, str(self.target), time.time(), self.not_a_cache, self.kept)
+        return backup_owner_bytes(
+            self.restore_id, str(self.target), time.time(), self.not_a_cache, self.kept, self.sequence
+        )
 
 
 def backup_name(target: Path, restore_id: str) -> str:
@@ -83,9 +88,41 @@ def remove_torn_records_at(folder: int) -> None:
                 os.unlink(name, dir_fd=folder)
 
 
+def age_order(owner: dict[str, Any], now: float | None = None) -> tuple[int, float, float]:
+    """A backup's place among the others, oldest first: its sequence when recorded (after every backup made
+    before sequences were), then its creation time, a time in the future counted as the oldest (a clock that
+    was wrong then says nothing of its age; issue 58, C2: a backup made 10 years ahead was kept for 10 years
+    while the real newer ones went)."""
+    sequence = owner.get("sequence")
+    created = float(owner.get("created", 0.0))
+    if created > (time.time() if now is None else now) + FUTURE_SLACK_S:
+        created = float("-inf")
+    if isinstance(sequence, int) and not isinstance(sequence, bool):
+        return 1, float(sequence), created
+    return 0, created, 0.0
+
+
+FUTURE_SLACK_S = 300.0  # a creation time this far past the clock now was made by a clock running ahead
+
+
+def next_sequence(parent: ParentDir, target: Path) -> int:
+    """One more than the highest sequence among our backups of `target` (the caller holds its folder's lock)."""
+    highest = 0
+    for name in parent.names():
+        if name.startswith(f"{target.name}{BACKUP_TAG}"):
+            owner = backup_owner(parent, name, target)
+            sequence = owner.get("sequence") if owner is not None else None
+            if isinstance(sequence, int) and not isinstance(sequence, bool):
+                highest = max(highest, sequence)
+    return highest + 1
+
+
 def give_record(parent: ParentDir, name: str, expected: Identity | None, record: BackupRecord) -> None:
     """Write the ownership record into the folder at `name`, through its handle, once that handle shows
-    the folder we moved (device and inode `expected`; None: any folder of ours)."""
+    the folder we moved (device and inode `expected`; None: any folder of ours). A record without a sequence
+    gets the next one of its target's backups."""
+    if record.sequence is None:
+        record = dataclasses.replace(record, sequence=next_sequence(parent, record.target))
     fd = parent.open_folder(name)
     try:
         info = os.fstat(fd)
@@ -158,7 +195,7 @@ def _looks_like_cache(parent: ParentDir, name: str) -> bool:
 def prune_backups(
     target: Path, keep: int = KEEP_BACKUPS, current: str | None = None, parent: ParentDir | None = None
 ) -> list[Path]:
-    """Delete all but the newest `keep` of *our* backups of `target` (recorded time), `current` (this
+    """Delete all but the newest `keep` of *our* backups of `target` (`age_order`), `current` (this
     restore's) always kept, kept ones and ones that are not a cache never deleted. The caller holds the
     folder's lock. Returns what was deleted."""
     if parent is None:
@@ -167,7 +204,7 @@ def prune_backups(
         with ParentDir.open(target.parent, make=False) as opened:
             return prune_backups(target, keep, current, opened)
     finish_deletions(parent, target)
-    ours: list[tuple[float, str, Identity]] = []
+    ours: list[tuple[tuple[int, float, float], str, Identity]] = []
     for name in parent.names():
         if not name.startswith(f"{target.name}{BACKUP_TAG}") or name == current:
             continue
@@ -176,7 +213,7 @@ def prune_backups(
         if owner is None or found is None or owner.get("not_a_cache") or owner.get("kept"):
             continue
         if _looks_like_cache(parent, name):
-            ours.append((float(owner["created"]), name, found))
+            ours.append((age_order(owner), name, found))
     ours.sort(key=lambda item: item[0], reverse=True)
     room = max(keep - (1 if current is not None else 0), 0)
     deleted = []

@@ -7,8 +7,9 @@ is written. Then:
 - the calling thread parses each tar header (tarstream), checks a batch of members against the
   archive's rules and the manifest (name, type, size, listed once) before writing a byte of them,
   then writes them: memoryview slices of the decompressed blocks, one open/write/utime/close per file;
-- a hash thread computes the sha256 of each written member and compares it with the manifest's
-  (when it falls behind, the calling thread hashes a batch itself).
+- a hash thread computes the sha256 of each written member that lay in one block and compares it with the
+  manifest's (when it falls behind, the calling thread hashes a batch itself); a larger member is hashed by
+  the calling thread as its pieces are written, so memory stays bounded whatever a member's size.
 zstd's one-shot decompress, sha256 and the file syscalls release the GIL, so on two cores the three
 overlap: 346 MB / 9112 files, one thread doing everything 0.62-0.68 s, these three 0.39-0.42 s.
 
@@ -85,9 +86,10 @@ class ReadLimits:
     max_total_bytes: int = 512 << 30
     max_manifest_bytes: int = 256 << 20
     max_members: int = 2_000_000
-    # What the manifest may declare against the archive's size: a real cache compresses 2-10x; a
-    # 0.05 MB archive declaring a 1 GiB member is a bomb whose sha256 fails only once all of it is written.
-    max_expansion: int = 1000
+    # What the manifest may declare against the archive's size: a real cache compresses 2-10x (346 MB of
+    # sources, .so and cubin-like files: 2.7x); a 0.05 MB archive declaring a 1 GiB member is a bomb whose sha256
+    # fails only once all of it is written. 1000x let a 17 MB archive declare 16 GiB (issue 58, H1).
+    max_expansion: int = 100
     expansion_slack_bytes: int = 64 << 20
 
     def check_expansion(self, declared: int, archive_bytes: int, where: str) -> None:
@@ -369,7 +371,10 @@ def _execute(
     fd = -1
     open_, write, close, utime, fchmod = os.open, os.write, os.close, os.utime, os.fchmod
     jobs: list[tuple[Any, str, str]] = []
-    pieces: list[memoryview] | None = None  # the member being written in pieces, to be verified
+    # A member in pieces (larger than the block it starts in) is hashed here as it is written, never kept: held
+    # for the hash thread, its pieces kept every block they lay in alive, so a restore's memory grew with its
+    # largest member (issue 58, H1: a 900 MB member, 944 MB resident).
+    running: Any = None  # the sha256 of the member being written in pieces, when it is to be verified
     expected = ""
     target = ""
     try:
@@ -396,8 +401,8 @@ def _execute(
                         on_file(key)
                 elif kind == _PIECE:
                     view = op[1]
-                    if pieces is not None:
-                        pieces.append(view)
+                    if running is not None:
+                        running.update(view)
                     while view:
                         view = view[write(fd, view) :]
                 elif kind == _MKDIRS:
@@ -406,7 +411,7 @@ def _execute(
                 elif kind == _OPEN:
                     _, target, mode, chmod, check = op
                     fd = open_(target, _WRITE_FLAGS, mode)
-                    pieces, expected = ([], check) if check is not None else (None, "")
+                    running, expected = (hashlib.sha256(), check) if check is not None else (None, "")
                     if chmod:
                         fchmod(fd, mode)
                 else:  # _CLOSE
@@ -414,9 +419,10 @@ def _execute(
                     utime(fd, (now, mtime))
                     close(fd)
                     fd = -1
-                    if pieces is not None:
-                        jobs.append((pieces, expected, key))
-                        pieces = None
+                    if running is not None:
+                        if (digest := running.hexdigest()) != expected:
+                            raise _digest_error(key, digest, expected)
+                        running = None
                     if on_file is not None:
                         on_file(key)
         if jobs:
@@ -521,16 +527,10 @@ class _Ahead:
 
 
 def _mismatch(jobs: list[tuple[Any, str, str]]) -> ArchiveError | None:
-    """Hash each (views, expected sha256, key); the first mismatch, or None."""
+    """Hash each (view, expected sha256, key): a member that lay in one block; the first mismatch, or None."""
     sha256 = hashlib.sha256
-    for views, expected, key in jobs:
-        if isinstance(views, list):
-            running = sha256()
-            for view in views:
-                running.update(view)
-            digest = running.hexdigest()
-        else:
-            digest = sha256(views).hexdigest()
+    for view, expected, key in jobs:
+        digest = sha256(view).hexdigest()
         if digest != expected:
             return _digest_error(key, digest, expected)
     return None

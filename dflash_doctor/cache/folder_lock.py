@@ -39,7 +39,7 @@ from dflash_base.errors import DoctorError
 from dflash_doctor import paths
 from dflash_doctor.cache import fsops
 from dflash_doctor.cache.fsops import kind_of
-from dflash_doctor.cache.parent_dir import ParentDir, open_trusted
+from dflash_doctor.cache.parent_dir import ParentDir, lock_folder_remedy, open_trusted
 
 LOCK_SUFFIX = ".dflash-doctor.lock"
 TIMEOUT_S = 600.0
@@ -65,11 +65,11 @@ def identity_lock_name(parent: ParentDir, name: str) -> str:
 
 
 @contextmanager
-def identity_lock(parent: ParentDir, name: str, timeout: float, busy: DoctorError) -> Iterator[None]:
+def identity_lock(parent: ParentDir, name: str, timeout: float, busy: DoctorError) -> Iterator[int]:
     """Hold the lock of the cache folder `name` in `parent` in this user's lock folder."""
     root = paths.lock_root()
     paths.make_private_dirs(root)
-    folder = open_trusted(root, "the lock folder")
+    folder = open_trusted(root, "the lock folder", lock_folder_remedy)
     try:
         lock_name = identity_lock_name(parent, name)
         fd = open_lock(
@@ -79,7 +79,7 @@ def identity_lock(parent: ParentDir, name: str, timeout: float, busy: DoctorErro
         os.close(folder)
     try:
         hold(fd, timeout, busy)
-        yield
+        yield fd
     finally:
         os.close(fd)  # releases the flock
 
@@ -145,7 +145,7 @@ def folder_lock(folder: Path, timeout: float = TIMEOUT_S) -> Iterator[ParentDir]
     hint = f"remove {where} if you did not make it, then try again"
     with ParentDir.open(folder.parent) as parent, ExitStack() as stack:
         name = f".{folder.name}{LOCK_SUFFIX}"
-        stack.enter_context(identity_lock(parent, folder.name, timeout, busy))  # one no one else can take
+        parent.lock_fds.append(stack.enter_context(identity_lock(parent, folder.name, timeout, busy)))
         beside: int | None
         if fsops.read_only(parent.fd):  # no one changes the folder through this mount: no lock needed to read
             beside = None
@@ -166,7 +166,15 @@ def folder_lock(folder: Path, timeout: float = TIMEOUT_S) -> Iterator[ParentDir]
         if beside is not None:
             stack.callback(os.close, beside)  # releases the flock
             hold(beside, timeout, busy)
+            parent.lock_fds.append(beside)
         yield parent
+
+
+def held_lock_fds(parents: dict[Path, ParentDir]) -> tuple[int, ...]:
+    """The descriptors of the locks held for these folders: a child given them (`pass_fds`) holds the locks as
+    long as it lives, after its parent too (issue 58, W2: a `cache warm` killed outright left its compile child
+    writing into a cache no lock held, while a restore swapped it and said "verified")."""
+    return tuple(sorted({fd for parent in parents.values() for fd in parent.lock_fds}))
 
 
 @contextmanager

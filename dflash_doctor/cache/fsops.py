@@ -159,7 +159,10 @@ def write_atomic_at(folder: int, name: str, data: bytes, mode: int = 0o600) -> N
     """Write `name` in the open folder `folder`: a new file at a random name (O_EXCL, O_NOFOLLOW), fsync,
     renamed over `name` (a link there is replaced, never followed), the folder fsynced."""
     temp = f"{random_name(name)}.tmp"
-    fd = os.open(temp, _CREATE_FLAGS, mode, dir_fd=folder)
+    try:
+        fd = os.open(temp, _CREATE_FLAGS, mode, dir_fd=folder)
+    except OSError as exc:  # named by the file it was to be, not by a temp name (issue 58, P1)
+        raise OSError(exc.errno, exc.strerror, name) from None
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)

@@ -35,7 +35,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dflash_doctor.cache.archive import is_our_record
 from dflash_doctor.cache.fsops import open_folder_at, printable
@@ -222,8 +224,27 @@ def _folder_rule(rule: str, name: str) -> str | None:
 
 
 class _Walk:
+    """The content rule over an open folder (`examine`); `_Listed` runs the same rule over a list of paths."""
+
     def __init__(self) -> None:
         self.content = CacheContent()
+
+    def entries(self, fd: Any) -> list[tuple[str, bool, bool]]:
+        """(name, is a folder, is a regular file) of each entry of the folder `fd`."""
+        with os.scandir(fd) as found:
+            return [
+                (entry.name, entry.is_dir(follow_symlinks=False), entry.is_file(follow_symlinks=False))
+                for entry in found
+            ]
+
+    def enter(self, fd: Any, name: str) -> Any:
+        return open_folder_at(fd, name)
+
+    def leave(self, inner: Any) -> None:
+        os.close(inner)
+
+    def is_link(self, fd: Any, name: str) -> bool:
+        return _is_link(fd, name)
 
     def stranger(self, path: str) -> bool:
         """Note one; True when there are too many to be a cache (the walk stops)."""
@@ -233,15 +254,10 @@ class _Walk:
         self.content.strangers.append(path)
         return False
 
-    def folder(self, fd: int, where: str, rule: str, counted: bool) -> bool:
+    def folder(self, fd: Any, where: str, rule: str, counted: bool) -> bool:
         """Judge everything under the open folder `fd` (`where`: its path from the top); True to stop."""
-        with os.scandir(fd) as found:
-            entries = [
-                (entry.name, entry.is_dir(follow_symlinks=False), entry.is_file(follow_symlinks=False))
-                for entry in found
-            ]
         metadata = kernels = 0
-        for name, is_dir, is_file in entries:
+        for name, is_dir, is_file in self.entries(fd):
             path = f"{where}/{name}"
             inner = _folder_rule(rule, name)
             if is_dir:
@@ -251,7 +267,7 @@ class _Walk:
                 elif self._descend(fd, name, path, inner, counted):
                     return True
             elif not is_file:  # a link is judged by its name, never followed; anything else is a stray
-                if not (_is_link(fd, name) and (inner or _file_rule(rule, name))) and self.stranger(path):
+                if not (self.is_link(fd, name) and (inner or _file_rule(rule, name))) and self.stranger(path):
                     return True
             elif not _file_rule(rule, name):
                 if self.stranger(path):
@@ -267,27 +283,22 @@ class _Walk:
             return self.stranger(where + "/")
         return False
 
-    def _descend(self, fd: int, name: str, path: str, rule: str, counted: bool) -> bool:
+    def _descend(self, fd: Any, name: str, path: str, rule: str, counted: bool) -> bool:
         if path.count("/") >= MAX_DEPTH:  # `path` is its folder's path from the top: depth = slashes + 1
             self.content.too_deep = True
             return self.stranger(path + "/")
         try:
-            inner = open_folder_at(fd, name)
+            inner = self.enter(fd, name)
         except OSError:
             return self.stranger(path + "/")
         try:
             return self.folder(inner, path, rule, counted)
         finally:
-            os.close(inner)
+            self.leave(inner)
 
-    def top(self, fd: int) -> None:
-        with os.scandir(fd) as found:
-            entries = [
-                (entry.name, entry.is_dir(follow_symlinks=False), entry.is_file(follow_symlinks=False))
-                for entry in found
-            ]
+    def top(self, fd: Any) -> None:
         folders = []
-        for name, is_dir, is_file in entries:
+        for name, is_dir, is_file in self.entries(fd):
             if is_our_record(name):
                 continue
             rule = _top_folder_rule(name) if is_dir else None
@@ -309,6 +320,44 @@ def _is_link(fd: int, name: str) -> bool:
         return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
+
+
+Tree = dict[str, "Tree | None"]  # a folder's entries: a subfolder's own, or None for a file
+
+
+class _Listed(_Walk):
+    """The rule over folders given as nested dicts (files None): what an archive's manifest lists."""
+
+    def entries(self, fd: Any) -> list[tuple[str, bool, bool]]:
+        return [(name, inner is not None, inner is None) for name, inner in fd.items()]
+
+    def enter(self, fd: Any, name: str) -> Any:
+        return fd[name]
+
+    def leave(self, inner: Any) -> None:
+        pass
+
+    def is_link(self, fd: Any, name: str) -> bool:
+        return False
+
+
+def examine_listing(paths: Iterable[str]) -> CacheContent:
+    """`examine` of the folder these relative file paths would make, read from a list (an archive's manifest)
+    before anything is written: a restore refuses an archive whose files would not make a compile cache, since
+    every later restore would refuse the folder it left (issue 58, H3)."""
+    tree: Tree = {}
+    for path in paths:
+        folder = tree
+        *parents, name = path.split("/")
+        for part in parents:
+            inner = folder.setdefault(part, {})
+            if inner is None:  # a file and a folder of one name: the extraction refuses it
+                inner = folder[part] = {}
+            folder = inner
+        folder.setdefault(name, None)
+    walk = _Listed()
+    walk.top(tree)
+    return walk.content
 
 
 def examine(folder_fd: int) -> CacheContent:

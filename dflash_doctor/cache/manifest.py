@@ -112,7 +112,9 @@ class CacheManifest:
                 fingerprint=fingerprint_from_json(data["fingerprint"]),
                 origins={_text(k, "origins"): _text(v, "origins") for k, v in origins.items()},
                 files=files,
-                skipped=[_text(s, "skipped") for s in _list(data, "skipped", required=False)],
+                skipped=[
+                    printable(s, 1024) for s in _list(data, "skipped", required=False) if isinstance(s, str)
+                ],
                 tool_version=_text(data.get("tool_version", ""), "tool_version", empty=True),
                 schema=str(data["schema"]),
                 warm_records=_dicts(data.get("warm_records")),
@@ -269,11 +271,18 @@ def read_marker(raw: bytes) -> dict[str, Any] | None:
 
 
 def backup_owner_bytes(
-    restore_id: str, target: str, created: float, not_a_cache: bool = False, kept: str | None = None
+    restore_id: str,
+    target: str,
+    created: float,
+    not_a_cache: bool = False,
+    kept: str | None = None,
+    sequence: int | None = None,
 ) -> bytes:
     """The ownership record a restore puts in the previous cache when it becomes `<name>.bak-...`:
-    retention deletes only folders carrying one, and sorts them by `created`, never by name. `kept` says
-    why retention must leave this one alone (a far smaller snapshot replaced it)."""
+    retention deletes only folders carrying one, and sorts them by `sequence` (one more than the backups of
+    ours beside it had when it was made: the order they were made in, whatever the clock said; issue 58, C2),
+    then `created`, never by name. `kept` says why retention must leave this one alone (a far smaller snapshot
+    replaced it)."""
     data = {
         "schema": BACKUP_SCHEMA,
         "restore_id": restore_id,
@@ -283,6 +292,8 @@ def backup_owner_bytes(
         "not_a_cache": not_a_cache,
         "kept": kept,
     }
+    if sequence is not None:
+        data["sequence"] = sequence
     return json.dumps(data, indent=1).encode()
 
 

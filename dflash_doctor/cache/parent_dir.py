@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from dflash_base.errors import DoctorError
@@ -44,12 +46,22 @@ def parent_remedy() -> str:
     return f"export {INDUCTOR_VARIABLE}={managed_inductor_dir()}  # a cache in a folder only you own"
 
 
+def lock_folder_remedy(folder: Path) -> str:
+    """The fix when a folder on the way to this user's lock folder is one others can write (issue 58, L2: a
+    group-writable ~/.cache under umask 002 refused every restore with the cache's hint, which fixed nothing)."""
+    return (
+        f"chmod go-w {shlex.quote(str(folder))}  # or: export {paths.LOCK_DIR_ENV}=<a folder only you can write, "
+        "the same for every DFLASH_DOCTOR_HOME>"
+    )
+
+
 class ParentDir:
     """An open handle of the folder that holds a cache; close it (or use `with`)."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self.fd = fd
+        self.lock_fds: list[int] = []  # the cache folder's locks held through it (folder_lock.py)
         info = os.fstat(fd)
         self.shared = exposure(info.st_uid, stat.S_IMODE(info.st_mode)) == "shared"
 
@@ -149,54 +161,124 @@ def refusal(uid: int, mode: int) -> str | None:
     return None
 
 
-def untrusted_folder(path: Path) -> tuple[Path, str] | None:
-    """The first folder from `/` down to `path` (its real path; missing folders end the walk) that
-    another user could change, and why: the rule of `cache.parent_writable` for every folder above a
-    cache, not only its parent (issue 37, A1: whoever owns `/tmp/att` can swap `/tmp/att/p` for a link)."""
-    real = Path(os.path.realpath(path))
-    for folder in (*reversed(real.parents), real):
-        try:
-            info = os.lstat(folder)
-        except OSError:
-            return None
-        why = refusal(info.st_uid, stat.S_IMODE(info.st_mode))
-        if why is not None:
-            return folder, why
+_MAX_LINKS = 40  # as the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+class _Untrusted(Exception):
+    """A folder (or link) on the way that another user could change: where, why, and whether it is the last."""
+
+    def __init__(self, where: Path, why: str, last: bool) -> None:
+        super().__init__(where, why)
+        self.where, self.why, self.last = where, why, last
+
+
+def _link_refusal(info: os.stat_result, holder: int) -> str | None:
+    """Why a link met on the way cannot be trusted: one of another user's in a folder anyone may add names to
+    (sticky, as /tmp) can be pointed elsewhere by its owner at any moment."""
+    if info.st_uid in (0, os.getuid()):
+        return None
+    if exposure(os.fstat(holder).st_uid, stat.S_IMODE(os.fstat(holder).st_mode)) == "shared":
+        return f"is a symbolic link of uid {info.st_uid}: its owner can point it elsewhere"
     return None
 
 
-def open_trusted(path: Path, what: str) -> int:
-    """A handle of the folder `path`, every part of its real path opened from the one before without
-    following a link and judged on its handle: owned by you or root, not writable by others unless
-    sticky. A DoctorError naming the first folder that breaks the rule, before anything is written."""
-    real = Path(os.path.realpath(path))
-    fd = os.open("/", _FOLDER_FLAGS)
-    walked = Path("/")
+def _walk(path: Path, stop_at_missing: bool) -> tuple[int, Path] | None:
+    """A handle of the folder `path`, walked as given from `/`: each name opened with `O_NOFOLLOW` from the
+    folder before it, a link met on the way read (never followed by the kernel) and its target walked the same
+    way, and every folder judged on its handle, the folders holding a link included (issue 58, A1: the real
+    path alone skipped the folder of another user that held the link). Raises `_Untrusted` for the first that
+    breaks the rule; with `stop_at_missing`, None when a part is missing (OSError otherwise)."""
+    names = [n for n in reversed(os.path.abspath(path).split("/")) if n]
+    chain: list[tuple[int, Path]] = [(os.open("/", _FOLDER_FLAGS), Path("/"))]
+    links = 0
     try:
-        for part in ("", *real.parts[1:]):
-            if part:
-                inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = inner
-                walked = walked / part
-            info = os.fstat(fd)
-            why = refusal(info.st_uid, stat.S_IMODE(info.st_mode))
-            if why is not None:
-                where = what if walked == real else f"the folder above {what}"
-                raise DoctorError(
-                    f"{where} {fsops.printable(str(walked), 4096)} {why}: another user could rename what is in it or "
-                    "put a link in its place, and a restore, snapshot or warm-up would write through it as you",
-                    hint=parent_remedy(),
+        _judge(chain[0][0], chain[0][1], last=not names)
+        while names:
+            name = names.pop()
+            if name == ".":
+                continue
+            if name == "..":
+                if len(chain) > 1:
+                    os.close(chain.pop()[0])
+                continue
+            holder, where = chain[-1]
+            try:
+                inner = os.open(name, _FOLDER_FLAGS, dir_fd=holder)
+            except OSError as exc:
+                info = (
+                    fsops.lstat_at(holder, name)
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT)
+                    else None
                 )
+                if info is None and exc.errno == errno.ENOENT and stop_at_missing:
+                    return None
+                if info is None or not stat.S_ISLNK(info.st_mode):
+                    raise
+                links += 1
+                why = _link_refusal(info, holder)
+                if why is not None:
+                    raise _Untrusted(where / name, why, last=False) from None
+                if links > _MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from None
+                target = os.readlink(name, dir_fd=holder)
+                if target.startswith("/"):
+                    while len(chain) > 1:
+                        os.close(chain.pop()[0])
+                names.extend(n for n in reversed(target.split("/")) if n)
+                continue
+            chain.append((inner, where / name))
+            _judge(inner, where / name, last=not names)
+        fd, where = chain.pop()
+        return fd, where
+    finally:
+        for fd, _ in chain:
+            os.close(fd)
+
+
+def _judge(fd: int, where: Path, last: bool) -> None:
+    info = os.fstat(fd)
+    why = refusal(info.st_uid, stat.S_IMODE(info.st_mode))
+    if why is not None:
+        raise _Untrusted(where, why, last)
+
+
+def untrusted_folder(path: Path) -> tuple[Path, str] | None:
+    """The first folder from `/` down to `path`, walked as given (links read and their targets walked; a
+    missing part ends the walk), that another user could change, and why: the rule of
+    `cache.parent_writable` for every folder above a cache, not only its parent (issue 37, A1: whoever owns
+    `/tmp/att` can swap `/tmp/att/p` for a link), the folder holding a link included (issue 58, A1)."""
+    try:
+        found = _walk(path, stop_at_missing=True)
+    except _Untrusted as exc:
+        return exc.where, exc.why
+    except OSError:
+        return None
+    if found is not None:
+        os.close(found[0])
+    return None
+
+
+def open_trusted(path: Path, what: str, remedy: Callable[[Path], str] | None = None) -> int:
+    """A handle of the folder `path`, walked as given from `/` (`_walk`: no link followed by the kernel, every
+    folder on the way judged on its handle, a folder holding a link too): owned by you or root, not writable by
+    others unless sticky. A DoctorError naming the first folder that breaks the rule, before anything is
+    written. `remedy(folder)`: the hint for that folder (default: a cache in a folder only you own)."""
+    try:
+        found = _walk(path, stop_at_missing=False)
+    except _Untrusted as exc:
+        where = what if exc.last else f"the folder above {what}"
+        raise DoctorError(
+            f"{where} {fsops.printable(str(exc.where), 4096)} {exc.why}: another user could rename what is in it "
+            "or put a link in its place, and a restore, snapshot or warm-up would write through it as you",
+            hint=remedy(exc.where) if remedy is not None else parent_remedy(),
+        ) from None
     except OSError as exc:
-        os.close(fd)
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise DoctorError(
-                f"{fsops.printable(str(path), 4096)} changed while it was being opened (a part of it became a link or a file)",
+                f"{fsops.printable(str(path), 4096)} changed while it was being opened (a part of it became a link "
+                "or a file)",
                 hint="try again; if it happens again, another user may be changing it",
             ) from None
         raise OSError(exc.errno, exc.strerror, str(path)) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    assert found is not None
+    return found[0]

@@ -2,7 +2,8 @@
 what each target was, and how far the restore got.
 
 The journal lives beside the first target, `.<name>.dflash-restore.json`: ours, written at a random name
-and renamed through the parent's handle, read back only when it is a regular file of ours. Recovery (the
+and renamed through the parent's handle, read back only when it is a regular file of ours; where another user
+took that name first, in this user's lock folder instead (`JournalFile`; issue 58, JN). Recovery (the
 first step of the next restore or snapshot, under the folder locks) reads only that: phase `extracting`
 -> the staging folders are deleted (when their marker, or the journal and our uid, prove them ours), and
 a target the restore made to hold the name is removed while still empty; phase `swapping` -> every root
@@ -13,6 +14,7 @@ old backups a kill cut short are finished too (backups.finish_deletions).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -22,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import DoctorError
+from dflash_doctor import paths
+from dflash_doctor.cache import fsops
 from dflash_doctor.cache.backups import MovedFolderChanged, finish_deletions, give_record, unowned_backups
-from dflash_doctor.cache.journal import journal_path, parse_journal
-from dflash_doctor.cache.parent_dir import ParentDir
+from dflash_doctor.cache.journal import aside_name, journal_path, parse_journal
+from dflash_doctor.cache.parent_dir import ParentDir, lock_folder_remedy, open_trusted
 from dflash_doctor.cache.swap import (
     SwapRoot,
     is_empty,
@@ -36,14 +40,63 @@ from dflash_doctor.cache.swap import (
 )
 
 
-def write_journal(parent: ParentDir, target: Path, data: dict[str, Any]) -> None:
+class JournalFile:
+    """A restore's journal of the cache `target`: beside it (`.<name>.dflash-restore.json`, through the parent's
+    handle), or, when another user took that name (JN), in this user's lock folder (journal.py). Only a file of
+    ours is ever read, replaced or removed: another user's file at the name is left as it is."""
+
+    def __init__(self, parent: ParentDir, target: Path) -> None:
+        self.parent, self.target = parent, target
+        self.beside = journal_path(target).name
+        info = os.fstat(parent.fd)
+        self.aside = aside_name(info.st_dev, info.st_ino, target.name)
+
+    def _taken(self) -> bool:
+        info = self.parent.lstat(self.beside)
+        return info is not None and (info.st_uid != os.getuid() or not stat.S_ISREG(info.st_mode))
+
+    def write(self, data: dict[str, Any]) -> None:
+        raw = json.dumps(data, indent=1).encode()
+        if not self._taken():
+            try:
+                self.parent.write_atomic(self.beside, raw)
+                return
+            except PermissionError:  # taken meanwhile by someone else: aside, as below
+                pass
+        with _lock_folder() as folder:
+            fsops.write_atomic_at(folder, self.aside, raw)
+        if self.parent.read_owned(self.beside) is not None:  # an older journal of ours: no longer the one
+            self.parent.unlink(self.beside)
+
+    def read(self) -> dict[str, Any] | None:
+        found = parse_journal(self.parent.read_owned(self.beside))
+        if found is not None or not paths.lock_root().is_dir():
+            return found
+        with _lock_folder() as folder:
+            return parse_journal(fsops.read_owned_at(folder, self.aside))
+
+    def remove(self) -> None:
+        if self.parent.read_owned(self.beside) is not None:  # ours (another user's file is left alone)
+            self.parent.unlink(self.beside)
+        if paths.lock_root().is_dir():
+            with _lock_folder() as folder, contextlib.suppress(FileNotFoundError):
+                os.unlink(self.aside, dir_fd=folder)
+
+
+@contextmanager
+def _lock_folder() -> Iterator[int]:
+    """This user's lock folder (made 0700), opened and judged like a cache's parent."""
+    root = paths.lock_root()
+    paths.make_private_dirs(root)
+    fd = open_trusted(root, "the lock folder", lock_folder_remedy)
     try:
-        parent.write_atomic(journal_path(target).name, json.dumps(data, indent=1).encode())
-    except PermissionError:
-        raise DoctorError(
-            f"{journal_path(target)} belongs to someone else: another user is restoring into this cache's folder",
-            hint="point TORCHINDUCTOR_CACHE_DIR at a folder only you can write",
-        ) from None
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def write_journal(parent: ParentDir, target: Path, data: dict[str, Any]) -> None:
+    JournalFile(parent, target).write(data)
 
 
 @contextmanager
@@ -163,7 +216,8 @@ def recover_interrupted(target: Path, parent: ParentDir | None = None) -> list[s
             return recover_interrupted(target, opened)
     actions = finish_deletions(parent, target)
     _remove_torn_journals(parent, target)
-    journal = parse_journal(parent.read_owned(journal_path(target).name))
+    journal_file = JournalFile(parent, target)
+    journal = journal_file.read()
     if journal is None:
         return actions
     with _parents_of(journal, {target: parent}) as parents:
@@ -175,7 +229,7 @@ def recover_interrupted(target: Path, parent: ParentDir | None = None) -> list[s
                 raise
             actions += roll_back(roots, journal["restore_id"])
             actions.append(f"(it could not be swapped in: {exc.strerror}); the caches were left as they were")
-    parent.unlink(journal_path(target).name)
+    journal_file.remove()
     return actions
 
 

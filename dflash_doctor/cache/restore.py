@@ -51,14 +51,15 @@ from dflash_doctor.cache.journal import (
     JOURNAL_SCHEMA,
     JOURNAL_SUFFIX,
     STAGING_TAG,
-    journal_path,
     pending_restore,
     read_journal,
 )
+from dflash_doctor.cache.layout import examine_listing
 from dflash_doctor.cache.locations import check_apart
 from dflash_doctor.cache.manifest import MARKER_NAME, ArchiveError, CacheManifest, marker_bytes
 from dflash_doctor.cache.parent_dir import ParentDir
 from dflash_doctor.cache.recovery import (
+    JournalFile,
     recover_interrupted,
     roll_back,
     untouched,
@@ -224,7 +225,7 @@ class _Restore:
         if unrecorded:  # every root swapped, no staging folder left; the journal stays for recovery (B5)
             result.left_alone.extend(unrecorded.values())
         else:
-            first.parent.unlink(journal_path(first.target).name)
+            JournalFile(first.parent, first.target).remove()
         for root in self.roots:
             kept = result.backups.get(root.label)
             prune_backups(root.target, current=kept.name if kept else None, parent=root.parent)
@@ -257,6 +258,7 @@ class _Restore:
             )
         for label in manifest.origins:
             target = self.targets[label]
+            check_a_cache(label, target, manifest)
             root = SwapRoot(
                 label,
                 target,
@@ -324,7 +326,7 @@ class _Restore:
             return
         roll_back(self.roots, self.restore_id)
         first = self.roots[0]
-        first.parent.unlink(journal_path(first.target).name)
+        JournalFile(first.parent, first.target).remove()
         raise DoctorError(
             f"cannot swap the restored cache in at {printable(str(failed.target), 4096)} ({exc.strerror}): "
             "nothing was changed, the staging folders were removed",
@@ -342,7 +344,7 @@ class _Restore:
                 os.rmdir(name, dir_fd=root.parent.fd)
         if self.journal:
             first = self.roots[0]
-            first.parent.unlink(journal_path(first.target).name)
+            JournalFile(first.parent, first.target).remove()
 
 
 def refuse_read_only(target: Path, parent: ParentDir) -> None:
@@ -440,6 +442,24 @@ def check_staged(fd: int, root: SwapRoot, manifest: CacheManifest) -> None:
             f"changed it; nothing was swapped in, {root.target} is unchanged",
             hint="make sure no other dflash-doctor (another home, another user) restores into this cache, "
             "then restore again",
+        )
+
+
+def check_a_cache(label: str, target: Path, manifest: CacheManifest) -> None:
+    """Before a byte is written: what the manifest lists for this root must make a compile cache by the content
+    rule every later restore judges its target by (layout.py), or that restore would refuse it, and every one
+    after it (issue 58, H3: an archive of look-alike names left a cache no restore would replace). The staged
+    tree is checked against the manifest at the swap (`check_staged`), so the listing stands for it."""
+    prefix = f"{label}/"
+    reason = examine_listing(
+        e.path[len(prefix) :] for e in manifest.files if e.path.startswith(prefix)
+    ).reason
+    if reason is not None:
+        raise ArchiveError(
+            f"snapshot {printable(manifest.name)!r}: its {label} files would not make a compile cache "
+            f"({printable(reason, 400)}): every later restore would refuse that folder; nothing was written, "
+            f"{printable(str(target), 4096)} is unchanged",
+            hint="restore a snapshot dflash-doctor made (`cache snapshot` archives only a compile cache)",
         )
 
 

@@ -12,6 +12,7 @@ in a folder others can write, is listed as untrusted, never recommended and neve
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -22,14 +23,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_base.atomic import write_json_atomic
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, incompatibilities
 from dflash_doctor.cache.folder_lock import lock_file as held_lock_file
-from dflash_doctor.cache.fsops import printable, read_only
+from dflash_doctor.cache.fsops import printable, read_only, read_owned
 from dflash_doctor.cache.manifest import ARCHIVE_SUFFIX, PARTIAL_TAG, ArchiveError, CacheManifest
 from dflash_doctor.paths import HOME_ENV, check_folder_path, make_private_dirs
 
 LOCK_NAME = ".store.lock"
+ORDER_NAME = ".store-order.json"  # the order the store wrote its archives in (C1)
+ORDER_SCHEMA = "dflash-doctor/store-order/v1"
+FUTURE_SLACK_S = 300.0  # a creation time this far past the clock now was made by a clock running ahead
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -48,6 +53,7 @@ class SnapshotInfo:
     untrusted: str | None = None  # why this archive must not be restored by name
     owner_uid: int | None = None
     damaged: bool = False  # refused as an archive (truncated, corrupt, hostile): `error` says why
+    sequence: int | None = None  # its place in the order the store wrote its archives (`record`; C1)
 
     @property
     def remedy(self) -> str | None:
@@ -68,6 +74,23 @@ class SnapshotInfo:
     @property
     def created(self) -> float:
         return self.manifest.created if self.manifest else self.mtime
+
+    @property
+    def from_the_future(self) -> bool:
+        """Made with a clock running ahead: its creation time is past the clock now."""
+        return self.created > time.time() + FUTURE_SLACK_S
+
+    @property
+    def order(self) -> tuple[int, float, float]:
+        """Its place among the store's archives, oldest first, by what the store itself recorded: the order it
+        wrote them in (`SnapshotStore.record`), after every archive it did not write (copied in, or written
+        before the store kept an order), those by creation time, one created in the future counted oldest (a
+        snapshot made with the clock ten years ahead was "newest" for ten years: `status` recommended it,
+        `train` restored it, `prune --keep 1` deleted the real newest; issue 58, C1)."""
+        created = float("-inf") if self.from_the_future else self.created
+        if self.sequence is not None:
+            return 1, float(self.sequence), created
+        return 0, created, 0.0
 
     def incompatible_with(self, current: BuildFingerprint) -> list[str]:
         if self.untrusted is not None:
@@ -141,15 +164,16 @@ def choose_prunable(
 ) -> list[SnapshotInfo]:
     """Which snapshots to delete: beyond the newest `keep`, and/or created more than `older_than` ago.
 
-    With both given, a snapshot goes only when both say so (keep protects the newest N regardless).
+    With both given, a snapshot goes only when both say so (keep protects the newest N regardless). Newest by
+    the store's own order (`SnapshotInfo.order`), not by a clock that may have been wrong.
     """
     if keep is None and older_than is None:
         return []
-    newest_first = sorted(snapshots, key=lambda s: s.created, reverse=True)
+    newest_first = sorted(snapshots, key=lambda s: s.order, reverse=True)
     doomed = []
     for rank, snap in enumerate(newest_first):
         beyond_keep = keep is None or rank >= keep
-        too_old = older_than is None or now - snap.created > older_than
+        too_old = older_than is None or now - min(snap.created, now) > older_than  # the future: age unknown
         if beyond_keep and too_old:
             doomed.append(snap)
     return doomed
@@ -195,6 +219,14 @@ class SnapshotStore:
             ) from None
         if not self.root.is_dir():
             raise DoctorError(f"the snapshot store {self.root} is not a folder", hint="move it away")
+        distrust = folder_distrust(self.root)
+        if distrust is not None:  # another user's store, made before ours could be (issue 58, P7)
+            raise DoctorError(
+                f"{distrust}: its owner (or anyone who can write it) could replace an archive written there, which "
+                "a restore would install as yours; nothing was written",
+                hint=f"set {HOME_ENV} to a folder of yours, or remove {self.root} if you did not make it "
+                f"(`chmod go-w {self.root}` if it is yours)",
+            )
 
     def read_only(self) -> bool:
         """The store is on a read-only file system (prebuilt snapshots on a shared read-only mount)."""
@@ -227,6 +259,29 @@ class SnapshotStore:
         hint = f"remove {lock_file} if you did not make it, or set {HOME_ENV} to a folder of yours"
         with held_lock_file(lock_file, "the store lock", timeout, busy, hint):
             yield
+
+    def _recorded_order(self) -> dict[str, int]:
+        """Archive name -> its place in the order this store wrote them (`record`); {} when none was kept."""
+        raw = read_owned(self.root / ORDER_NAME)
+        try:
+            data = json.loads(raw) if raw is not None else None
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return {}
+        order = data.get("order") if isinstance(data, dict) and data.get("schema") == ORDER_SCHEMA else None
+        if not isinstance(order, dict):
+            return {}
+        return {k: v for k, v in order.items() if isinstance(k, str) and type(v) is int}
+
+    def record(self, archive: Path) -> None:
+        """Note that the store has just written `archive`: the newest, whatever its creation time says. The
+        caller holds the store's lock. An archive written elsewhere (`--out`) is not the store's."""
+        if archive.parent != self.root or self.read_only():
+            return
+        order = self._recorded_order()
+        present = {p.name[: -len(ARCHIVE_SUFFIX)] for p in self.root.glob(f"*{ARCHIVE_SUFFIX}")}
+        kept = {name: place for name, place in order.items() if name in present}
+        kept[archive.name[: -len(ARCHIVE_SUFFIX)]] = max(order.values(), default=0) + 1
+        write_json_atomic(self.root / ORDER_NAME, {"schema": ORDER_SCHEMA, "order": kept})
 
     def path_for(self, name: str) -> Path:
         return self.root / f"{check_name(name)}{ARCHIVE_SUFFIX}"
@@ -264,7 +319,8 @@ class SnapshotStore:
             )
 
     def snapshots(self) -> list[SnapshotInfo]:
-        """Every archive in the store, newest first; damaged or unreadable ones are listed with their error."""
+        """Every archive in the store, newest first (`SnapshotInfo.order`); damaged or unreadable ones are listed
+        with their error."""
         if not self.root.is_dir():
             return []
         from dflash_doctor.cache.extract import (
@@ -273,6 +329,7 @@ class SnapshotStore:
 
         found = []
         store_distrust = folder_distrust(self.root)
+        order = self._recorded_order()
         for path in self.root.glob(f"*{ARCHIVE_SUFFIX}"):
             if path.name.startswith("."):
                 continue  # a partial write in progress or left by a crash
@@ -291,12 +348,22 @@ class SnapshotStore:
             except OSError as exc:
                 manifest, error = None, str(exc)
             owner = info.st_uid if stat.S_ISREG(info.st_mode) else None
+            sequence = order.get(path.name[: -len(ARCHIVE_SUFFIX)])
             found.append(
                 SnapshotInfo(
-                    name, path, info.st_size, manifest, error, info.st_mtime, untrusted, owner, damaged
+                    name,
+                    path,
+                    info.st_size,
+                    manifest,
+                    error,
+                    info.st_mtime,
+                    untrusted,
+                    owner,
+                    damaged,
+                    sequence,
                 )
             )
-        return sorted(found, key=lambda s: s.created, reverse=True)
+        return sorted(found, key=lambda s: s.order, reverse=True)
 
     def compatible(self, current: BuildFingerprint) -> list[SnapshotInfo]:
         return [s for s in self.snapshots() if not s.incompatible_with(current)]

@@ -103,6 +103,7 @@ def run_warm_child(
     environ: Mapping[str, str],
     timeout: float = 3600.0,
     cancel: threading.Event | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Run the warm-up child; a DoctorError with the child's last words when it fails or times out. Its
     compile workers are stopped with it, whatever happens (`dflash_doctor.processes.run_child`). It runs in
@@ -119,6 +120,7 @@ def run_warm_child(
             cwd=os.getcwd(),
             hint="run it alone, or with smaller shapes",
             cancel=cancel,
+            pass_fds=pass_fds,  # the cache folders' locks: held by the child while it compiles, whatever kills us
         )
     except OSError as exc:
         raise DoctorError(f"could not start {command[0]}: {exc}") from exc

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from dflash_base.errors import DoctorError
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
-from dflash_doctor.cache.folder_lock import folder_locks
+from dflash_doctor.cache.folder_lock import folder_locks, held_lock_fds
 from dflash_doctor.cache.fsops import printable
 from dflash_doctor.cache.locations import (
     INDUCTOR_VARIABLE,
@@ -27,10 +27,11 @@ from dflash_doctor.cache.locations import (
     command_locations,
     snapshots_dir,
 )
-from dflash_doctor.cache.restore import RestoreResult, restore_snapshot
+from dflash_doctor.cache.restore import RestoreResult
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import warmth_of
 from dflash_doctor.cache.store import SnapshotStore, check_name, choose_prunable, default_name, parse_duration
+from dflash_doctor.cache.store_restore import restore_from_store
 from dflash_doctor.cache.warm import (
     WarmShapes,
     check_device,
@@ -198,6 +199,7 @@ def snapshot_command(
         result = take_snapshot(
             locations.roots(), current, snap_name, dest, level=level, now=now, records=default_records()
         )
+        store.record(result.path)  # the newest in the store's own order, whatever the clock says (C1)
     manifest = result.manifest
     if json_out:
         _emit(
@@ -253,28 +255,21 @@ class RestoreOutcome:
 
 
 def restore_request(request: RestoreRequest) -> RestoreOutcome:
-    """Verify and swap in the snapshot, then adopt the warm-up records it carries (not after --force:
-    a forced restore is for another build, its records could never match here)."""
+    """Verify and swap in the snapshot and adopt its warm-up records (`cache.store_restore`, the one home of
+    both, shared with `train`)."""
     _, current = _current(request.python)
     locations = command_locations(os.environ)
-    store = SnapshotStore(snapshots_dir())
-    with store.locked():
-        archive = store.resolve(request.snapshot)
-        result = restore_snapshot(
-            archive,
-            locations.roots(),
-            current,
-            force=request.force,
-            replace_non_cache=request.replace_non_cache,
-        )
-    warnings = list(result.left_alone)
-    adopted = 0
-    if not result.forced_over:
-        try:
-            adopted = default_records().adopt(result.manifest.warm_records, result.manifest.name)
-        except DoctorError as exc:  # the cache is restored; only the records could not be kept
-            warnings.append(exc.message)
-    return RestoreOutcome(archive, result, locations.inductor_source, warnings, adopted)
+    restored = restore_from_store(
+        SnapshotStore(snapshots_dir()),
+        request.snapshot,
+        locations.roots(),
+        current,
+        force=request.force,
+        replace_non_cache=request.replace_non_cache,
+    )
+    return RestoreOutcome(
+        restored.archive, restored.result, locations.inductor_source, restored.warnings, restored.adopted
+    )
 
 
 def restore_json(outcome: RestoreOutcome) -> dict[str, Any]:
@@ -371,6 +366,8 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
                         "bytes": s.manifest.total_bytes if s.manifest else None,
                         "files": len(s.manifest.files) if s.manifest else None,
                         "created": s.created,
+                        "created_in_the_future": s.from_the_future,
+                        "store_order": s.sequence,
                         "fingerprint": s.manifest.fingerprint.to_json() if s.manifest else None,
                         "compatible": not reasons,
                         "incompatible_because": reasons,
@@ -395,9 +392,10 @@ def list_command(python: str | None = PythonOption, json_out: bool = JsonOption)
         verdict = (
             "[green]yes[/]" if not reasons else f"[yellow]no[/]: {shown(printable('; '.join(reasons), 400))}"
         )
-        console.print(
-            f"{shown(snap.name)}  {_mb(snap.size_bytes)}  {_when(snap.created)}  {shown(made_for)}  {verdict}"
+        when = _when(snap.created) + (
+            " (in the future: made with a clock running ahead)" if snap.from_the_future else ""
         )
+        console.print(f"{shown(snap.name)}  {_mb(snap.size_bytes)}  {when}  {shown(made_for)}  {verdict}")
         for line, style in remedy_lines(printable(snap.remedy, 800)) if snap.remedy else []:
             console.print(f"  {line}", style=style, markup=False)
 
@@ -468,8 +466,10 @@ def warm_command(
         SnapshotStore(snapshots_dir()).check_writable("`cache warm`'s snapshot (--no-snapshot compiles only)")
     interpreter = python or sys.executable
     command = child_command(interpreter, device, shapes, config)
-    with folder_locks(locations.roots().values()):  # no restore swaps the folder while the child compiles
-        result = run_warm_child(command, child_environ(os.environ, locations.inductor, locations.triton))
+    # No restore swaps the folder while the child compiles: the child holds the locks too, and dies with us (W2)
+    with folder_locks(locations.roots().values()) as parents:
+        environ = child_environ(os.environ, locations.inductor, locations.triton)
+        result = run_warm_child(command, environ, pass_fds=held_lock_fds(parents))
     misses, hits = compile_count(result)
     snapshot: dict[str, Any] | None = None
     if not no_snapshot:
@@ -481,6 +481,7 @@ def warm_command(
             taken = take_snapshot(
                 locations.roots(), current, snap_name, dest, now=now, records=default_records()
             )
+            store.record(taken.path)
         snapshot = {"name": snap_name, "path": str(taken.path), "files": len(taken.manifest.files)}
     if json_out:
         _emit(

@@ -1,7 +1,7 @@
 """`dflash-doctor data ...`: the training data, made and checked with the target it will be trained for.
 
 `data regenerate` answers every prompt (or every assistant turn of a chat) again with the target, greedy by
-default, into the `data.kind = "chat"` format `train` reads. `data preview` shows the first records exactly
+default or sampled (`--temperature`, `--samples-per-prompt`), into the `data.kind = "chat"` format `train` reads. `data preview` shows the first records exactly
 as the trainer will see them (supervised tokens highlighted) and counts over the whole file.
 """
 
@@ -100,7 +100,8 @@ def regenerate_command(
     commit_every: CommitEveryOption = R.commit_every,
     json_out: bool = JsonOption,
 ) -> None:
-    """Answer the prompts with the target itself (greedy), so the drafter learns what the target will say."""
+    """Answer the prompts with the target itself (greedy; --temperature T samples, --samples-per-prompt N answers
+    each prompt N times), so the drafter learns what the target will say."""
     request = RegenerateRequest(
         config=config,
         prompts=prompts,
@@ -148,8 +149,9 @@ def _regenerate_with_progress(request: RegenerateRequest, settings: Any, scan: A
                 commit_every_s=request.commit_every, on_progress=progress.show,
                 samples_per_prompt=request.samples_per_prompt, on_tokens=progress.tokens,
             )  # fmt: skip
-    except KeyboardInterrupt:
-        err.print(f"stopped: every line in {request.out} is whole; run the same command again to resume")
+    except KeyboardInterrupt as stop:  # what was kept and what was dropped (job.RegenerateStopped)
+        describe = getattr(stop, "describe", None)
+        err.print(describe() if callable(describe) else f"stopped: every line in {request.out} is whole")
         raise typer.Exit(130) from None
 
 
@@ -168,7 +170,7 @@ def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:
     """The summary a person reads: what was written, what was cut or looped, and how to train on it."""
     text = (
         f"wrote {summary.written} conversations to {out} ({summary.skipped_done} already there, "
-        f"{summary.skipped_bad} bad lines skipped); {summary.answers} answers, "
+        f"{summary.skipped_bad} bad lines skipped{_dropped(summary)}); {summary.answers} answers, "
         f"{summary.stopped_at_length} cut at --max-new-tokens, {summary.ended_in_loop} ending in a "
         f"repetition loop ({summary.loops_at_length} of them at --max-new-tokens); "
         f"{report['generated_tokens_per_s']:,.0f} generated tok/s"
@@ -182,6 +184,12 @@ def regenerate_text(summary: Any, report: dict[str, Any], out: Path) -> str:
     if summary.written or summary.skipped_done:
         text += f'\ntrain on it with: data.kind = "chat", data.path = "{os.path.abspath(out)}"'
     return text
+
+
+def _dropped(summary: Any) -> str:
+    """Lines of --out that repeated an id, dropped on resume (two runs into one file; issue 58, N5)."""
+    count = getattr(summary, "duplicates_dropped", 0)
+    return f", {count} duplicate lines dropped (an id written twice)" if count else ""
 
 
 def cut_short_warning(summary: Any, max_new_tokens: int) -> str:

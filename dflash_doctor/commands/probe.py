@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from dflash_base.atomic import write_json_atomic
+from dflash_base.atomic import refuse_special, write_json_atomic
 from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import FLAG, JsonOption, PythonOption
 from dflash_doctor.deep.run import probe_timeout, run_probe
@@ -47,6 +47,13 @@ def probe_command(
         raise DoctorError(
             f"probe --out {out}: a folder, not a file", hint="give a file path: --out probe.json"
         )
+    if out is not None:  # a device, a FIFO, a link: never replaced (N3), said before the probe runs
+        try:
+            refuse_special(out)
+        except OSError as exc:
+            raise DoctorError(
+                f"probe --out {out}: {exc.strerror}", hint="give a file path: --out probe.json"
+            ) from None
     interpreter = interpreter_for(python)
     timeout = probe_timeout()
     steps = "import torch, init CUDA" + ("" if no_flex else ", compile the flex_attention proof")

@@ -20,6 +20,7 @@ from dflash_base.errors import DoctorError
 from dflash_doctor.commands.options import JsonOption
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.run_curves import curves_of, non_finite_notes, plot_curves, sparkline_rows
+from dflash_doctor.launch.run_outputs import finished_at
 from dflash_doctor.launch.runs import RunRecord, RunStore, age, describe_age
 
 RUNS_SCHEMA = "dflash-doctor/runs/v1"
@@ -55,6 +56,9 @@ def status_text(record: RunRecord) -> str:
     """`lost (last seen 5m ago)` for a run whose launcher vanished; else the status itself."""
     if record.status == "lost":
         seen = record.last_seen or record.created
+        finished = finished_at(record.output_dir, record.created)
+        if finished is not None:  # the launcher was killed, the workers went on to the end (N6)
+            return f"lost (last seen {age(seen)}; its workers finished {age(finished)}: {record.output_dir}/summary.json)"
         return f"lost (last seen {age(seen)})"
     return record.status
 

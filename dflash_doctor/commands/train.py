@@ -222,6 +222,8 @@ def _show_gate(
     if gate.probe_note:
         console.print(escape(gate.probe_note))
     _print_plan(console, gate.plan, gate, training)
+    for note in training.notes:  # what a --set replaced in the file (U14b)
+        console.print(f"[yellow]note:[/] {escape(note)}")
     if dry_run:
         raise typer.Exit(1 if failing else 0)
 
@@ -267,6 +269,7 @@ def _dry_run_document(gate: GateResult, training: TrainingConfig, failing: list[
         "mask_token": mask_token_of(training.config),
         "findings": [f.to_json() for f in gate.findings],
         "failing": failing,
+        "notes": training.notes,
     }
 
 

@@ -119,6 +119,8 @@ def run_probe(
     if inductor_cache is None:
         scratch = tempfile.mkdtemp(prefix="dflash-probe-")
         inductor_cache = scratch
+    elif inductor_cache != "inherit" and (unwritable := _unwritable(inductor_cache)) is not None:
+        return ProbeReport(error=unwritable)  # said, not "the probe crashed" (issue 58, N10)
     args = [interpreter, str(CHILD), "--inductor-cache", inductor_cache]
     args += [] if flex else ["--no-flex"]
     args += [] if cuda else ["--no-cuda"]
@@ -140,6 +142,20 @@ def run_probe(
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return parse_probe_output(done.stdout, done.stderr, done.returncode)
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why the probe's compile cache `folder` cannot be written (a read-only DFLASH_DOCTOR_HOME), or None."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-")  # noqa: SIM115
+        probe.close()
+    except OSError as exc:
+        return (
+            f"the probe compiles its flex proof into {folder}, which cannot be written ({exc.strerror}): "
+            f"set {CACHE_ENV} (or DFLASH_DOCTOR_HOME) to a folder you can write"
+        )
+    return None
 
 
 def parse_probe_output(stdout: str, stderr: str, returncode: int) -> ProbeReport:

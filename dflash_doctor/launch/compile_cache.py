@@ -21,12 +21,13 @@ from typing import Any
 
 from dflash_base.atomic import write_bytes_atomic
 from dflash_base.errors import DoctorError
+from dflash_doctor.cache.claim import claim_cache_folders
 from dflash_doctor.cache.fingerprint import BuildFingerprint, fingerprint_of, read_gpu_names
 from dflash_doctor.cache.locations import snapshots_dir, warm_configs_dir
-from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import archive_destination, take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore, choose_prunable, default_name
+from dflash_doctor.cache.store_restore import restore_from_store
 from dflash_doctor.cache.warm import WarmShapes, child_command, compile_count, run_warm_child
 from dflash_doctor.cache.warm_record import (
     WarmRecords,
@@ -80,12 +81,17 @@ class WarmUpPlan:
 
     def done(self, misses: int, hits: int, seconds: object, by: str) -> CachePreparation:
         """The warm-up ran (`by` says where) and compiled `misses` graphs: its record is kept."""
-        self.records.save(self.key, self.devices, cache_files(self.roots))
         where = ", ".join(self.devices) or self.device_type
         steps = [
             *self.steps,
             f"{by} on {where}: {misses} graphs compiled, {hits} from cache, {seconds} s (ran: {self.why})",
         ]
+        try:
+            self.records.save(self.key, self.devices, cache_files(self.roots))
+        except (
+            DoctorError
+        ) as exc:  # the cache is warm; only the next launch's skip is lost (store_restore.py)
+            steps.append(f"! its warm-up record was not kept: {exc.message}")
         action = "warmed" if misses and self.action == "warm" else self.action
         return CachePreparation(action, "; ".join(steps), time.perf_counter() - self.began)
 
@@ -107,19 +113,22 @@ def plan_warm_up(
     action = "warm"
     records = default_records()
     if warmth_of(status.main, fingerprint).state != "warm":
-        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.created)
+        compatible = sorted(status.compatible_snapshots(), key=lambda s: s.order)  # the store's order (C1)
         if compatible:
             newest = compatible[-1]
-            store = SnapshotStore(snapshots_dir())
             try:  # a launch that can run cold is never stopped by its cache (issue 37 F2)
-                with store.locked():
-                    result = restore_snapshot(newest.path, status.locations.roots(), fingerprint)
+                restored = restore_from_store(
+                    SnapshotStore(snapshots_dir()), str(newest.path), status.locations.roots(), fingerprint
+                )
             except DoctorError as exc:
-                steps.append(f"! snapshot {newest.name} not restored ({exc}); compiling cold")
+                fix = f"; fix: {exc.hint}" if exc.hint else ""  # a lock folder others can write (L2), say
+                steps.append(f"! snapshot {newest.name} not restored ({exc.message}{fix}); compiling cold")
             else:
-                records.adopt(result.manifest.warm_records, newest.name)
-                steps.append(f"restored snapshot {newest.name} ({len(result.manifest.files)} files)")
+                steps.append(f"restored snapshot {newest.name} ({len(restored.result.manifest.files)} files)")
+                steps.extend(f"! {warning}" for warning in restored.warnings)
                 action = "restored"
+    # What the warm-up and the workers will use, judged now, whatever became of the restore (issue 58, TR1).
+    claim_cache_folders(status.locations.roots())
     from trainer.runspec.config_file import read_raw
 
     config = _config_with_overrides(config_path, overrides)
@@ -293,6 +302,7 @@ def snapshot_after_success(env: Environment, environ: dict[str, str], keep: int 
                 now=now,
                 records=default_records(),
             )
+            store.record(taken.path)
             ours = [s for s in store.snapshots() if s.name.startswith(TRAIN_PREFIX)]
             for old in choose_prunable(ours, keep=keep, older_than=None, now=now):
                 old.path.unlink(missing_ok=True)

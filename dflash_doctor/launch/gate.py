@@ -48,6 +48,7 @@ class TrainingConfig:
     )
     text: str
     overrides: list[str] = field(default_factory=list)  # `--set section.key=value`, passed to the workers
+    notes: list[str] = field(default_factory=list)  # what the overrides replaced in the file (U14b)
 
 
 def load_training_config(path_or_name: str, overrides: list[str] | None = None) -> TrainingConfig:
@@ -60,7 +61,7 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
     """
     try:
         from trainer.runspec.config import load_config
-        from trainer.runspec.config_file import resolve_config_path
+        from trainer.runspec.config_file import read_raw, replaced_by_overrides, resolve_config_path
         from trainer.runspec.target_shapes import target_shapes
     except (ImportError, OSError) as exc:
         raise DoctorError(
@@ -70,7 +71,10 @@ def load_training_config(path_or_name: str, overrides: list[str] | None = None) 
 
     path = resolve_config_path(path_or_name).resolve()
     cfg = load_config(path, overrides or [])
-    return TrainingConfig(path, cfg, target_shapes(cfg.target.path), path.read_text(), list(overrides or []))
+    notes = replaced_by_overrides(read_raw(path), list(overrides or []))
+    return TrainingConfig(
+        path, cfg, target_shapes(cfg.target.path), path.read_text(), list(overrides or []), notes
+    )
 
 
 def launch_environment(base: dict[str, str] | None = None) -> dict[str, str]:

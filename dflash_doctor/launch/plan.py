@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_base.errors import DoctorError
 from dflash_doctor.cache.locations import snapshots_dir
 from dflash_doctor.launch.direct import RANK_ENVIRON, direct_command, starts_directly
 from dflash_doctor.launch.disk_plan import DiskFacts, DiskWrite, estimate_disk
@@ -50,6 +51,22 @@ class TorchrunOptions:
     rdzv_id: str | None = None
     master_addr: str | None = None
     master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        """Options torchrun would take and fail on minutes later, or never act on, are refused here, naming the
+        option (issue 58, N14: `--master-port 99999` and `--node-rank 5 --nnodes 1` were accepted)."""
+        if self.nnodes < 1:
+            raise DoctorError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise DoctorError(
+                f"--node-rank {self.node_rank}: not a node of --nnodes {self.nnodes} (ranks 0 to {self.nnodes - 1})",
+                hint="give each node its rank, from 0 to --nnodes - 1",
+            )
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise DoctorError(
+                f"--master-port {self.master_port}: not a TCP port (1 to 65535)",
+                hint="e.g. --master-port 29500",
+            )
 
     @property
     def standalone(self) -> bool:

@@ -36,3 +36,15 @@ def _written_since(path: Path, since: float) -> bool:
         return path.stat().st_mtime >= since - 1.0
     except OSError:
         return False
+
+
+def finished_at(output_dir: str | Path | None, since: float) -> float | None:
+    """When the run's workers wrote their summary.json (they write it as the run ends), if they did after
+    `since`: a run whose launcher was lost (SIGKILL) may still have finished (issue 58, N6), and `runs` says so."""
+    if not output_dir:
+        return None
+    try:
+        written = summary_path(Path(output_dir)).stat().st_mtime
+    except OSError:
+        return None
+    return written if written >= since - 1.0 else None

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from dflash_base.stopping import handling_stop_signals, signal_name
-from dflash_doctor.processes import ProcessTree
+from dflash_doctor.processes import ProcessTree, dying_with_us
 from trainer.runspec.outputs import reason_of
 
 STOP_GRACE_S = 30.0  # how long torchrun and the workers get to exit after the signal, before SIGKILL
@@ -146,11 +146,15 @@ def launch_tree(
     stdout_to_stderr: bool = False,
     hold: bool = False,
     pass_fds: tuple[int, ...] = (),
+    dies_with_launcher: bool = False,
 ) -> Launched:
     """Start `command` in a session of its own, its stderr through a relay (`hold`: kept until released).
-    `stdout_to_stderr`: keep our stdout for one JSON document (`train --json`)."""
+    `stdout_to_stderr`: keep our stdout for one JSON document (`train --json`). `dies_with_launcher`: the
+    kernel sends it SIGTERM when this thread's process dies, SIGKILL included (`processes.dying_with_us`);
+    only from a thread that supervises it to its end (a lone rank started beside the gate watches its go link
+    instead)."""
     proc = subprocess.Popen(
-        command,
+        dying_with_us(command, signal.SIGTERM, environ) if dies_with_launcher else command,
         env=environ,
         start_new_session=True,
         stderr=subprocess.PIPE,
@@ -179,7 +183,10 @@ def run_torchrun(
     loop, never inside the signal handler. Always returns with no process of the tree left alive.
     `stdout_to_stderr`: keep our stdout for one JSON document (`train --json`).
     """
-    launched = launch_tree(command, environ, stop_log, stdout_to_stderr)
+    # torchrun (and a lone rank started here) dies with the launcher, SIGKILL included: torchrun stops its
+    # workers on the SIGTERM, and they no longer train on, holding the GPUs, for a run recorded `lost` (N6)
+    main = threading.current_thread() is threading.main_thread()
+    launched = launch_tree(command, environ, stop_log, stdout_to_stderr, dies_with_launcher=main)
     return supervise_tree(launched, on_heartbeat, on_stopping, grace_s)
 
 

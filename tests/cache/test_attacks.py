@@ -28,7 +28,14 @@ from dflash_doctor.cache.restore import prune_backups, recover_interrupted, rest
 from dflash_doctor.cache.snapshot import take_snapshot
 from dflash_doctor.cache.status import gather_status, warmth_of
 from dflash_doctor.cache.store import SnapshotStore
-from tests.cache.helpers import CPU_BUILD, make_tree, manifest_for, tree_digests, write_raw_archive
+from tests.cache.helpers import (
+    CPU_BUILD,
+    inductor_key,
+    make_tree,
+    manifest_for,
+    tree_digests,
+    write_raw_archive,
+)
 from tests.cache.test_hostile import disk_state
 
 ROOT = os.getuid() == 0
@@ -503,10 +510,16 @@ def test_d16_a_full_disk_is_a_message_and_leaves_nothing(
     assert [p.name for p in target.parent.iterdir() if "staging" in p.name] == []
 
 
+_K = inductor_key("clash")
+
+
 @pytest.mark.parametrize(
     ("members", "expect"),
     [
-        ({"inductor/a": b"file", "inductor/a/b": b"inside"}, "a file and a folder of the same name"),
+        (  # named as Inductor names its files, so that only the clash is wrong with it (issue 58, H3)
+            {f"inductor/{_K[:2]}/c{_K}.py": b"file", f"inductor/{_K[:2]}/c{_K}.py/f{_K}": b"inside"},
+            "a file and a folder of the same name",
+        ),
         ({f"inductor/{MARKER_NAME}": b"{}"}, "keeps for its own records"),
     ],
 )

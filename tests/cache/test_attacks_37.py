@@ -959,14 +959,16 @@ print(json.dumps({{**cli("cache", "warm"), "started": len(started)}}))
 
 
 @pytest.mark.parametrize("account", ["no password entry", "home missing"])
-def test_g3_without_an_account_home_the_lock_folder_is_the_homes_own(
+def test_g3_without_an_account_home_the_lock_folder_is_one_per_uid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, account: str
 ) -> None:
+    """Was the home's own (one per home); one per uid since issue 58, R1 (tests/cache/test_attacks_58.py)."""
     import pwd
 
     from dflash_doctor import paths
 
     monkeypatch.delenv("DFLASH_DOCTOR_LOCK_DIR")
+    monkeypatch.setattr(paths, "SHARED_LOCK_BASE", str(tmp_path / "tmp"))
     monkeypatch.setenv("DFLASH_DOCTOR_HOME", str(tmp_path / "home"))
     real = pwd.getpwuid(os.getuid())
     if account == "no password entry":  # `docker run -u 1234`
@@ -978,7 +980,7 @@ def test_g3_without_an_account_home_the_lock_folder_is_the_homes_own(
     else:
         missing = pwd.struct_passwd((*real[:5], str(tmp_path / "no-such-home"), real[6]))
         monkeypatch.setattr(pwd, "getpwuid", lambda uid: missing)
-    assert paths.lock_root() == tmp_path / "home" / "cache" / "locks"
+    assert paths.lock_root() == tmp_path / "tmp" / f"dflash-doctor-locks-{os.getuid()}"
     (tmp_path / "account").mkdir()
     present = pwd.struct_passwd((*real[:5], str(tmp_path / "account"), real[6]))
     monkeypatch.setattr(pwd, "getpwuid", lambda uid: present)

@@ -17,9 +17,24 @@ from dflash_doctor.cache.folder_lock import LOCK_SUFFIX
 from dflash_doctor.cache.manifest import ArchiveError
 from dflash_doctor.cache.restore import restore_snapshot
 from dflash_doctor.cache.snapshot import take_snapshot
-from tests.cache.helpers import CPU_BUILD, make_tree, manifest_for, tree_digests, write_raw_archive
+from tests.cache.helpers import (
+    CPU_BUILD,
+    inductor_key,
+    make_tree,
+    manifest_for,
+    tree_digests,
+    write_raw_archive,
+)
 
-GOOD = {"inductor/ab/cgood.py": b"print('cached kernel')\n" * 50}
+_KEY = inductor_key("good")
+GOOD_PATH = (
+    f"inductor/{_KEY[:2]}/c{_KEY}.py"  # named as Inductor names its code: what a restore may put live (H3)
+)
+GOOD = {GOOD_PATH: b"print('cached kernel')\n" * 50}
+_OTHER = inductor_key("other")
+OTHER_PATH = (
+    f"inductor/{_OTHER[:2]}/c{_OTHER}.so"  # a second compiler-named file (planted, or listed and gone)
+)
 
 
 def disk_state(root: Path) -> dict[str, str]:
@@ -78,20 +93,20 @@ CASES: dict[str, tuple[Callable[[Path], tuple[object, list]], str]] = {
     ),
     "fifo": (lambda t: (manifest_for(GOOD), _members([special("inductor/pipe", tarfile.FIFOTYPE)])), "fifo"),
     "member not in manifest": (
-        lambda t: (manifest_for(GOOD), _members([("inductor/ab/cextra.so", b"planted")])),
+        lambda t: (manifest_for(GOOD), _members([(OTHER_PATH, b"planted")])),
         "not in the manifest",
     ),
     "manifest lists a missing file": (
-        lambda t: (manifest_for({**GOOD, "inductor/ab/cgone.so": b"gone"}), _members([])),
+        lambda t: (manifest_for({**GOOD, OTHER_PATH: b"gone"}), _members([])),
         "does not hold",
     ),
     "size differs from manifest": (
-        lambda t: (manifest_for({"inductor/ab/cgood.py": b"short"}), _members([])),
+        lambda t: (manifest_for({GOOD_PATH: b"short"}), _members([])),
         "the manifest does not match the members",
     ),
     "wrong sha256": (
         lambda t: (
-            manifest_for({"inductor/ab/cgood.py": b"P" * len(GOOD["inductor/ab/cgood.py"])}),
+            manifest_for({GOOD_PATH: b"P" * len(GOOD[GOOD_PATH])}),
             _members([]),
         ),
         "does not match the manifest",
@@ -169,4 +184,4 @@ def test_wrong_fingerprint_restores_with_force(tmp_path: Path, victim: tuple[Pat
     archive = write_raw_archive(tmp_path / "other.tar.zst", manifest_for(GOOD, other), _members([]))
     result = restore_snapshot(archive, {"inductor": target}, CPU_BUILD, force=True)
     assert result.forced_over and "git commit" in result.forced_over[0]
-    assert tree_digests(target) == {"ab/cgood.py": hashlib.sha256(GOOD["inductor/ab/cgood.py"]).hexdigest()}
+    assert tree_digests(target) == {GOOD_PATH.partition("/")[2]: hashlib.sha256(GOOD[GOOD_PATH]).hexdigest()}

@@ -29,3 +29,21 @@ def test_one_help_style_no_flag_shows_a_type(command: list[str], capsys: pytest.
     assert "--help" in out
     if command == ["cache", "warm"]:
         assert "<int>" in next(line for line in out.splitlines() if "--heads" in line)
+
+
+def test_help_paragraphs_are_reflowed_not_hard_wrapped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 58: a docstring's hard line breaks after its first paragraph reached the help as they were ("Exit 1
+    when the" / "probe could not run"); each paragraph is one line to wrap at the terminal's width."""
+    monkeypatch.setenv("COLUMNS", "300")
+    assert run(["probe", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Exit 1 when the probe could not run or `import torch` failed in it." in out
+
+
+def test_data_regenerate_help_says_it_samples_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 58: it said "(greedy)" only, since sampling came (`--temperature`, `--samples-per-prompt`)."""
+    assert run(["data", "regenerate", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--temperature T samples" in out

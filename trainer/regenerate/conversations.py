@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.runspec.messages import fields_problem, lone_surrogate, messages_problem, text_problem
+from trainer.runspec.messages import (
+    fields_problem,
+    json_problem,
+    lone_surrogate,
+    messages_problem,
+    text_problem,
+)
 
 # Issue 38, Q6: the engines take messages only, so a record's tool definitions would be left out of the
 # prompt a server renders with them (`tools=` to the template): its answers would be the target's answers
@@ -48,7 +54,7 @@ def parse_record(line_number: int, text: str) -> PromptRecord:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RecordError(line_number, f"not JSON ({exc.msg})") from exc
+        raise RecordError(line_number, json_problem(exc, text)) from exc
     except RecursionError as exc:  # was: exit 3 on a line nested 5,000 levels deep
         raise RecordError(
             line_number, "nested too deeply to read (JSON arrays or objects within each other)"
@@ -89,15 +95,26 @@ def _checked_messages(line: int, value: Any) -> tuple[dict[str, str], ...]:
 def read_records(path: Path) -> Iterator[PromptRecord | RecordError]:
     """Every non-empty line of `path`, in order, parsed; bad lines come out as RecordError (not raised),
     so the caller decides whether to skip or stop."""
-    # utf-8-sig: a byte-order mark (Windows editors) is read past, as in every other JSONL the commands read
-    with open(path, encoding="utf-8-sig", errors="strict") as handle:
-        for number, text in enumerate(handle, start=1):
+    # Read as bytes and decoded line by line: one line that is not UTF-8 is that line's error, named and
+    # skippable (issue 58, N9: it refused the whole file, without a line number, --on-error skip or not).
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(BOM):  # a byte-order mark (Windows editors) is read past
+                raw = raw[len(BOM) :]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield RecordError(number, f"not UTF-8 text (byte {exc.start + 1} of the line: {exc.reason})")
+                continue
             if not text.strip():
                 continue
             try:
                 yield parse_record(number, text)
             except RecordError as exc:
                 yield exc
+
+
+BOM = b"\xef\xbb\xbf"
 
 
 @dataclass

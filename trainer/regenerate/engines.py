@@ -157,6 +157,12 @@ def local_devices(devices: str | None) -> list[str]:
             f"--devices: {devices!r} names no device", hint="e.g. --devices cuda:0,cuda:1 or cpu"
         )
     for device in chosen:
+        if chosen.count(device) > 1 or (device == "cuda" and "cuda:0" in chosen):  # N14: `cpu,cpu`
+            raise ConfigError(
+                f"--devices: {device} is named twice in {devices!r}: each device runs one copy of the target",
+                hint="name each device once",
+            )
+    for device in chosen:
         kind, _, index = device.partition(":")
         if device == "cpu":
             continue

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_base.atomic import write_bytes_atomic
 from dflash_base.disk import writing
 from dflash_base.errors import ConfigError, DoctorError
 from trainer.data.degenerate import ends_in_loop_text
 from trainer.engine.sampling import row_key
 from trainer.engine.target import prompt_ids
 from trainer.regenerate.conversations import PromptRecord, RecordError, Regeneration, read_records
+from trainer.regenerate.out_lock import holding_output
 from trainer.regenerate.settings import CountsTokens, Engine, GenerationSettings
 from trainer.runspec.regenerate_request import RegenerateRequest
 
@@ -32,6 +35,26 @@ SCHEMA = "dflash-doctor/regenerate/v1"
 
 class RegenerateError(DoctorError):
     """Bad input or an output that belongs to other settings: exit 2, nothing written."""
+
+
+class RegenerateStopped(KeyboardInterrupt):
+    """Ctrl-C while the job ran: every line of `out` is whole; the conversations of the chunk in flight were
+    dropped (they are answered again by the next run of the same command)."""
+
+    def __init__(self, written: int, already: int, dropped: int, out: Path) -> None:
+        super().__init__()
+        self.written, self.already, self.dropped, self.out = written, already, dropped, out
+
+    def describe(self) -> str:
+        kept = self.written + self.already
+        where = (
+            f"{kept:,} conversations in {self.out}, every line whole"
+            if kept
+            else f"nothing written to {self.out}"
+        )
+        dropped = f"; the {self.dropped:,} being answered were dropped" if self.dropped else ""
+        again = "resume" if kept else "start again"
+        return f"stopped: {where}{dropped}; run the same command again to {again}"
 
 
 @dataclass
@@ -182,20 +205,38 @@ def _start_over(out: Path) -> set[str]:
     return set()
 
 
+@dataclass
+class Resumed:
+    """What an earlier run left in `--out`: the ids written, and how many lines repeated an id (dropped)."""
+
+    ids: set[str]
+    duplicates_dropped: int = 0
+
+
 def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[str]:
+    return resume(out, settings, force).ids
+
+
+def resume(out: Path, settings: GenerationSettings, force: bool) -> Resumed:
     """Ids already in `out`. A torn last line is cut off; a damaged line elsewhere, or lines made with other
-    settings, are refused (with `force`, the old file is moved aside to `<out>.old-<time>` and we start over)."""
+    settings, are refused (with `force`, the old file is moved aside to `<out>.old-<time>` and we start over).
+    A line whose id an earlier line has (two runs into one file before the output was locked: issue 58, N5) is
+    dropped, the first of each id kept: the file is rewritten beside and renamed, and the count said."""
     if not out.exists():
-        return set()
+        return Resumed(set())
     if not out.is_file():
         raise RegenerateError(f"--out: {out} exists and is not a file")
     data = out.read_bytes()
     lines = data.split(b"\n")
     good_end, ids, mismatch = 0, set(), None
+    kept: list[bytes] = []  # whole lines, each id's first
+    duplicates = 0
     for number, raw in enumerate(lines, start=1):
         complete = number < len(lines)  # the piece after the last newline is empty or torn
         if not raw.strip():
             good_end += len(raw) + (1 if complete else 0)
+            if complete:
+                kept.append(raw)
             continue
         try:
             line = json.loads(raw)
@@ -217,9 +258,13 @@ def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[st
                     f"--out: {out} line {number} is damaged (not a regenerated conversation)",
                     hint="pass --force to start over (the old file is kept beside), or move the file away",
                 )
-            return _start_over(out)  # was: --force, which the hint named, gave this same error
+            return Resumed(_start_over(out))  # was: --force, which the hint named, gave this same error
         if mismatch is None and _settings_of(line) != settings.to_json():
             mismatch = (number, _settings_of(line))
+        if line["id"] in ids:
+            duplicates += 1
+        else:
+            kept.append(raw)
         ids.add(line["id"])
         good_end += len(raw) + 1
     if mismatch is not None:
@@ -230,12 +275,16 @@ def resume_state(out: Path, settings: GenerationSettings, force: bool) -> set[st
                 f"--out: {out} was made with other settings (line {number}: {json.dumps(diff)})",
                 hint="use another --out, or pass --force to start over (the old file is kept beside)",
             )
-        return _start_over(out)
-    if good_end < len(data):
+        return Resumed(_start_over(out))
+    if duplicates:
+        mode = out.stat().st_mode & 0o777
+        write_bytes_atomic(out, b"".join(line + b"\n" for line in kept))
+        os.chmod(out, mode)
+    elif good_end < len(data):
         with open(out, "r+b") as handle:
             handle.truncate(good_end)
             os.fsync(handle.fileno())
-    return ids
+    return Resumed(ids, duplicates)
 
 
 def output_line(regen: Regeneration, settings: GenerationSettings, engine: str) -> str:
@@ -260,6 +309,9 @@ class Summary:
     written: int = 0
     skipped_done: int = 0
     skipped_bad: int = 0
+    duplicates_dropped: int = (
+        0  # lines of --out that repeated an id (two runs into one file), dropped on resume
+    )
     generated_tokens: int = 0
     answers: int = 0
     stopped_at_length: int = 0
@@ -295,6 +347,7 @@ class Summary:
             "written": self.written,
             "skipped_already_written": self.skipped_done,
             "skipped_bad_lines": self.skipped_bad,
+            "duplicates_dropped": self.duplicates_dropped,
             "answers": self.answers,
             "answers_cut_at_max_new_tokens": self.stopped_at_length,
             "answers_ending_in_a_loop": self.ended_in_loop,
@@ -387,11 +440,36 @@ def regenerate(
     chunk is answered, each time the engine counts tokens (`summary.in_flight_tokens`, `summary.seconds`)."""
     if scan.source is not None:
         check_out_is_not_prompts(scan.source, out)  # before `force` could move the input aside
-    done = resume_state(out, settings, force)
+    with holding_output(out):  # one run per output file (N5), from the read of what it holds to the last line
+        return _regenerate(
+            scan, out, settings, engine_factory, limit, force, commit_every_s, on_progress, chunk_size,
+            samples_per_prompt, on_tokens,
+        )  # fmt: skip
+
+
+def _regenerate(
+    scan: InputScan,
+    out: Path,
+    settings: GenerationSettings,
+    engine_factory: Callable[[], Engine],
+    limit: int | None,
+    force: bool,
+    commit_every_s: float,
+    on_progress: Callable[[Summary, int], None] | None,
+    chunk_size: int | None,
+    samples_per_prompt: int,
+    on_tokens: Callable[[Summary], None] | None,
+) -> Summary:
+    resumed = resume(out, settings, force)
+    done = resumed.ids
     records = scan.records[:limit] if limit is not None else scan.records
     walks = sample_walks(records, samples_per_prompt)
     todo = [w for w in walks if w.id not in done]
-    summary = Summary(skipped_done=len(walks) - len(todo), skipped_bad=len(scan.bad))
+    summary = Summary(
+        skipped_done=len(walks) - len(todo),
+        skipped_bad=len(scan.bad),
+        duplicates_dropped=resumed.duplicates_dropped,
+    )
     if on_progress:
         on_progress(summary, len(todo))
     if not todo:
@@ -415,6 +493,7 @@ def regenerate(
             on_tokens(summary)
 
         engine.on_tokens = made
+    chunk: list[Regeneration] = []
     try:
         for chunk in chunks(todo, pace):
             chunk_began = time.perf_counter()
@@ -426,6 +505,9 @@ def regenerate(
             summary.seconds = time.perf_counter() - start
             if on_progress:
                 on_progress(summary, len(todo))
+            chunk = []
+    except KeyboardInterrupt:  # what was kept and what was dropped, for the line the command prints (N12)
+        raise RegenerateStopped(summary.written, summary.skipped_done, len(chunk), out) from None
     finally:
         summary.seconds = time.perf_counter() - start
         report = getattr(engine, "report", None)
@@ -481,6 +563,7 @@ def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings
     against the context, and the chat template's assistant turns found (what `train` will supervise)."""
     from trainer.runspec.config import load_config
 
+    request.validate_paths()
     cfg = load_config(request.config, list(request.overrides), check_data=False, drafter=False)
     settings = GenerationSettings(
         target=cfg.target.path,
@@ -493,8 +576,66 @@ def prepare_regeneration(request: RegenerateRequest) -> tuple[GenerationSettings
     )
     check_answer_length(settings)
     scan = check_prompt_lengths(scan_input(request.prompts, request.on_error), settings, request.on_error)
+    check_plan(scan, request)
     check_supervisable(settings)  # a template train cannot supervise: refused before any answer is paid for
     return settings, scan
+
+
+# What one conversation to answer costs before any answer exists: ~290 bytes of memory (measured: 100,000
+# samples of 2 prompts, tracemalloc), and on disk at least its prompt's text and a line's fixed fields (the id,
+# the settings, the finish reasons: ~250 bytes), whatever the answers add.
+PLAN_BYTES_EACH = 300
+LINE_BYTES_EACH = 250
+
+
+def check_plan(scan: InputScan, request: RegenerateRequest) -> None:
+    """Before anything is allocated: the conversations asked for (prompts x --samples-per-prompt) must fit the
+    memory that plans them and the disk that will hold them, at the least (issue 58, N7: a billion samples of
+    2 prompts grew to 6.6 GB of memory and wrote nothing). A RegenerateError saying how much each would need."""
+    from dflash_base.disk import existing_ancestor, size_text
+
+    records = scan.records[: request.limit] if request.limit is not None else scan.records
+    count = len(records) * request.samples_per_prompt
+    prompt_bytes = sum(len(m["content"].encode("utf-8")) for r in records for m in r.messages)
+    disk = count * LINE_BYTES_EACH + prompt_bytes * request.samples_per_prompt
+    if request.out.is_file():  # a resumed run: what an earlier one wrote is on the disk already
+        disk = max(0, disk - request.out.stat().st_size)
+    memory = count * PLAN_BYTES_EACH
+    free, available = disk_free(existing_ancestor(request.out)), available_memory()
+    what = f"{len(records):,} prompts x --samples-per-prompt {request.samples_per_prompt:,} = {count:,} conversations"
+    if free is not None and disk > free:
+        raise RegenerateError(
+            f"{what}: their output needs at least {size_text(disk)} before any answer (the prompts and each line's "
+            f"fields), and {size_text(free)} are free for --out {request.out}",
+            hint="ask for fewer samples (--samples-per-prompt, --limit), or write where there is room",
+        )
+    if available is not None and memory > available // 2:
+        raise RegenerateError(
+            f"{what}: planning them takes about {size_text(memory)} of memory, more than half of the "
+            f"{size_text(available)} available",
+            hint="ask for fewer samples (--samples-per-prompt, --limit), or run it in parts with --limit",
+        )
+
+
+def disk_free(folder: Path) -> int | None:
+    """Free bytes of the file system holding `folder`; None where it is no disk (/proc: no blocks at all)."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return None
+    return usage.free if usage.total else None
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def check_answer_length(settings: GenerationSettings) -> None:

@@ -5,6 +5,8 @@ applied). Validation is `trainer.runspec.config`'s job."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,26 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def replaced_by_overrides(raw: dict[str, Any], overrides: list[str]) -> list[str]:
+    """A line for each key of the file that a `--set` of its one-of partner drops (`apply_overrides`): `--set
+    optim.epochs=3` trains for epochs, not the config's `optim.steps = 300`, and says so (issue 58, U14b: it
+    was dropped silently)."""
+    overridden = {tuple(item.partition("=")[0].strip().partition(".")[::2]) for item in overrides}
+    lines = []
+    for (section, key), (other_section, other_key) in ONE_OF.items():
+        body = raw.get(other_section)
+        dropped = (
+            isinstance(body, dict) and other_key in body and (other_section, other_key) not in overridden
+        )
+        if (section, key) in overridden and dropped:
+            assert isinstance(body, dict)
+            lines.append(
+                f"--set {section}.{key} replaces the config's {other_section}.{other_key} = "
+                f"{_toml_value(body[other_key])} (a run takes one of the two)"
+            )
+    return lines
+
+
 def config_to_toml(raw: dict[str, Any]) -> str:
     """A raw config (sections of scalars, lists and inline tables) as TOML text that `read_raw` reads back.
     The launcher and the benches write configs with overrides applied; tomllib only reads TOML."""
@@ -100,3 +122,21 @@ def read_raw(path: Path) -> dict[str, Any]:
         ) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config: {path} is not valid TOML: {exc}") from exc
+    except ValueError as exc:  # Python's limit on an integer's digits (issue 58, N4: a traceback, exit 3)
+        raise ConfigError(
+            f"config: {path}{_long_number_line(path)}: an integer of more digits than Python reads ({exc})",
+            hint="no setting takes a number that long; fix that value",
+        ) from None
+
+
+def _long_number_line(path: Path) -> str:
+    """` line N` of the first line holding a run of digits too long to read, or nothing."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    limit = sys.get_int_max_str_digits() or 4300
+    for number, line in enumerate(text.splitlines(), start=1):
+        if re.search(rf"[0-9_]{{{limit + 1},}}", line):
+            return f" line {number}"
+    return ""

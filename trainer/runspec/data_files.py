@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import ConfigError
-from trainer.runspec.messages import messages_problem, text_problem
+from trainer.runspec.messages import json_problem, messages_problem, text_problem
 
 RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat": ("messages",)}
 
@@ -26,15 +26,22 @@ RECORD_FIELDS = {"jsonl": ("input_ids", "loss_mask"), "text": ("text",), "chat":
 def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     """(line number, record, None) or (line number, None, what is wrong) for every non-empty line."""
     try:
-        # utf-8-sig: a byte-order mark (Windows editors, PowerShell's Out-File) is read past, not a bad line 1
-        with open(path, encoding="utf-8-sig") as handle:
-            for number, line in enumerate(handle, start=1):
+        # Bytes, decoded line by line: a line that is not UTF-8 is that line's error, with its number (N9).
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if number == 1 and raw.startswith(BOM):  # a byte-order mark (Windows editors, PowerShell)
+                    raw = raw[len(BOM) :]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield number, None, f"not UTF-8 text (byte {exc.start + 1} of the line: {exc.reason})"
+                    continue
                 if not line.strip():
                     continue
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    yield number, None, f"not JSON ({exc.msg})"
+                    yield number, None, json_problem(exc, line)
                     continue
                 except RecursionError:  # a 5,000-deep line was exit 3 (RecursionError) in eval
                     yield number, None, "nested too deeply to read (thousands of levels of [ or {)"
@@ -45,8 +52,9 @@ def _lines(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str
                 yield number, record, None
     except OSError as exc:
         raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{field}: {path} is not UTF-8 text ({exc.reason})") from exc
+
+
+BOM = b"\xef\xbb\xbf"
 
 
 def json_objects(path: Path, field: str = "data.path") -> Iterator[tuple[int, dict[str, Any]]]:
@@ -104,6 +112,8 @@ class DataScan:
     bad_lines: int = 0
     first_bad: str | None = None  # "line 100: not JSON (...)"
     answered: int = 0  # chat: conversations with an assistant turn (the only turns a drafter learns)
+    duplicates: int = 0  # records whose string `id` an earlier record has (two runs into one output file)
+    first_duplicate: str | None = None  # 'id "a" on line 70, first on line 3'
 
 
 def template_problem(record: dict[str, Any], template_kwargs: dict[str, Any] | None) -> str | None:
@@ -122,6 +132,20 @@ def template_problem(record: dict[str, Any], template_kwargs: dict[str, Any] | N
     )
 
 
+# What a line of `data regenerate` records of one answer, not of the settings it was made with.
+_PER_ANSWER = frozenset({"finish_reasons", "generated_tokens", "engine"})
+
+
+def made_with(record: dict[str, Any]) -> str:
+    """The settings a regenerated conversation was made with (its `generation`, per-answer figures left out),
+    as text: one id made twice with the same settings is a line written twice (N5), while a greedy and a
+    sampled run over the same prompts, concatenated, share ids on purpose (docs/data.md)."""
+    made = record.get("generation")
+    if not isinstance(made, dict):
+        return ""
+    return json.dumps({k: v for k, v in made.items() if k not in _PER_ANSWER}, sort_keys=True, default=str)
+
+
 def scan_data_file(
     kind: str,
     path: Path,
@@ -130,6 +154,7 @@ def scan_data_file(
     template_kwargs: dict[str, Any] | None = None,
 ) -> DataScan:
     scan = DataScan()
+    seen: dict[str, int] = {}  # (id, settings) -> its first line: `data regenerate` names each conversation
     for number, record, problem in _lines(path, field):
         if record is not None:
             problem = record_problem(kind, record, vocab_size)
@@ -137,6 +162,17 @@ def scan_data_file(
                 problem = template_problem(record, template_kwargs)
         if problem is None and record is not None:
             scan.records += 1
+            ident = record.get("id")
+            if isinstance(ident, str):
+                key = f"{ident}\0{made_with(record)}"
+                if key in seen:
+                    scan.duplicates += 1
+                    if scan.first_duplicate is None:
+                        scan.first_duplicate = (
+                            f"id {json.dumps(ident)[:80]} on line {number}, first on line {seen[key]}"
+                        )
+                else:
+                    seen[key] = number
             if kind == "chat" and any(m.get("role") == "assistant" for m in record["messages"]):
                 scan.answered += 1
             continue
@@ -170,6 +206,14 @@ def check_data_file(
         )
     if not scan.records:
         raise ConfigError(f"{field}: {path} holds no records")
+    if scan.duplicates:  # trained twice as often as the rest, and in the held-out split and the training one
+        raise ConfigError(
+            f"{field}: {path}: {scan.duplicates} record(s) repeat an id an earlier record made with the same settings "
+            f"has ({scan.first_duplicate}): "
+            "each would be trained (or held out) more than once",
+            hint="if `dflash-doctor data regenerate` wrote it, run that command again with the same --out: it keeps "
+            "the first line of each id and drops the rest, saying how many",
+        )
     if kind == "chat" and not scan.answered:
         raise ConfigError(
             f"{field}: {path}: none of its {scan.records} conversations has an assistant turn: nothing to "

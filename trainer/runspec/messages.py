@@ -92,3 +92,14 @@ def messages_problem(value: Any) -> str | None:
     if not any(m["role"] == "user" for m in value):
         return "messages holds no user turn"
     return None
+
+
+def json_problem(exc: ValueError, text: str) -> str:
+    """A JSON line's error with where it is: `not JSON (Invalid control character at column 14: a NUL byte)`
+    (issue 58, N13: json's message alone ends in "at" and names no column)."""
+    message, column = getattr(exc, "msg", str(exc)), getattr(exc, "colno", None)
+    position = getattr(exc, "pos", None)
+    found = text[position] if isinstance(position, int) and 0 <= position < len(text) else ""
+    what = {"\x00": "a NUL byte"}.get(found, f"{found!a}" if found and not found.isprintable() else "")
+    where = f" column {column}" if column is not None else ""
+    return f"not JSON ({message.removesuffix(' at')} at{where}{': ' + what if what else ''})"

@@ -12,6 +12,8 @@ from pathlib import Path
 from dflash_base.errors import ConfigError
 
 ENGINES = ("auto", "torch", "vllm")
+DEFAULT_TOP_P = 1.0
+DEFAULT_SEED = 0
 ON_ERROR = ("stop", "skip")
 
 
@@ -27,9 +29,9 @@ class RegenerateRequest:
     limit: int | None = None  # only the first N input records
     engine: str = "auto"  # auto (vLLM when installed) | torch | vllm
     temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
+    top_p: float = DEFAULT_TOP_P
     samples_per_prompt: int = 1  # answers per prompt: sample 0 keeps the prompt's id, sample k is `<id>#<k>`
-    seed: int = 0  # with (prompt id, sample, turn), what a sampled answer is drawn from
+    seed: int = DEFAULT_SEED  # with (prompt id, sample, turn), what a sampled answer is drawn from
     on_error: str = "stop"  # a bad input line: stop (exit 2) or skip it
     force: bool = False
     devices: str | None = None  # torch engine: e.g. cuda:0,cuda:1 (None: every local GPU, else the CPU)
@@ -44,8 +46,8 @@ class RegenerateRequest:
             raise ConfigError(f"--engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"--on-error: must be stop or skip, got {self.on_error!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"--seed: {self.seed!r} is not a seed; give an integer >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ConfigError(f"--seed: {self.seed!r} is not a seed; give an integer from 0 to 2**64 - 1")
         named = (
             ("--max-new-tokens", self.max_new_tokens),
             ("--limit", self.limit),
@@ -73,6 +75,38 @@ class RegenerateRequest:
                 f"--tensor-parallel {self.tensor_parallel}: only the vllm engine splits a model across GPUs",
                 hint="leave it out (the torch engine runs one copy per device in --devices), or --engine vllm",
             )
+        self.validate_sampling()
+
+    def validate_paths(self) -> None:
+        """`--out ''` (it arrives as ".") or `--prompts ''`: named as such (issue 58, N13)."""
+        for name, path in (("--out", self.out), ("--prompts", self.prompts)):
+            if str(path) in ("", "."):
+                raise ConfigError(
+                    f"{name} {str(path)!r}: names no file (empty, or the current folder)",
+                    hint=f"give a file path, e.g. {name} {'answers' if name == '--out' else 'prompts'}.jsonl",
+                )
+
+    def validate_sampling(self) -> None:
+        """Sampling options without sampling are refused, not ignored (issue 58, N8: `--samples-per-prompt 2`
+        at temperature 0 wrote each greedy answer twice; `--top-p` and `--seed` did nothing)."""
+        if self.temperature > 0:
+            return
+        greedy_hint = "add --temperature T (e.g. 0.7) to sample, or leave the option out for greedy answers"
+        if self.samples_per_prompt > 1:
+            raise ConfigError(
+                f"--samples-per-prompt {self.samples_per_prompt} at --temperature 0: greedy decoding gives the "
+                "same answer every time, so every sample would be a copy of the first",
+                hint=greedy_hint,
+            )
+        for name, value, default in (
+            ("--top-p", self.top_p, DEFAULT_TOP_P),
+            ("--seed", self.seed, DEFAULT_SEED),
+        ):
+            if value != default:
+                raise ConfigError(
+                    f"{name} {value} at --temperature 0: it shapes sampling, and greedy decoding samples nothing",
+                    hint=greedy_hint,
+                )
 
 
 DEFAULTS = RegenerateRequest()  # the defaults, for the CLI's options

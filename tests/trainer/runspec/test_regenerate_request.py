@@ -47,7 +47,8 @@ def test_the_command_passes_every_option_to_the_request_by_name(
 
     monkeypatch.setattr("trainer.api.prepare_regeneration", prepare)
     argv = ["data", "regenerate", "--config", "c.toml", "--prompts", "p", "--out", "o", "--set", "run.seed=3"]
-    argv += ["--top-p", "0.5", "--seed", "7", "--commit-every", "5", "--limit", "4", "--json"]
+    argv += ["--temperature", "0.7", "--top-p", "0.5", "--seed", "7", "--commit-every", "5", "--limit", "4"]
+    argv += ["--json"]  # sampling options with a temperature: alone they are refused (issue 58, N8)
     assert cli_run(argv) == 2
     (request,) = seen
     assert request.overrides == ("run.seed=3",) and request.top_p == 0.5 and request.config == "c.toml"
