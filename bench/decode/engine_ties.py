@@ -7,8 +7,8 @@ first differing token the two answers go their own ways. Only that first positio
 
 Each pair's ids (the engines' own, else the answer text tokenised again) go through the target once: the
 prompt and the shared prefix. At the next position the two engines' tokens a and b are a **tie** when both sit
-at the top within the tolerance `eval` uses for the dtype (`trainer.eval.compare.default_tie_tolerance`: 2^-5
-relative in bf16), and **different** otherwise, with the margin (how far from the top each token is, in
+at the top within the tolerance `eval` uses for the dtype (`trainer.eval.compare.default_tie_ulps`: 16 ulps
+of the top logit in bf16, 64 in fp32), and **different** otherwise, with the margin (how far from the top each token is, in
 logits) kept for the record. One forward is a third opinion beside the two engines' own: it decides which
 flips were rounding. An answer that ended its turn ends in END, whose logit is the best of the target's stop
 ids (an engine stops on any of them). Engines that keep no ids (a test's stand-in) are compared by their text
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from trainer.engine.target import Chat, prompt_ids
-from trainer.eval.compare import default_tie_tolerance
+from trainer.eval.compare import default_tie_ulps, ulp
 from trainer.regenerate.settings import Completion
 
 END = -1  # an answer that ended its turn: the engines stop on any stop id, so the best of them is its logit
@@ -40,7 +40,7 @@ class Flip:
     token_b: int
     margin_a: float  # top logit - logit(a): 0 when a is the argmax
     margin_b: float
-    allowed: float  # tolerance * max(1, |top logit|)
+    allowed: float  # tie ulps x ulp(top logit), in logits
 
 
 def answer_ids(tokenizer: Any, completion: Completion) -> list[int]:
@@ -58,7 +58,7 @@ def classify_flip(
     prompt: list[int],
     a: list[int],
     b: list[int],
-    tolerance: float,
+    tie_ulps: int,
     stop_ids: Sequence[int] = (),
 ) -> Flip | None:
     """None when the token lists agree (one may be a prefix of the other: then the shorter one was cut
@@ -76,7 +76,7 @@ def classify_flip(
         return max(float(logits[i]) for i in stop_ids) if token == END else float(logits[token])
 
     margin_a, margin_b = top - logit(a[at]), top - logit(b[at])
-    allowed = tolerance * max(1.0, abs(top))
+    allowed = tie_ulps * ulp(top, next(model.parameters()).dtype)
     verdict = "tie" if margin_a <= allowed and margin_b <= allowed else "different"
     return Flip(verdict, at, a[at], b[at], margin_a, margin_b, allowed)
 
@@ -92,7 +92,7 @@ def classify_answers(
 ) -> dict[str, Any]:
     """Counts of identical, tie and different answers over the pairs, and the differing ones' details."""
     dtype = next(model.parameters()).dtype
-    tolerance = default_tie_tolerance(dtype)
+    tie_ulps = default_tie_ulps(dtype)
     counts = {"identical": 0, "tie": 0, "different": 0, "cut_prefix": 0}
     flips: list[dict[str, Any]] = []
     for index, (chat, x, y) in enumerate(zip(chats, first, second, strict=False)):
@@ -101,7 +101,7 @@ def classify_answers(
             continue
         a, b = answer_ids(tokenizer, x), answer_ids(tokenizer, y)
         prompt = prompt_ids(tokenizer, chat, template_kwargs or {})
-        flip = classify_flip(model, prompt, a, b, tolerance, stop_ids)
+        flip = classify_flip(model, prompt, a, b, tie_ulps, stop_ids)
         if flip is None:  # same tokens, one cut shorter (or texts that tokenise alike)
             counts["cut_prefix"] += 1
             continue
@@ -110,7 +110,7 @@ def classify_answers(
     worst_tie = max((f["margin_a"] + f["margin_b"] for f in flips if f["verdict"] == "tie"), default=None)
     return {
         **counts,
-        "tolerance": tolerance,
+        "tie_ulps": tie_ulps,
         "dtype": str(dtype).removeprefix("torch."),
         "worst_tie_margin": worst_tie,
         "different_examples": [f for f in flips if f["verdict"] == "different"][:8],

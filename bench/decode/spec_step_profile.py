@@ -140,9 +140,10 @@ def main() -> None:
         )
 
     plain = seated("target")
-    measure(
-        "decode", lambda: plain._step(plain.bucket(int(plain.positions.max()) + 1)), plain, plain.job_state()
-    )
+    plain_span = plain.bucket(
+        int(plain.positions.max()) + 1
+    )  # read here: nothing in a captured part may sync
+    measure("decode", lambda: plain._step(plain_span), plain, plain.job_state())
     spec = seated("dflash")
     d = spec.decoder
     state = [*d.job_state(), spec.forwards, spec.drafted, spec.emitted]

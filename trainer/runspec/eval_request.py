@@ -18,7 +18,7 @@ EVAL_DTYPES = ("auto", "bf16", "fp32")
 EVAL_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # what eval can run on (`tpu` ran on the CPU, exit 0)
 DRAFTERS = ("dflash", "ngram")  # the exported drafter; prompt lookup (vLLM's `ngram` method, training-free)
 # Near-tie tolerances, in units in the last place of the top logit; why these values: trainer/eval/compare.py.
-TIE_ULPS_LOW_PRECISION = 8  # bf16, fp16
+TIE_ULPS_LOW_PRECISION = 16  # bf16, fp16
 TIE_ULPS_FP32 = 64
 MAX_TIE_ULPS = 1 << 16
 

@@ -204,7 +204,7 @@ def test_bf16_rounding_flips_are_ties_never_differences() -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 511, (32,), generator=gen).tolist() for _ in range(16)]
     report = evaluate(target, drafter, prompts, max_new=64)
-    assert report.dtype == "bfloat16" and report.tie_ulps == 8
+    assert report.dtype == "bfloat16" and report.tie_ulps == 16
     assert report.differences == 0 and report.exit_code() == 0
     for row in report.per_prompt:  # any flip is a tie whose both margins were seen in the top-k
         margins = (row.comparison.greedy_margin, row.comparison.spec_margin)
@@ -217,7 +217,7 @@ def test_cli_dtype_chooses_the_compute_dtype_and_refuses_an_unknown_one(
     args = _cli_args(tmp_path)
     assert run([*args, "--dtype", "bf16", "--json"]) in (0, 1)  # bf16 on CPU: ties allowed, not the point
     report = json.loads(capsys.readouterr().out)
-    assert report["dtype"] == "bfloat16" and report["tie_ulps"] == 8
+    assert report["dtype"] == "bfloat16" and report["tie_ulps"] == 16
     assert run([*args, "--dtype", "fp32", "--strict", "--json"]) == 0  # fp32: bitwise identical
     assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
     assert run([*args, "--dtype", "fp64"]) == 2
