@@ -31,6 +31,7 @@ from dflash_doctor.launch.compile_cache import (
     snapshot_after_success,
 )
 from dflash_doctor.launch.direct import rank_environ
+from dflash_doctor.launch.floor import check_floor
 from dflash_doctor.launch.gate import GateResult, TrainingConfig
 from dflash_doctor.launch.lone_rank import SEPARATE_ENV, LoneRank, starts_beside_the_gate
 from dflash_doctor.launch.narrator import Narrator
@@ -40,6 +41,7 @@ from dflash_doctor.launch.run_outputs import last_metrics
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
 from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun, supervise_tree
 from dflash_doctor.launch.timeline import TIMELINE_FILE, LaunchTimeline, timeline_rows
+from trainer.runspec.outputs import EXPORT_DIR
 
 
 @dataclass
@@ -251,6 +253,7 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
         raise
     try:
         _close_record(record, request, outcome, stop_log, started)
+        _check_floor(record, request, say)
     except BaseException as exc:
         # The run ended as torchrun says (the status is set first); what failed is our bookkeeping after it.
         # The record says so and is saved; the error stays loud (a bug of ours is exit 3, with its traceback).
@@ -438,6 +441,23 @@ def _close_record(
     if record.status == "succeeded":
         record.snapshot = snapshot_after_success(request.gate.context.env, request.gate.environ)
         record.notes.append(record.snapshot)
+
+
+def _check_floor(record: RunRecord, request: LaunchRequest, say: Narrator) -> None:
+    """Step 3b: with `[eval] prompts`, the export decoded after a run that succeeded (on node rank 0, which
+    holds it); below `eval.min_tau` the run fails, recorded, the export kept (launch/floor.py)."""
+    section = request.training.config.eval
+    if record.status != "succeeded" or section.prompts is None or request.node_rank != 0:
+        return
+    plan = request.gate.plan
+    export = Path(record.output_dir or request.training.config.output_dir) / EXPORT_DIR
+    with say.status(f"decoding the export on {section.prompts} (eval.prompts)"):
+        result = check_floor(plan.command[0], export, Path(plan.config_path), list(plan.overrides), section)
+    record.floor = result.to_json()
+    record.notes.append(result.line())
+    say(f"  {escape(result.line())}")
+    if not result.passed:
+        record.status, record.exit_code, record.reason = "failed", 1, result.problem
 
 
 def _report(record: RunRecord, outcome: TorchrunOutcome, stop_log: Path, began: float, say: Narrator) -> None:

@@ -59,6 +59,9 @@ class RunRecord:
     stderr_tail: list[str] = field(default_factory=list)  # a failed run's last stderr lines: why it failed
     reason: str | None = None  # why a failed run failed, in one line (a rank's named error, or its summary's)
     timeline: dict[str, Any] = field(default_factory=dict)  # where each second to the first step went
+    floor: dict[str, Any] = field(
+        default_factory=dict
+    )  # the export decoded on `[eval] prompts` (launch/floor.py)
 
     @property
     def seconds(self) -> float | None:
@@ -144,6 +147,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "stderr_tail": (list,),
     "reason": (str,),
     "timeline": (dict,),
+    "floor": (dict,),
 }
 ITEM_TYPES: dict[str, type] = {
     "findings": dict,

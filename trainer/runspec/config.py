@@ -15,6 +15,7 @@ from typing import Any
 from dflash_base.errors import ConfigError
 from trainer.runspec.config_file import apply_overrides, read_raw, resolve_config_path
 from trainer.runspec.data_files import check_data_file, count_records
+from trainer.runspec.eval_request import check_eval_prompts
 from trainer.runspec.extras import require_extra
 from trainer.runspec.fields import (
     BOOKKEEPING,
@@ -134,6 +135,12 @@ class DataSection:
 class EvalSection:
     # steps between held-out evaluations (0: only after the last step); needs held-out data
     every: int = option(500, integer(0), effect=BOOKKEEPING)
+    # The drafter's floor: once the run succeeded, `train` decodes the export with `eval` on this prompts file
+    # (what `eval --prompts` reads) at `max_new_tokens`, records tau beside prompt lookup's, and fails the run
+    # (exit 1, the export kept) when tau is below `min_tau` (0: decode and record only)
+    prompts: str | None = option(None, text(), effect=BOOKKEEPING)
+    min_tau: float = option(0.0, number(0.0), effect=BOOKKEEPING)
+    max_new_tokens: int = option(128, integer(1), effect=BOOKKEEPING)
 
 
 @dataclass(frozen=True)
@@ -310,6 +317,11 @@ def _check_relations(cfg: TrainConfig) -> None:
         )
     if d.kind in ("jsonl", "text", "chat") and d.path is None:
         raise ConfigError(f'data.path: required when data.kind = "{d.kind}"')
+    if cfg.eval.min_tau > 0 and cfg.eval.prompts is None:
+        raise ConfigError(
+            f"eval.min_tau: a floor of {cfg.eval.min_tau:g} needs eval.prompts, the prompts the export is decoded on",
+            hint='e.g. prompts = "runs/smollm2-135m/prompts/humaneval.jsonl" in [eval]',
+        )
     if d.kind == "synthetic" and cfg.target.path != "tiny":
         raise ConfigError(
             'data.kind: "synthetic" needs target.path = "tiny" (the tiny target writes the data)'
@@ -425,6 +437,8 @@ def load_config(
             field="data.eval_path",
             template_kwargs=dict(cfg.data.chat_template_kwargs),
         )
+    if check_data and cfg.eval.prompts is not None:  # the floor's prompts, before any process starts
+        check_eval_prompts(cfg.eval.prompts, int(shapes.vocab_size), field="eval.prompts")
     if check_data and split:
         total = num_sequences(completed)
         held = heldout_sequences(completed, total)

@@ -134,13 +134,14 @@ def check_eval_lengths(prompts: list[list[int]], max_new_tokens: int, context: i
             )
 
 
-def check_eval_prompts(path: str, vocab_size: int) -> None:
-    """Every line of `--prompts` against the target's vocabulary, before anything loads: ConfigError naming
-    the line and what is wrong (an id outside the vocabulary, negative or not an integer, no ids at all)."""
-    for number, record in jsonl_records(Path(path), "--prompts"):
+def check_eval_prompts(path: str, vocab_size: int, field: str = "--prompts") -> None:
+    """Every line of a prompts file against the target's vocabulary, before anything loads: ConfigError naming
+    the line and what is wrong (an id outside the vocabulary, negative or not an integer, no ids at all).
+    `field`: what named the file (`--prompts`, or the config's `eval.prompts`)."""
+    for number, record in jsonl_records(Path(path), field):
         problem = eval_prompt_problem(record, vocab_size)
         if problem is not None:
-            raise ConfigError(f"--prompts: {path} line {number}: {problem}")
+            raise ConfigError(f"{field}: {path} line {number}: {problem}")
 
 
 def eval_prompt_problem(record: dict[str, Any], vocab_size: int) -> str | None:
