@@ -38,7 +38,8 @@ def test_a_field_cannot_be_declared_without_an_effect() -> None:
 # `run.seed`, which changes values, never shapes, and no longer keys the warm-up's record.
 BOOKKEEPING_FIELDS = {
     "optim.steps", "optim.epochs", "optim.lr", "optim.warmup_ratio", "optim.min_lr_ratio", "optim.schedule",
-    "eval.every", "eval.prompts", "eval.min_tau", "eval.max_new_tokens", "checkpoint.every", "checkpoint.keep", "output.dir", "output.export_dtype",
+    "eval.every", "eval.prompts", "eval.min_tau", "eval.max_new_tokens", "checkpoint.every", "checkpoint.keep",
+    "output.dir", "output.export_dtype",
     "output.tensorboard", "output.wandb", "run.log_every", "run.timeout_s", "run.seed", "profile.start",
     "profile.steps",
 }  # fmt: skip
