@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import ConfigError
+from trainer.runspec.outputs import EXPORT_DIR
 
 CONFIG_NAME = "config.json"  # the names trainer.model.export writes
 WEIGHTS_NAME = "model.safetensors"
@@ -40,6 +41,11 @@ def check_export(folder: str | Path) -> ExportShapes:
     root = Path(folder)
     if not root.is_dir():
         raise ConfigError(f"--export: {root} is not a folder", hint="give the export folder a run wrote")
+    inner = root / EXPORT_DIR
+    if not (root / CONFIG_NAME).exists() and (inner / CONFIG_NAME).is_file():  # a run's output folder
+        raise ConfigError(
+            f"--export: {root} is a run's output folder; its drafter is in {inner}", hint=f"--export {inner}"
+        )
     shapes = _config_shapes(root / CONFIG_NAME)
     _check_weights(root / WEIGHTS_NAME)
     return shapes

@@ -252,3 +252,21 @@ def test_a_prompt_longer_than_the_context_and_a_deep_line_are_named(
     deep.write_text(json.dumps({"input_ids": [1]}) + "\n" + "[" * 5000 + "]" * 5000 + "\n")
     assert run([*base, "--prompts", str(deep)]) == 2
     assert "deep.jsonl line 2: nested too deeply to read" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_runs_output_folder_given_as_export_names_its_export(
+    tmp_path: Path, export: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eval --export RUN` (the run's output folder, not its export) said only that a file was missing (N13)."""
+    import shutil
+
+    from tests.trainer.input_files import no_target_loads
+
+    no_target_loads(monkeypatch)
+    run_folder = tmp_path / "run"
+    shutil.copytree(export, run_folder / "export")
+    prompts = prompts_file(tmp_path / "p.jsonl", [{"input_ids": PROMPTS[0]}])
+    assert run(["eval", "--export", str(run_folder), "--target", "tiny", "--prompts", str(prompts)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--export: {run_folder} is a run's output folder; its drafter is in {run_folder}/export" in err
+    assert f"--export {run_folder}/export" in err
