@@ -45,6 +45,7 @@ from trainer.runspec.eval_request import (
 from trainer.runspec.export_files import check_export_fits
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total): tokens on the engine, prompts in the loop
+SYNC_EVERY = 8  # tau runs: decode steps between the host's looks (the latency rows look at every step)
 
 
 def evaluate(
@@ -183,9 +184,6 @@ def evaluate_on_engine(
         decoders, [TARGET_ONLY, *ways], prompts.ids[: request.latency_prompts], max_new, batches
     )
     return primary
-
-
-SYNC_EVERY = 8  # tau runs: decode steps between the host's looks (the latency rows look at every step)
 
 
 def _walks(run: Decoding) -> list[Walk]:

@@ -83,8 +83,6 @@ def labelled_prompts(path: str, tokenizer: Any, template_kwargs: dict[str, Any])
             )
         else:
             raise ConfigError(f'{where}: needs "prompt", "messages" or "input_ids"')
-    if all(k is None for k in out.kinds):
-        out.kinds = [None] * len(out.ids)
     return out
 
 
