@@ -119,36 +119,20 @@ def evaluate_on_engine(
     """The engine: tau over every prompt at once for target-only greedy, the drafter (or prompt lookup alone)
     and prompt lookup beside it; every token of every output checked against the target; per-group tau; then
     the latency rows (see trainer.eval.engine_decoding)."""
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     k = request.ngram_k or (drafter.cfg.block_size - 1 if drafter is not None else DEFAULT_NGRAM_K)
-    ngram = (k, request.ngram_min, request.ngram_max)
     ways = ["dflash" if drafter is not None else "ngram"]
     if drafter is not None and request.baseline:
         ways.append("ngram")
     block = max(drafter.cfg.block_size if drafter is not None else 1, k + 1)
     max_new = request.max_new_tokens
-    decoders = EngineDecoders(model, drafter, max(map(len, prompts.ids)) + max_new + block, stops, ngram)
+    longest = max(map(len, prompts.ids)) + max_new + block
+    decoders = EngineDecoders(model, drafter, longest, stops, (k, request.ngram_min, request.ngram_max))
     slots = tau_slots(device, len(prompts.ids))
-    total = len(prompts.ids) * max_new * (1 + len(ways))
-    made = [0]
-
-    def tell(phase: str) -> Callable[[int], None]:
-        def count(tokens: int) -> None:
-            made[0] += tokens
-            if on_progress is not None:
-                on_progress(phase, made[0], total)
-
-        return count
-
     began = time.perf_counter()
-    runs = {
-        way: decoders.decode_with(way, prompts.ids, max_new, slots, SYNC_EVERY, tell(way))
-        for way in [TARGET_ONLY, *ways]
-    }
+    runs = _decode_every_way(decoders, [TARGET_ONLY, *ways], prompts.ids, max_new, slots, on_progress)
     decode_seconds = time.perf_counter() - began
     ulps = default_tie_ulps(dtype) if request.tie_ulps is None else request.tie_ulps
-    greedy = [Walk(tokens) for tokens in runs[TARGET_ONLY].tokens]
     target_check, _ = check_outputs(model, prompts.ids, runs[TARGET_ONLY].tokens, TARGET_ONLY, ulps)
     context = {
         "tie_ulps": ulps,
@@ -159,21 +143,7 @@ def evaluate_on_engine(
         "rows_at_once": slots,
         "target_lossless": target_check,
     }
-    reports = {}
-    for way in ways:
-        run = runs[way]
-        walks = _walks(run)
-        parting = _partings(runs[TARGET_ONLY].tokens, run.tokens)
-        check, at_parting = check_outputs(model, prompts.ids, run.tokens, way, ulps, parting)
-        comparisons = [
-            at_parting.get(i) or _comparison(g.tokens, w.tokens)
-            for i, (g, w) in enumerate(zip(greedy, walks, strict=True))
-        ]
-        rates = (run.new_tokens / run.seconds, runs[TARGET_ONLY].new_tokens / runs[TARGET_ONLY].seconds)
-        blocks = decoders.block_of(way)
-        reports[way] = proposer_report(way, blocks, prompts.ids, walks, greedy, comparisons, rates, context)
-        reports[way].lossless = check
-        reports[way].groups = _groups(prompts, walks, None)
+    reports = {way: _way_report(model, way, decoders, runs, prompts, ulps, context) for way in ways}
     primary = reports[ways[0]]
     primary.decode_seconds = decode_seconds
     if len(ways) > 1:
@@ -184,6 +154,56 @@ def evaluate_on_engine(
         decoders, [TARGET_ONLY, *ways], prompts.ids[: request.latency_prompts], max_new, batches
     )
     return primary
+
+
+def _decode_every_way(
+    decoders: EngineDecoders,
+    ways: list[str],
+    prompts: list[list[int]],
+    max_new: int,
+    slots: int,
+    on_progress: Progress | None,
+) -> dict[str, Decoding]:
+    """Every prompt decoded each way in turn, the tokens made passed to `on_progress` as they come."""
+    total, made = len(prompts) * max_new * len(ways), [0]
+
+    def tell(phase: str) -> Callable[[int], None]:
+        def count(tokens: int) -> None:
+            made[0] += tokens
+            if on_progress is not None:
+                on_progress(phase, made[0], total)
+
+        return count
+
+    return {way: decoders.decode_with(way, prompts, max_new, slots, SYNC_EVERY, tell(way)) for way in ways}
+
+
+def _way_report(
+    model: Any,
+    way: str,
+    decoders: EngineDecoders,
+    runs: dict[str, Decoding],
+    prompts: EvalPrompts,
+    ulps: int,
+    context: dict[str, Any],
+) -> EvalReport:
+    """One way of proposing's figures: its walks against target-only greedy's, every token checked, the
+    prompts where it parted from target-only greedy classified by the same forward."""
+    run, greedy_run = runs[way], runs[TARGET_ONLY]
+    walks, greedy = _walks(run), [Walk(tokens) for tokens in greedy_run.tokens]
+    parting = _partings(greedy_run.tokens, run.tokens)
+    check, at_parting = check_outputs(model, prompts.ids, run.tokens, way, ulps, parting)
+    comparisons = [
+        at_parting.get(i) or _comparison(g.tokens, w.tokens)
+        for i, (g, w) in enumerate(zip(greedy, walks, strict=True))
+    ]
+    rates = (run.new_tokens / run.seconds, greedy_run.new_tokens / greedy_run.seconds)
+    report = proposer_report(
+        way, decoders.block_of(way), prompts.ids, walks, greedy, comparisons, rates, context
+    )
+    report.lossless = check
+    report.groups = _groups(prompts, walks, None)
+    return report
 
 
 def _walks(run: Decoding) -> list[Walk]:
@@ -238,7 +258,7 @@ def _latency(
             base = rate if way == TARGET_ONLY else base
             tau = tau_of(_walks(run)) if way != TARGET_ONLY else None
             step_ms = 1000 * run.decode_seconds / run.steps if run.steps else 0.0
-            rows.append(LatencyRow(batch, way, round(rate, 1), round(rate / base, 4) if base else 0.0,
+            rows.append(LatencyRow(batch, way, round(rate, 3), round(rate / base, 4) if base else 0.0,
                                    len(prompts), run.new_tokens, round(run.seconds, 3),
                                    None if tau is None else round(tau, 4), round(step_ms, 3)))  # fmt: skip
     return rows
