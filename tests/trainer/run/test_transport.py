@@ -56,9 +56,9 @@ def _phase(rank: int, topo: Topology, steps: int, dtype: torch.dtype, in_flight:
     """Targets send their share of `sent` batches; drafters receive `steps` each, then expect END."""
     out: dict = {}
     if topo.is_target(rank):
-        sender = BatchSender(topo, in_flight, torch.device("cpu"))
+        sender = BatchSender(topo, rank, in_flight, torch.device("cpu"))
         bound_held = True
-        for index in range(rank, sent, topo.targets):
+        for index in (i for i in range(sent) if topo.producer_of(i) == rank):
             sender.send(make_batch(index, dtype))
             bound_held &= len(sender._pending) <= in_flight
         try:
@@ -90,7 +90,7 @@ def _phase(rank: int, topo: Topology, steps: int, dtype: torch.dtype, in_flight:
 def _heldout_phase(rank: int, topo: Topology) -> dict:
     """One target, two drafters: training batches 0-1, held-out batches 0-1 (with target_ids), then 2-3."""
     if topo.is_target(rank):
-        sender = BatchSender(topo, 2, torch.device("cpu"))
+        sender = BatchSender(topo, rank, 2, torch.device("cpu"))
         for index in (0, 1):
             sender.send(make_batch(index, torch.float32))
         for j in (0, 1):
