@@ -47,9 +47,27 @@ def _topology_remedy(plan: LaunchPlan, gpus: int) -> str:
     choice = plan.choice
     if choice is not None and choice.topology.colocated:
         return f"lower topology.ranks to {gpus * plan.nnodes} (or remove it: every GPU is used)"
+    by_node = choice is not None and choice.topology.per_node
+    room = f"{gpus} (one node's)" if by_node and plan.nnodes > 1 else f"{gpus * plan.nnodes}"
     return (
-        f"shrink topology.targets + topology.drafters to {gpus * plan.nnodes}, or remove both so "
+        f"shrink topology.targets + topology.drafters to {room}, or remove both so "
         'topology.mode = "auto" picks for the GPUs present (or spread over nodes with --nnodes)'
+    )
+
+
+def _crossing(plan: LaunchPlan) -> Iterator[Finding]:
+    """A split whose pairs cross nodes: said, with why and what keeps hidden states on their node."""
+    if plan.choice is None or (reason := plan.choice.topology.crossing_reason()) is None:
+        return
+    t = plan.choice.topology
+    yield warn(
+        "launch.topology.crossing",
+        f"{reason}; the link between nodes carries them (launch.link measures it before a launch)",
+        remedy='topology.placement = "node" (every node runs its own targets and drafters: at least 2 '
+        'GPUs a node), or topology.mode = "colocated"',
+        pairs=[
+            f"rank {a} (node {t.node_of(a)}) -> rank {b} (node {t.node_of(b)})" for a, b in t.crossing_pairs()
+        ][:16],
     )
 
 
@@ -81,6 +99,7 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
             return
         processes = f"{plan.nproc_per_node} process{'es' if plan.nproc_per_node != 1 else ''}"
         yield ok("launch.topology", f"{shape} on CPU (gloo), {processes}", cores=cores, **why)
+        yield from _crossing(plan)
         return
     gpus = gpu_inventory(ctx)
     if not isinstance(gpus, GpuInventory):
@@ -121,6 +140,7 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
         **why,
         **visibility,
     )
+    yield from _crossing(plan)
     if plan.choice is not None and plan.choice.node_local:
         free = plan.choice.fit.free_bytes or 0
         yield warn(

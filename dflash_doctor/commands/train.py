@@ -45,11 +45,11 @@ TRAIN_SCHEMA = "dflash-doctor/train/v1"
 
 def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: TrainingConfig) -> None:
     table = Table(title="launch plan", title_justify="left")
-    for column in ("rank", "role", "node", "device", "estimated peak"):
+    for column in ("rank", "role", "node", "device", "pairs", "estimated peak"):
         table.add_column(column)
     for role in _shown_roles(plan.roles):
         if role is None:
-            table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "")
+            table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "", "")
             continue
         estimate = plan.memory.get(role.role)
         floor = ">= " if plan.memory_is_floor else ""  # on CPU a lower bound (memory_plan.CPU_FLOOR_NOTE)
@@ -58,6 +58,7 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
             role.role,
             str(role.node),
             role.device,
+            role.peers_text,
             f"{floor}{estimate.total / GIB:.1f} GiB" if estimate else "-",
         )
     console.print(table)

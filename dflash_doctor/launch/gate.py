@@ -180,7 +180,9 @@ def run_gate(
 
         # From the per-role rates measured on an H200 (dflash_doctor/data/role_rates.json).
         sync = plan.choice.sync if plan.choice is not None else None
-        recommendation = recommendation_for_config(training.config, node.gpu_count * plan.nnodes, sync=sync)
+        recommendation = recommendation_for_config(
+            training.config, node.gpu_count, sync=sync, nodes=plan.nnodes
+        )
         if recommendation is not None:
             options.extra["split_recommendation"] = recommendation
     # The compile-cache checks judge the folder the workers will use, not this shell's default.

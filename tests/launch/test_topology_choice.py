@@ -154,8 +154,13 @@ def test_auto_over_nodes_says_what_decided_and_how_to_pin_it() -> None:
     assert busy.mode == "split" and busy.choice.node_local
     line = busy.choice.lines()[-1]
     assert "this node's free GPU memory (65.0 GiB) decided it" in line
-    assert f"--set topology.targets={busy.targets} --set topology.drafters={busy.drafters}" in line
+    # the split is one node's, the same on every node: 5+3 here, 10+6 in all, no pair leaving its node
+    assert (busy.targets, busy.drafters) == (10, 6)
+    assert "--set topology.targets=5 --set topology.drafters=3" in line
     assert busy.choice.to_json()["node_local"] is True
+    assert busy.choice.to_json()["crossing"] is None
+    assert [r.role for r in busy.roles if r.node == 1] == ["target"] * 5 + ["drafter"] * 3
+    assert "5+3 on each node (10+6" in " ".join(busy.choice.lines())
 
 
 def test_one_node_or_a_set_mode_has_no_nodes_line() -> None:
