@@ -17,7 +17,7 @@ from dflash_base.disk import existing_ancestor, free_bytes, size_text
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.env.visible_devices import VARIABLE
-from dflash_doctor.findings import Finding, fail, ok, warn
+from dflash_doctor.findings import Finding, fail, ok, skip, warn
 from dflash_doctor.launch.memory_plan import HOST_AVAILABLE, host_available_bytes
 from dflash_doctor.registry import check
 
@@ -300,3 +300,72 @@ def _disk_remedy(writes: list[DiskWrite]) -> str:
     each = next((w.each for w in writes if w.what == "checkpoints" and w.each), None)
     one = f" (each checkpoint is {size_text(each)})" if each else ""
     return f"free space there, point output.dir at a larger disk, or lower checkpoint.keep{one}"
+
+
+# ---------------------------------------------------------------- several nodes: do they agree, can the link carry it
+
+
+@check("launch.nodes", "the nodes and the link between them", requires=["config"])
+def nodes(ctx: CheckContext) -> Iterator[Finding]:
+    """A multi-node launch: every node runs the same plan, and the step does not wait on the network more than
+    a stated share of its time (`launch/link_budget.py`). Quiet on one node."""
+    from dflash_doctor.launch.link import LINK, LinkReport
+    from dflash_doctor.launch.link_budget import LinkVerdict, step_traffic
+    from dflash_doctor.launch.node_plans import differences
+
+    plan = _plan(ctx)
+    if plan.nnodes < 2:
+        return
+    report = ctx.shared(LINK, lambda: None)
+    if not isinstance(report, LinkReport):
+        why = ctx.options.extra.get("link_skipped", "not measured")
+        yield skip("launch.nodes", f"{plan.nnodes} nodes: the link between them is not measured ({why})")
+        return
+    if report.error is not None:  # a join that did not happen: the gate stops with it (exit 2)
+        return
+    if report.failure is not None:
+        yield fail(
+            "launch.nodes.link_failed",
+            f"the link check between the {plan.nnodes} nodes failed: {report.failure}",
+            remedy="run the same launch with -v on every node; `dflash-doctor check --deep` on each says whether "
+            "its torch.distributed backend works",
+        )
+        return
+    differ = differences(report.plans)
+    if differ:
+        yield fail(
+            "launch.nodes.differ",
+            f"the {plan.nnodes} nodes would run different plans: {'; '.join(differ[:6])}",
+            remedy="give every node the same config file and the same --set overrides (a topology decided "
+            "per node: pin it on every node, as the plan's topology line says)",
+            differences=differ,
+        )
+        return
+    assert report.link is not None  # the plans agree: the child measured
+    config = ctx.options.config
+    assert config is not None  # requires=["config"]
+    time = plan.time
+    step_s, source = (time.step_s, f"{time.source}: {time.basis}") if time is not None else (None, "none")
+    verdict = LinkVerdict(step_traffic(config, plan), report.link, step_s, source)
+    said = (
+        f"{plan.nnodes} nodes agree and met in {report.joined_s:.1f} s; link: {report.link.describe()}; "
+        f"a step needs {verdict.needs()}: {verdict.against_step()}"
+    )
+    evidence = {"link": verdict.to_json(), "seconds": report.seconds}
+    if verdict.too_slow:
+        yield fail(
+            "launch.nodes.slow_link",
+            f"the step would wait on the network longer than it may: {said}",
+            remedy='keep hidden states on their node (topology.placement = "node"), use fewer nodes or a faster '
+            "network between them, or larger steps (optim.grad_accum); --force launches it anyway (recorded)",
+            **evidence,
+        )
+    elif verdict.share is None:
+        yield warn(
+            "launch.nodes",
+            f"{said}: printed, not judged",
+            remedy="the next launch of this config on this machine has its measured step time to judge by",
+            **evidence,
+        )
+    else:
+        yield ok("launch.nodes", said, **evidence)

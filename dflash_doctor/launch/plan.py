@@ -57,6 +57,17 @@ class TorchrunOptions:
         option (issue 58, N14: `--master-port 99999` and `--node-rank 5 --nnodes 1` were accepted)."""
         if self.nnodes < 1:
             raise DoctorError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if self.nnodes > 1 and not self.rdzv_endpoint and not self.master_addr:
+            raise DoctorError(
+                f"--nnodes {self.nnodes}: the nodes need a place to meet, and none was given",
+                hint="give --rdzv-endpoint HOST:PORT on every node: node 0's address, which every node can reach "
+                "(e.g. --rdzv-endpoint 10.0.0.1:29400; under SLURM the first host of $SLURM_JOB_NODELIST)",
+            )
+        if self.nnodes > 1 and self.node_rank is None:
+            raise DoctorError(
+                f"--nnodes {self.nnodes}: this node's --node-rank is missing",
+                hint=f"give each node its rank, from 0 to {self.nnodes - 1} (under SLURM: --node-rank $SLURM_NODEID)",
+            )
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise DoctorError(
                 f"--node-rank {self.node_rank}: not a node of --nnodes {self.nnodes} (ranks 0 to {self.nnodes - 1})",

@@ -44,7 +44,9 @@ def findings(
         target,
         "/fake/python",
         NodeFacts(count, gpu_free_bytes=free_bytes),
-        TorchrunOptions(nnodes=nnodes),
+        TorchrunOptions(nnodes=nnodes)
+        if nnodes == 1
+        else TorchrunOptions(nnodes=nnodes, node_rank=0, rdzv_endpoint="10.0.0.1:29400"),
     )
     assert cfg_path
     ctx = CheckContext(env_for(site), CheckOptions(config=cfg))
@@ -172,7 +174,7 @@ def test_plan_roles_and_command(site: FakeSite) -> None:
         target_hf_config("tiny"),
         "/py",
         NodeFacts(0),
-        replace(TorchrunOptions(), nnodes=3, rdzv_endpoint="h:29400", rdzv_id="j"),
+        replace(TorchrunOptions(), nnodes=3, node_rank=0, rdzv_endpoint="h:29400", rdzv_id="j"),
     )
     assert "--nnodes=3" in multi.command and "--rdzv-endpoint=h:29400" in multi.command
     # by node (the default): every node runs the config's 2 + 1; one list: 3 ranks over 3 nodes
@@ -184,6 +186,6 @@ def test_plan_roles_and_command(site: FakeSite) -> None:
         target_hf_config("tiny"),
         "/py",
         NodeFacts(0),
-        replace(TorchrunOptions(), nnodes=3, rdzv_endpoint="h:29400", rdzv_id="j"),
+        replace(TorchrunOptions(), nnodes=3, node_rank=0, rdzv_endpoint="h:29400", rdzv_id="j"),
     )
     assert "--nproc-per-node=1" in one_list.command
