@@ -79,7 +79,13 @@ from trainer.run.startup import StartupClock
 from trainer.run.steady import window_kind
 from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_metrics, unpack_step
 from trainer.run.telemetry import MachineSampler
-from trainer.run.transport import BatchReceiver, BatchSender, TransportError
+from trainer.run.transport import (
+    BatchReceiver,
+    BatchSender,
+    TransportError,
+    lost_peer_message,
+    peer_lost,
+)
 from trainer.run.warmup import warm_up_model, warm_up_target
 from trainer.runspec.config import TrainConfig
 from trainer.runspec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
@@ -155,6 +161,12 @@ def main(cfg: TrainConfig, link: RankLink | None = None) -> int:
         return run_drafter(run)
     except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except RuntimeError as exc:
+        if not peer_lost(exc):
+            raise
+        # one line (and the launcher's reason) instead of gloo's or NCCL's traceback: another node was lost
+        print(error_line(me.rank, lost_peer_message(exc)), file=sys.stderr, flush=True)
         return 1
     except DoctorError as exc:  # a full disk, a bad data line: one line, before the peers see this rank go
         hint = f"; {exc.hint}" if exc.hint else ""

@@ -110,6 +110,34 @@ class BatchSender:
                 dist.send(encode_header(None).to(self.device), dst)
 
 
+# What gloo and NCCL say when a peer's process or its node went away mid-collective (a DDP all-reduce, the
+# metrics' all-reduce): the drafters' gradient all-reduce is the one collective that crosses nodes.
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """A collective failed because another rank of the run stopped (on this node or another)."""
+    return isinstance(exc, RuntimeError) and (
+        isinstance(exc, dist.DistNetworkError) or any(text in str(exc) for text in PEER_GONE)
+    )
+
+
+def lost_peer_message(exc: BaseException) -> str:
+    """The one line for it: what happened, the library's own first line, where to look."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"lost a peer of this run in a collective ({first[:200]}): a rank stopped, on this node or another "
+        "(a node lost: its launcher killed, its machine or network down); that rank's own error, or its node's "
+        "run record, says why"
+    )
+
+
 @contextmanager
 def _lost(peer: int, doing: str) -> Iterator[None]:
     """A send to a drafter that died (its own error is the run's reason) as one TransportError line."""

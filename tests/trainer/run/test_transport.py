@@ -179,3 +179,17 @@ def test_early_end_of_stream_is_a_clear_error(three_ranks: list[dict]) -> None:
     assert drafter["got"] == [0, 1, 2, 3]
     assert drafter["error"] == "drafter rank 2: expected batch 4 from target rank 0, got end of stream"
     assert "close_error" not in three_ranks[0]["early_end"]  # target 0's END was read
+
+
+def test_a_collective_that_lost_a_peer_is_named_and_other_errors_are_not() -> None:
+    from trainer.run.transport import lost_peer_message, peer_lost
+
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:24990. ...")
+    assert (
+        peer_lost(gloo)
+        and not peer_lost(RuntimeError("CUDA out of memory"))
+        and not peer_lost(ValueError("x"))
+    )
+    line = lost_peer_message(gloo)
+    assert line.startswith("lost a peer of this run in a collective ([../gloo/transport/tcp/pair.cc:553]")
+    assert "on this node or another" in line and "run record" in line
