@@ -24,7 +24,7 @@ from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.beside import Beside
 from dflash_doctor.launch.disk_plan import disk_facts
-from dflash_doctor.launch.link import LINK, LinkReport, link_request, run_link_check
+from dflash_doctor.launch.link import LINK, LinkReport, drafter_devices, link_request, run_link_check
 from dflash_doctor.launch.memory_plan import HOST_AVAILABLE, host_available_bytes
 from dflash_doctor.launch.node_plans import node_plan
 from dflash_doctor.launch.plan import LaunchPlan, NodeFacts, TorchrunOptions, build_launch_plan
@@ -298,6 +298,7 @@ def _start_link_check(
         node_plan(training.config, plan),
         join_timeout_s,
         torchrun.rdzv_id,
+        drafter_devices(plan.roles, torchrun.node_rank or 0, plan.nnodes),
     )
     if isinstance(request, str):
         ctx.options.extra["link_skipped"] = request

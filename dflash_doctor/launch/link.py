@@ -3,7 +3,7 @@ fast is the link between them? One child per node (`link_child.py`, in the audit
 three beside the gate's checks, at the run's own endpoint, before torchrun starts.
 
 torchrun, given an endpoint nobody answers, a node rank two launchers share, or a node that never comes,
-waits out its rendezvous (900 s by default) and then fails with a traceback; nodes given different configs
+waits out its rendezvous (600 s by default) and then fails with a traceback; nodes given different configs
 started every process before stopping at their first collective. Here each is known before anything starts:
 the first three are bad input (exit 2, the option and what to give), the last a failing finding naming what
 differs (`node_plans.py`). The measured link is judged against what a step moves by `link_budget.py`.
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_base.errors import DoctorError
+from dflash_doctor.launch.plan import RoleAssignment
 
 CHILD = Path(__file__).with_name("link_child.py")
 LINK = "launch.link"  # the report's name in the check context (`ctx.shared`): `launch.nodes` judges it
@@ -41,17 +42,21 @@ class LinkRequest:
     option: str  # how the user gave it, for the error: "--rdzv-endpoint" or "--master-addr/--master-port"
     node_rank: int
     nnodes: int
-    device_type: str  # "cuda": NCCL on cuda:0; else gloo on the CPU
+    device_type: str  # "cuda": NCCL; else gloo on the CPU
     plan: dict[str, Any]  # what must be the same on every node (`node_plans.node_plan`)
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     run_id: str = "none"
+    devices: tuple[
+        str, ...
+    ] = ()  # one measuring process each: this node's drafter devices (`drafter_devices`)
 
     def arguments(self, interpreter: str) -> list[str]:
         cuda = self.device_type == "cuda"
+        devices = self.devices or (("cuda:0",) if cuda else ("cpu",))
         return [
             interpreter, str(CHILD), "--endpoint", self.endpoint, "--node-rank", str(self.node_rank),
             "--nnodes", str(self.nnodes), "--backend", "nccl" if cuda else "gloo",
-            "--device", "cuda:0" if cuda else "cpu", "--bytes", str(GPU_BYTES if cuda else CPU_BYTES),
+            "--devices", ",".join(devices), "--bytes", str(GPU_BYTES if cuda else CPU_BYTES),
             "--iterations", str(GPU_ITERATIONS if cuda else CPU_ITERATIONS),
             "--join-timeout", str(self.join_timeout_s), "--plan", json.dumps(self.plan, sort_keys=True),
             "--run-id", self.run_id,
@@ -60,21 +65,23 @@ class LinkRequest:
 
 @dataclass(frozen=True)
 class Link:
-    """One all-reduce over the run's backend and device between the nodes, one process per node."""
+    """One all-reduce over the run's backend, one process per drafter device of every node: the world the
+    run's gradient all-reduce spans."""
 
     backend: str
-    device: str
+    device: str  # "cpu", "cuda:0", or "3 x cuda" (one process on each of this node's 3 drafter GPUs)
     bytes: int
     iterations: int
     seconds: float
-    bus_bytes_s: float  # what each node's link carried per second (nccl-tests' bus bandwidth)
+    bus_bytes_s: float  # what each process's link carried per second (nccl-tests' bus bandwidth)
     latency_s: float  # one small all-reduce
+    processes: int = 2  # in the measurement's world, every node's together
 
     def describe(self) -> str:
         return (
             f"{self.bus_bytes_s / 1e9:,.2f} GB/s all-reduce bus bandwidth ({self.iterations} x "
-            f"{self.bytes / 2**20:,.0f} MiB over {self.backend} on {self.device} in {self.seconds:.3f} s), "
-            f"latency {self.latency_s * 1e3:.2f} ms"
+            f"{self.bytes / 2**20:,.0f} MiB over {self.backend}, {self.processes} processes on {self.device} "
+            f"a node, in {self.seconds:.3f} s), latency {self.latency_s * 1e3:.2f} ms"
         )
 
 
@@ -100,6 +107,7 @@ def link_request(
     plan: dict[str, Any],
     join_timeout_s: float,
     run_id: str | None,
+    devices: tuple[str, ...] = (),
 ) -> LinkRequest | str:
     """The request for this launch, or why the link is not measured (one node; a rendezvous backend whose
     endpoint is not a store the child can use)."""
@@ -111,7 +119,22 @@ def link_request(
         where, option = endpoint if ":" in endpoint else f"{endpoint}:29400", "--rdzv-endpoint"
     else:
         where, option = f"{master[0]}:{master[1] or 29500}", "--master-addr/--master-port"
-    return LinkRequest(where, option, node_rank, nnodes, device_type, plan, join_timeout_s, run_id or "none")
+    return LinkRequest(
+        where, option, node_rank, nnodes, device_type, plan, join_timeout_s, run_id or "none", devices
+    )
+
+
+def drafter_devices(roles: list[RoleAssignment], node_rank: int, nnodes: int) -> tuple[str, ...]:
+    """The devices the link check measures on: this node's drafters' (colocated ranks train too), when every
+    node holds the same number of them (the gradient all-reduce's world, node by node); else one process a node
+    on its first device (a one-list split whose drafters sit on some nodes only: the batches' path)."""
+    trains = [r for r in roles if r.role in ("drafter", "colocated")]
+    counts = {node: sum(1 for r in trains if r.node == node) for node in range(nnodes)}
+    mine = tuple(r.device for r in trains if r.node == node_rank)
+    if len(set(counts.values())) == 1 and mine:
+        return mine
+    first = next((r.device for r in roles if r.node == node_rank), "cpu")
+    return (first,)
 
 
 def run_link_check(
@@ -159,7 +182,7 @@ def parse_report(stdout: str, stderr: str, returncode: int, request: LinkRequest
     if isinstance(raw, dict):
         link = Link(
             raw["backend"], raw["device"], int(raw["bytes"]), int(raw["iterations"]), float(raw["seconds"]),
-            float(raw["bus_bytes_s"]), float(raw["latency_s"]),
+            float(raw["bus_bytes_s"]), float(raw["latency_s"]), int(raw.get("processes", 2)),
         )  # fmt: skip
     return LinkReport(plans, link, float(document.get("seconds", 0.0)), float(document.get("joined_s", 0.0)))
 

@@ -3,16 +3,16 @@ and prints one JSON document on stdout.
 
 Stdlib + torch only (the audited environment need not have dflash_doctor), runnable as a plain script:
 
-    python link_child.py --endpoint HOST:PORT --node-rank R --nnodes N --backend gloo|nccl --device cpu|cuda:0
-        --bytes B --iterations K --join-timeout S --plan JSON [--run-id ID]
+    python link_child.py --endpoint HOST:PORT --node-rank R --nnodes N --backend gloo|nccl
+        --devices cpu|cuda:5,cuda:6,cuda:7 --bytes B --iterations K --join-timeout S --plan JSON [--run-id ID]
 
 Before torchrun starts, every node's launcher runs this child at the run's own rendezvous endpoint: the node
 whose address it is hosts a store there (any other binding it is a client; on one host, the first to bind),
 each node claims its rank, leaves what it will run (`--plan`) and waits for the others, so that a node given
 another config, a rank taken twice or an endpoint nobody answers is known before any process is started. Then
-one process per node joins a process group over the run's backend and device and times an all-reduce of
-`--bytes` (`--iterations` of them, after one warm-up): the figure the run's gradient all-reduce (and any
-hidden state crossing nodes) will move at. The host leaves last, so nobody loses the store mid-way; the port is
+one process per drafter device of each node (`--devices`) joins a process group over the run's backend and
+times an all-reduce of `--bytes` (`--iterations` of them, after one warm-up): the world the run's gradient
+all-reduce spans, so the figure is what it will move at (NVLink inside a node, every NIC between nodes). The host leaves last, so nobody loses the store mid-way; the port is
 free again for torchrun's rendezvous when every child has exited.
 
 Exit status: 0 with a report (`plans` of every node, and `link` unless the plans differ); 3 with `error` one
@@ -26,10 +26,13 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 LINK_SCHEMA = "dflash-doctor/link/v1"
@@ -93,20 +96,50 @@ def join(store: Any, args: argparse.Namespace, deadline: float) -> dict[int, Any
     return {r: json.loads(store.get(key)) for r, key in enumerate(keys)}
 
 
-def measure(store: Any, args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
-    """One process per node, the run's backend and device: a warm-up all-reduce, then `iterations` timed ones
-    of `bytes` (the slowest node's time counts), and 10 one-element ones for the latency."""
+def measure(args: argparse.Namespace, timeout_s: float) -> dict[str, Any]:
+    """The all-reduce the run's drafters will do: one process per drafter device of this node (`--devices`),
+    every node's together (the world the run's gradient all-reduce spans: NVLink inside a node, the network
+    between), the run's backend. One device: in this process; several: spawned, one each."""
+    import torch.multiprocessing as mp
+
+    devices = args.devices.split(",")
+    if len(devices) == 1:
+        return timed_all_reduce(args, 0, timeout_s)
+    result = Path(tempfile.mkdtemp(prefix="dflash-link-")) / "local0.json"
+    mp.start_processes(
+        measure_on, args=(args, timeout_s, str(result)), nprocs=len(devices), join=True, start_method="spawn"
+    )
+    report: dict[str, Any] = json.loads(result.read_text())
+    shutil.rmtree(result.parent, ignore_errors=True)
+    return report
+
+
+def measure_on(local: int, args: argparse.Namespace, timeout_s: float, result: str) -> None:
+    """A spawned process of `measure`: its device's share; local process 0 writes the node's figure."""
+    report = timed_all_reduce(args, local, timeout_s)
+    if local == 0:
+        Path(result).write_text(json.dumps(report))
+
+
+def timed_all_reduce(args: argparse.Namespace, local: int, timeout_s: float) -> dict[str, Any]:
+    """Process `local` of this node in the measurement's world (every node's devices): a warm-up all-reduce,
+    then `iterations` timed ones of `bytes` (the slowest process's time counts), and 10 one-element ones for
+    the latency. It reaches the store the parent joined as a client of its own."""
     import torch
     import torch.distributed as dist
 
-    device = torch.device(args.device)
+    devices = args.devices.split(",")
+    device = torch.device(devices[local])
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    host, port = parse_endpoint(args.endpoint)
+    client = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    width = len(devices)
     dist.init_process_group(
         args.backend,
-        store=dist.PrefixStore("pg/", store),
-        rank=args.node_rank,
-        world_size=args.nnodes,
+        store=dist.PrefixStore(f"dflash-doctor/link/{args.run_id}/pg/", client),
+        rank=args.node_rank * width + local,
+        world_size=args.nnodes * width,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     try:
@@ -121,7 +154,7 @@ def measure(store: Any, args: argparse.Namespace, timeout_s: float) -> dict[str,
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             took = torch.tensor([time.perf_counter() - began], dtype=torch.float64, device=device)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)  # every node reports the slowest node's time
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)  # every process reports the slowest one's time
             return float(took.item())
 
         timed(payload, 1)  # connections, buffers
@@ -129,16 +162,17 @@ def measure(store: Any, args: argparse.Namespace, timeout_s: float) -> dict[str,
         latency = timed(tiny, 10) / 10
     finally:
         dist.destroy_process_group()
-    n, size = args.nnodes, payload.numel() * 4
+    n, size = args.nnodes * width, payload.numel() * 4
     algo = size * args.iterations / seconds
     return {
         "backend": args.backend,
-        "device": args.device,
+        "device": devices[0] if width == 1 else f"{width} x {devices[0].split(':')[0]}",
+        "processes": n,
         "bytes": size,
         "iterations": args.iterations,
         "seconds": round(seconds, 6),
         "algo_bytes_s": algo,
-        "bus_bytes_s": algo * 2 * (n - 1) / n,  # nccl-tests' bus bandwidth: what each node's link carried
+        "bus_bytes_s": algo * 2 * (n - 1) / n,  # nccl-tests' bus bandwidth: what each process's link carried
         "latency_s": latency,
     }
 
@@ -159,7 +193,7 @@ def main() -> None:
     parser.add_argument("--node-rank", type=int, required=True)
     parser.add_argument("--nnodes", type=int, required=True)
     parser.add_argument("--backend", default="gloo")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--devices", default="cpu", help="this node's drafter devices, comma-separated")
     parser.add_argument("--bytes", type=int, default=16 << 20)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--join-timeout", type=float, default=120.0)
@@ -177,7 +211,7 @@ def main() -> None:
         plans = join(store, args, deadline)
         joined = time.monotonic() - began
         differ = len({json.dumps(p, sort_keys=True) for p in plans.values()}) > 1
-        link = None if differ else measure(store, args, max(30.0, args.join_timeout))
+        link = None if differ else measure(args, max(30.0, args.join_timeout))
         finish(store, args, hosting)
     except SystemExit:
         raise

@@ -15,11 +15,13 @@ from dflash_doctor.launch.link import (
     EXIT_JOIN,
     LinkReport,
     LinkRequest,
+    drafter_devices,
     link_request,
     parse_report,
     run_link_check,
 )
 from dflash_doctor.launch.node_plans import differences, node_plan
+from dflash_doctor.launch.plan import TorchrunOptions
 from tests.launch.test_topology_choice import plan_for
 from trainer.runspec.config import load_config
 
@@ -30,7 +32,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def nodes(plans: list[dict], join_timeout: float = 60.0, ranks: list[int] | None = None) -> list[LinkReport]:
+def nodes(
+    plans: list[dict],
+    join_timeout: float = 60.0,
+    ranks: list[int] | None = None,
+    devices: tuple[str, ...] = (),
+) -> list[LinkReport]:
     """Each plan's node runs its child at once (threads stand in for the launchers); their reports in order."""
     endpoint = f"127.0.0.1:{free_port()}"
     reports: list[LinkReport | None] = [None] * len(plans)
@@ -38,7 +45,14 @@ def nodes(plans: list[dict], join_timeout: float = 60.0, ranks: list[int] | None
 
     def one(index: int) -> None:
         request = LinkRequest(
-            endpoint, "--rdzv-endpoint", ranks[index], len(plans), "cpu", plans[index], join_timeout
+            endpoint,
+            "--rdzv-endpoint",
+            ranks[index],
+            len(plans),
+            "cpu",
+            plans[index],
+            join_timeout,
+            devices=devices,
         )
         reports[index] = run_link_check(sys.executable, request)
 
@@ -57,7 +71,24 @@ def test_two_nodes_that_agree_meet_and_time_an_all_reduce() -> None:
         assert report.plans == {0: {"optim.steps": 4}, 1: {"optim.steps": 4}}
         assert report.link is not None and report.link.bus_bytes_s > 1e6 and report.link.backend == "gloo"
     assert a.link == b.link  # both report the slowest node's time: one figure for the run
-    assert "GB/s all-reduce bus bandwidth (5 x 16 MiB over gloo on cpu" in a.link.describe()
+    assert (
+        "GB/s all-reduce bus bandwidth (5 x 16 MiB over gloo, 2 processes on cpu a node" in a.link.describe()
+    )
+
+
+def test_with_several_drafters_a_node_the_link_is_timed_by_one_process_each() -> None:
+    """The run's all-reduce world: 2 nodes x 2 drafter devices (here CPU processes: the CUDA path differs only
+    in the devices it names)."""
+    a, b = nodes([{"x": 1}, {"x": 1}], devices=("cpu", "cpu"))
+    assert a.failure is None and a.link is not None and a.link.processes == 4, a
+    assert a.link.device == "2 x cpu" and a.link == b.link
+
+
+def test_the_devices_measured_are_each_nodes_drafters() -> None:
+    by_node = plan_for("qwen3-8b-5t3d", 8, options=TWO)
+    assert drafter_devices(by_node.roles, 1, 2) == ("cuda:5", "cuda:6", "cuda:7")
+    one_list = plan_for("qwen3-8b-5t3d", 8, ["topology.placement='world'"], options=TWO)
+    assert drafter_devices(one_list.roles, 0, 2) == ("cuda:0",)  # node 0 holds no drafter: the batches' path
 
 
 def test_nodes_that_would_run_different_plans_are_told_what_differs_and_measure_nothing() -> None:
@@ -83,6 +114,7 @@ def test_an_endpoint_nobody_answers_is_bad_input_within_the_join_timeout() -> No
 
 
 REQUEST = LinkRequest("h:29400", "--rdzv-endpoint", 1, 2, "cpu", {})
+TWO = TorchrunOptions(nnodes=2, node_rank=0, rdzv_endpoint="10.0.0.1:29400")
 
 
 def test_reports_parse_and_joins_that_failed_are_errors() -> None:

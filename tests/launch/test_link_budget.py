@@ -72,6 +72,7 @@ def test_a_fast_link_passes_with_the_numbers(site: FakeSite) -> None:
     finding = got["launch.nodes"]
     assert finding.severity is Severity.OK, finding
     assert "2 nodes agree and met in 1.5 s; link: 45.00 GB/s all-reduce bus bandwidth" in finding.summary
+    assert "processes on cuda:0 a node" in finding.summary
     assert (
         "no hidden states (no pair crosses nodes)" in finding.summary
         and "the limit is 25%" in finding.summary
