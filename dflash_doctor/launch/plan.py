@@ -54,9 +54,15 @@ class TorchrunOptions:
 
     def __post_init__(self) -> None:
         """Options torchrun would take and fail on minutes later, or never act on, are refused here, naming the
-        option (issue 58, N14: `--master-port 99999` and `--node-rank 5 --nnodes 1` were accepted)."""
+        option (issue 58, N14: `--master-port 99999` and `--node-rank 5 --nnodes 1` were accepted; issue 59: `--nnodes
+        2` without an endpoint or a node rank started torchrun, which waited out its rendezvous)."""
         if self.nnodes < 1:
             raise DoctorError(f"--nnodes: must be >= 1, got {self.nnodes}")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise DoctorError(
+                f"--node-rank {self.node_rank}: not a node of --nnodes {self.nnodes} (ranks 0 to {self.nnodes - 1})",
+                hint="give each node its rank, from 0 to --nnodes - 1",
+            )
         if self.nnodes > 1 and not self.rdzv_endpoint and not self.master_addr:
             raise DoctorError(
                 f"--nnodes {self.nnodes}: the nodes need a place to meet, and none was given",
@@ -67,11 +73,6 @@ class TorchrunOptions:
             raise DoctorError(
                 f"--nnodes {self.nnodes}: this node's --node-rank is missing",
                 hint=f"give each node its rank, from 0 to {self.nnodes - 1} (under SLURM: --node-rank $SLURM_NODEID)",
-            )
-        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
-            raise DoctorError(
-                f"--node-rank {self.node_rank}: not a node of --nnodes {self.nnodes} (ranks 0 to {self.nnodes - 1})",
-                hint="give each node its rank, from 0 to --nnodes - 1",
             )
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise DoctorError(
