@@ -17,7 +17,7 @@ from dflash_base.disk import existing_ancestor, free_bytes, size_text
 from dflash_doctor.context import CheckContext
 from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.env.visible_devices import VARIABLE
-from dflash_doctor.findings import Finding, fail, ok, warn
+from dflash_doctor.findings import Finding, fail, ok, skip, warn
 from dflash_doctor.launch.memory_plan import HOST_AVAILABLE, host_available_bytes
 from dflash_doctor.registry import check
 
@@ -47,9 +47,27 @@ def _topology_remedy(plan: LaunchPlan, gpus: int) -> str:
     choice = plan.choice
     if choice is not None and choice.topology.colocated:
         return f"lower topology.ranks to {gpus * plan.nnodes} (or remove it: every GPU is used)"
+    by_node = choice is not None and choice.topology.per_node
+    room = f"{gpus} (one node's)" if by_node and plan.nnodes > 1 else f"{gpus * plan.nnodes}"
     return (
-        f"shrink topology.targets + topology.drafters to {gpus * plan.nnodes}, or remove both so "
+        f"shrink topology.targets + topology.drafters to {room}, or remove both so "
         'topology.mode = "auto" picks for the GPUs present (or spread over nodes with --nnodes)'
+    )
+
+
+def _crossing(plan: LaunchPlan) -> Iterator[Finding]:
+    """A split whose pairs cross nodes: said, with why and what keeps hidden states on their node."""
+    if plan.choice is None or (reason := plan.choice.topology.crossing_reason()) is None:
+        return
+    t = plan.choice.topology
+    yield warn(
+        "launch.topology.crossing",
+        f"{reason}; the link between nodes carries them (launch.link measures it before a launch)",
+        remedy='topology.placement = "node" (every node runs its own targets and drafters: at least 2 '
+        'GPUs a node), or topology.mode = "colocated"',
+        pairs=[
+            f"rank {a} (node {t.node_of(a)}) -> rank {b} (node {t.node_of(b)})" for a, b in t.crossing_pairs()
+        ][:16],
     )
 
 
@@ -81,6 +99,7 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
             return
         processes = f"{plan.nproc_per_node} process{'es' if plan.nproc_per_node != 1 else ''}"
         yield ok("launch.topology", f"{shape} on CPU (gloo), {processes}", cores=cores, **why)
+        yield from _crossing(plan)
         return
     gpus = gpu_inventory(ctx)
     if not isinstance(gpus, GpuInventory):
@@ -121,6 +140,7 @@ def topology(ctx: CheckContext) -> Iterator[Finding]:
         **why,
         **visibility,
     )
+    yield from _crossing(plan)
     if plan.choice is not None and plan.choice.node_local:
         free = plan.choice.fit.free_bytes or 0
         yield warn(
@@ -280,3 +300,73 @@ def _disk_remedy(writes: list[DiskWrite]) -> str:
     each = next((w.each for w in writes if w.what == "checkpoints" and w.each), None)
     one = f" (each checkpoint is {size_text(each)})" if each else ""
     return f"free space there, point output.dir at a larger disk, or lower checkpoint.keep{one}"
+
+
+# ---------------------------------------------------------------- several nodes: do they agree, can the link carry it
+
+
+@check("launch.nodes", "the nodes and the link between them", requires=["config"])
+def nodes(ctx: CheckContext) -> Iterator[Finding]:
+    """A multi-node launch: every node runs the same plan, and the step does not wait on the network more than
+    a stated share of its time (`launch/link_budget.py`). Quiet on one node."""
+    from dflash_doctor.launch.link import LINK, LinkReport
+    from dflash_doctor.launch.link_budget import LinkVerdict, step_traffic
+    from dflash_doctor.launch.node_plans import differences
+
+    plan = _plan(ctx)
+    if plan.nnodes < 2:
+        return
+    report = ctx.shared(LINK, lambda: None)
+    if not isinstance(report, LinkReport):
+        why = ctx.options.extra.get("link_skipped", "not measured")
+        yield skip("launch.nodes", f"{plan.nnodes} nodes: the link between them is not measured ({why})")
+        return
+    if report.error is not None:  # a join that did not happen: the gate stops with it (exit 2)
+        return
+    # a warning, not a refusal: the check itself is what failed (the nodes met)
+    if report.failure is not None:
+        yield warn(
+            "launch.nodes.link_failed",
+            f"the {plan.nnodes} nodes met, but timing the link between them failed: {report.failure}; the run's "
+            "own collectives may fail the same way",
+            remedy="`dflash-doctor check --deep` on each node says whether its torch.distributed backend works",
+        )
+        return
+    differ = differences(report.plans)
+    if differ:
+        yield fail(
+            "launch.nodes.differ",
+            f"the {plan.nnodes} nodes would run different plans: {'; '.join(differ[:6])}",
+            remedy="give every node the same config file and the same --set overrides (a topology decided "
+            "per node: pin it on every node, as the plan's topology line says)",
+            differences=differ,
+        )
+        return
+    assert report.link is not None  # the plans agree: the child measured
+    config = ctx.options.config
+    assert config is not None  # requires=["config"]
+    time = plan.time
+    step_s, source = (time.step_s, f"{time.source}: {time.basis}") if time is not None else (None, "none")
+    verdict = LinkVerdict(step_traffic(config, plan), report.link, step_s, source)
+    said = (
+        f"{plan.nnodes} nodes agree and met in {report.joined_s:.1f} s; link: {report.link.describe()}; "
+        f"a step needs {verdict.needs()}: {verdict.against_step()}"
+    )
+    evidence = {"link": verdict.to_json(), "seconds": report.seconds}
+    if verdict.too_slow:
+        yield fail(
+            "launch.nodes.slow_link",
+            f"the step would wait on the network longer than it may: {said}",
+            remedy='keep hidden states on their node (topology.placement = "node"), use fewer nodes or a faster '
+            "network between them, or larger steps (optim.grad_accum); --force launches it anyway (recorded)",
+            **evidence,
+        )
+    elif verdict.share is None:
+        yield warn(
+            "launch.nodes",
+            f"{said}: printed, not judged",
+            remedy="the next launch of this config on this machine has its measured step time to judge by",
+            **evidence,
+        )
+    else:
+        yield ok("launch.nodes", said, **evidence)

@@ -32,6 +32,7 @@ from dflash_doctor.commands.options import (
 from dflash_doctor.console import make_console
 from dflash_doctor.launch.gate import GateResult, TrainingConfig, load_training_config, run_gate
 from dflash_doctor.launch.lifecycle import EarlyWarmUp, LaunchRequest, launch_run
+from dflash_doctor.launch.link import DEFAULT_JOIN_TIMEOUT_S
 from dflash_doctor.launch.memory_plan import CPU_FLOOR_NOTE, GIB
 from dflash_doctor.launch.plan import LaunchPlan, RoleAssignment, TorchrunOptions
 from dflash_doctor.launch.runs import RunRecord, RunStore
@@ -45,11 +46,11 @@ TRAIN_SCHEMA = "dflash-doctor/train/v1"
 
 def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: TrainingConfig) -> None:
     table = Table(title="launch plan", title_justify="left")
-    for column in ("rank", "role", "node", "device", "estimated peak"):
+    for column in ("rank", "role", "node", "device", "pairs", "estimated peak"):
         table.add_column(column)
     for role in _shown_roles(plan.roles):
         if role is None:
-            table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "")
+            table.add_row("…", f"{len(plan.roles) - 2 * PLAN_ROWS_EACH_END} more ranks", "", "", "", "")
             continue
         estimate = plan.memory.get(role.role)
         floor = ">= " if plan.memory_is_floor else ""  # on CPU a lower bound (memory_plan.CPU_FLOOR_NOTE)
@@ -58,6 +59,7 @@ def _print_plan(console: Console, plan: LaunchPlan, gate: GateResult, training: 
             role.role,
             str(role.node),
             role.device,
+            role.peers_text,
             f"{floor}{estimate.total / GIB:.1f} GiB" if estimate else "-",
         )
     console.print(table)
@@ -126,6 +128,16 @@ RdzvEndpointOption = Annotated[str | None, typer.Option("--rdzv-endpoint", help=
 RdzvIdOption = Annotated[str | None, typer.Option("--rdzv-id", help="torchrun: job id.")]
 MasterAddrOption = Annotated[str | None, typer.Option("--master-addr", help="torchrun: master address.")]
 MasterPortOption = Annotated[int | None, typer.Option("--master-port", help="torchrun: master port.")]
+JoinTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--join-timeout",
+        min=1.0,
+        metavar="SECONDS",
+        help="Several nodes: how long the gate waits for the rendezvous endpoint to answer and every node to "
+        "join its link check (exit 2 past it, nothing started).",
+    ),
+]
 
 
 def train_command(
@@ -143,6 +155,7 @@ def train_command(
     rdzv_id: RdzvIdOption = None,
     master_addr: MasterAddrOption = None,
     master_port: MasterPortOption = None,
+    join_timeout: JoinTimeoutOption = DEFAULT_JOIN_TIMEOUT_S,
     json_out: bool = JsonOption,
 ) -> None:
     """Check the environment for this config; refuse on a failing finding; else launch with torchrun (one
@@ -162,7 +175,8 @@ def train_command(
     )
     early = EarlyWarmUp(json_out=json_out, timeline=timeline)
     try:
-        gate = _gate(training, python, torchrun, deep, early, warm=not dry_run, force=force)
+        link = None if dry_run else join_timeout  # --dry-run meets no other node
+        gate = _gate(training, python, torchrun, deep, early, link, force=force)
         request = LaunchRequest(
             training=training,
             gate=gate,
@@ -190,12 +204,13 @@ def _gate(
     torchrun: TorchrunOptions,
     deep: bool | None,
     early: EarlyWarmUp,
-    warm: bool,
+    join_timeout: float | None,
     force: bool,
 ) -> GateResult:
     """The checks, with the compile cache warmed beside them once the checks it depends on pass (a lone
-    rank: the rank itself; `warm` False for --dry-run); a refusal stops that warm-up before anything is
-    recorded."""
+    rank: the rank itself), and over several nodes the link check waiting up to `join_timeout` for the others;
+    `join_timeout` None (--dry-run): neither. A refusal stops that warm-up before anything is recorded."""
+    warm = join_timeout is not None
     gate = run_gate(
         training,
         python,
@@ -204,6 +219,7 @@ def _gate(
         lock_path=default_lock(None, False),
         timeline=early.timeline,
         on_warm_up_ready=(lambda first: early.start(first, training, force)) if warm else None,
+        join_timeout_s=join_timeout,
     )
     if gate.failing and not force:
         early.stop()  # refused: stopped before anything is recorded

@@ -24,7 +24,9 @@ from dflash_doctor.env.gpus import GpuInventory, gpu_inventory
 from dflash_doctor.findings import Finding, Severity
 from dflash_doctor.launch.beside import Beside
 from dflash_doctor.launch.disk_plan import disk_facts
+from dflash_doctor.launch.link import LINK, LinkReport, drafter_devices, link_request, run_link_check
 from dflash_doctor.launch.memory_plan import HOST_AVAILABLE, host_available_bytes
+from dflash_doctor.launch.node_plans import node_plan
 from dflash_doctor.launch.plan import LaunchPlan, NodeFacts, TorchrunOptions, build_launch_plan
 from dflash_doctor.launch.probe_record import ProbeRecord, ProbeRecords, probe_key
 from dflash_doctor.launch.timeline import LaunchTimeline
@@ -97,6 +99,9 @@ PROBE_JUDGES = ("deep", "gpu.arch")
 # 10.5 s of reading a cold disk before the warm-up could start: issue 40 §2); any check that fails later still
 # refuses the launch, and the refusal stops the warm-up.
 WARM_UP_NEEDS = ("cache", "hazards", "startup")
+# Run last, after the static checks: the checks that judge the probe, and the one that judges the link check
+# between nodes (its child waits for the other nodes beside the checks).
+DEFERRED = (*PROBE_JUDGES, "launch.nodes")
 
 
 @dataclass
@@ -149,11 +154,14 @@ def run_gate(
     lock_path: Path | None = None,
     timeline: LaunchTimeline | None = None,
     on_warm_up_ready: Callable[[GateResult], None] | None = None,
+    join_timeout_s: float | None = None,
 ) -> GateResult:
     """`deep`: None reuses a passed probe of this exact environment (else probes), True always probes,
     False runs no probe. `timeline` gets the gate's marks: the static checks' end, then the probe's.
     `on_warm_up_ready(first)`: called once the checks the warm-up depends on (`WARM_UP_NEEDS`) are done,
-    before the other static checks, with a GateResult of their findings only."""
+    before the other static checks, with a GateResult of their findings only. `join_timeout_s`: a multi-node
+    launch meets the other nodes at its endpoint and measures the link (`link.py`), waiting this long for them;
+    None measures nothing (`--dry-run`). A join that did not happen raises its DoctorError (exit 2)."""
     timeline = timeline or LaunchTimeline()
     env = Environment.load(python)
     timeline.note("environment")
@@ -180,7 +188,9 @@ def run_gate(
 
         # From the per-role rates measured on an H200 (dflash_doctor/data/role_rates.json).
         sync = plan.choice.sync if plan.choice is not None else None
-        recommendation = recommendation_for_config(training.config, node.gpu_count * plan.nnodes, sync=sync)
+        recommendation = recommendation_for_config(
+            training.config, node.gpu_count, sync=sync, nodes=plan.nnodes
+        )
         if recommendation is not None:
             options.extra["split_recommendation"] = recommendation
     # The compile-cache checks judge the folder the workers will use, not this shell's default.
@@ -199,6 +209,8 @@ def run_gate(
         probe = Beside(probe_of(ctx), "deep-probe").start()
         ctx.pending("deep.report", probe.result)
 
+    link = _start_link_check(ctx, training, plan, torchrun, join_timeout_s)
+
     def static_done(static: list[CheckRun]) -> None:
         timeline.mark("gate")  # the static checks' end; the probe may still run
 
@@ -209,14 +221,22 @@ def run_gate(
 
     try:
         runs = run_checks(
-            ctx, defer=PROBE_JUDGES, between=static_done, first=WARM_UP_NEEDS, after_first=warm_up_ready
+            ctx, defer=DEFERRED, between=static_done, first=WARM_UP_NEEDS, after_first=warm_up_ready
         )
     finally:
-        if probe is not None:
-            probe.stop()  # done by now, unless we are unwinding: then its child is stopped, not left
-    timeline.mark("deep probe")  # the wait for the probe after the static checks (none when reused)
+        for beside in (probe, link):
+            if beside is not None:
+                beside.stop()  # done by now, unless we are unwinding: then its child is stopped, not left
+    timeline.mark("deep probe")  # the wait for the probe (and the other nodes) after the static checks
     if probe is not None and probe.seconds is not None:
         timeline.extra["probe_s"] = round(probe.seconds, 3)
+    if link is not None:
+        report = link.result()
+        timeline.extra["link_s"] = round(report.seconds, 3)
+        if (
+            report.error is not None
+        ):  # an endpoint nobody answered, a rank given twice, a node that never came
+            raise report.error
     env.save_parse_cache()
     note = None
     if reused is not None:
@@ -253,3 +273,37 @@ def findings_from(runs: list[CheckRun], record: ProbeRecord) -> list[CheckRun]:
         return replace(finding, summary=f"{finding.summary} (from {record.date})", evidence=evidence)
 
     return [replace(run, findings=[dated(f) for f in run.findings]) for run in runs]
+
+
+def _start_link_check(
+    ctx: CheckContext,
+    training: TrainingConfig,
+    plan: LaunchPlan,
+    torchrun: TorchrunOptions | None,
+    join_timeout_s: float | None,
+) -> Beside[LinkReport] | None:
+    """A multi-node launch: this node's link check, started beside the checks (`launch.nodes` judges it)."""
+    if plan.nnodes < 2 or torchrun is None:
+        return None
+    if join_timeout_s is None:
+        ctx.options.extra["link_skipped"] = "--dry-run measures nothing between nodes; a launch does"
+        return None
+    request = link_request(
+        torchrun.rdzv_endpoint,
+        (torchrun.master_addr, torchrun.master_port),
+        torchrun.rdzv_backend,
+        torchrun.node_rank or 0,
+        plan.nnodes,
+        plan.device_type,
+        node_plan(training.config, plan),
+        join_timeout_s,
+        torchrun.rdzv_id,
+        drafter_devices(plan.roles, torchrun.node_rank or 0, plan.nnodes),
+    )
+    if isinstance(request, str):
+        ctx.options.extra["link_skipped"] = request
+        return None
+    interpreter = ctx.env.interpreter.executable
+    link = Beside(lambda cancel: run_link_check(interpreter, request, cancel), "link-check").start()
+    ctx.pending(LINK, link.result)
+    return link

@@ -41,6 +41,7 @@ from dflash_doctor.launch.run_outputs import last_metrics
 from dflash_doctor.launch.runs import RunRecord, RunStore, new_run_id, this_launcher
 from dflash_doctor.launch.supervise import TorchrunOutcome, describe_stop, run_torchrun, supervise_tree
 from dflash_doctor.launch.timeline import TIMELINE_FILE, LaunchTimeline, timeline_rows
+from dflash_doctor.launch.warden import Warden
 from trainer.runspec.outputs import EXPORT_DIR
 
 
@@ -222,14 +223,23 @@ def launch_run(
         )
         if early is not None:
             early.recorded = True
-        supervise_run(record, store, request, console)
+        # closes the record if this launcher is killed outright (SIGKILL): each node of a run keeps its own
+        warden = Warden.start(store.path(record.id))
+        try:
+            supervise_run(record, store, request, console, warden)
+        finally:
+            if warden is not None:
+                warden.release()  # the record is closed (supervise_run saves it in every path)
     finally:
         output_lock.release()
     return record
 
 
-def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, console: Console) -> None:
-    """Warm the cache, run torchrun, close the record, report: four steps, the record closed in every path."""
+def supervise_run(
+    record: RunRecord, store: RunStore, request: LaunchRequest, console: Console, warden: Warden | None = None
+) -> None:
+    """Warm the cache, run torchrun, close the record, report: four steps, the record closed in every path
+    (`warden`: told the process tree, for a launcher killed outright)."""
     say = Narrator(console)
     _note_launch_conditions(record, request, say)
     stop_log = store.path(record.id).parent / "stop.log"
@@ -238,7 +248,7 @@ def supervise_run(record: RunRecord, store: RunStore, request: LaunchRequest, co
         with handling_stop_signals():  # a stop during the warm-up unwinds as Stopped
             rank = _warm_compile_cache(record, store, request, say, stop_log)
             started = time.time()
-            outcome = _run_torchrun(record, store, request, stop_log, say, rank)
+            outcome = _run_torchrun(record, store, request, stop_log, say, rank, warden)
     except Stopped as stop:
         if request.early is not None:
             request.early.stop()  # a stop while waiting for the warm-up started beside the probe
@@ -380,6 +390,7 @@ def _run_torchrun(
     stop_log: Path,
     say: Narrator,
     ready: ReadyRank | None = None,
+    warden: Warden | None = None,
 ) -> TorchrunOutcome:
     """Step 2: torchrun to its end or a stop signal, the record's "last seen" kept fresh meanwhile. A lone
     rank started beside the gate gets its go here and is supervised the same way."""
@@ -400,6 +411,8 @@ def _run_torchrun(
 
     if ready is not None:
         launched = ready.rank.hand_over_ended() if ready.ended else ready.rank.go()
+        if warden is not None:
+            warden.watch(launched.proc.pid)
         try:
             return supervise_tree(launched, on_heartbeat=heartbeat, on_stopping=stopping)
         finally:
@@ -415,6 +428,7 @@ def _run_torchrun(
         on_heartbeat=heartbeat,
         on_stopping=stopping,
         stdout_to_stderr=request.json_out,
+        on_started=warden.watch if warden is not None else None,
     )
 
 

@@ -27,7 +27,7 @@ from dflash_doctor.launch.memory_plan import (
 from dflash_doctor.launch.split import RoleRates
 from dflash_doctor.launch.time_plan import TimeEstimate, estimate_time
 from dflash_doctor.launch.topology import TopologyChoice, choose_topology
-from trainer.runspec.topology import overlap_mode
+from trainer.runspec.topology import Topology, overlap_mode
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
     from transformers import PretrainedConfig
@@ -54,13 +54,25 @@ class TorchrunOptions:
 
     def __post_init__(self) -> None:
         """Options torchrun would take and fail on minutes later, or never act on, are refused here, naming the
-        option (issue 58, N14: `--master-port 99999` and `--node-rank 5 --nnodes 1` were accepted)."""
+        option (issue 58, N14: `--master-port 99999` and `--node-rank 5 --nnodes 1` were accepted; issue 59: `--nnodes
+        2` without an endpoint or a node rank started torchrun, which waited out its rendezvous)."""
         if self.nnodes < 1:
             raise DoctorError(f"--nnodes: must be >= 1, got {self.nnodes}")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise DoctorError(
                 f"--node-rank {self.node_rank}: not a node of --nnodes {self.nnodes} (ranks 0 to {self.nnodes - 1})",
                 hint="give each node its rank, from 0 to --nnodes - 1",
+            )
+        if self.nnodes > 1 and not self.rdzv_endpoint and not self.master_addr:
+            raise DoctorError(
+                f"--nnodes {self.nnodes}: the nodes need a place to meet, and none was given",
+                hint="give --rdzv-endpoint HOST:PORT on every node: node 0's address, which every node can reach "
+                "(e.g. --rdzv-endpoint 10.0.0.1:29400; under SLURM the first host of $SLURM_JOB_NODELIST)",
+            )
+        if self.nnodes > 1 and self.node_rank is None:
+            raise DoctorError(
+                f"--nnodes {self.nnodes}: this node's --node-rank is missing",
+                hint=f"give each node its rank, from 0 to {self.nnodes - 1} (under SLURM: --node-rank $SLURM_NODEID)",
             )
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise DoctorError(
@@ -104,6 +116,29 @@ class RoleAssignment:
     role: str  # "target" | "drafter" | "colocated"
     node: int
     device: str  # "cuda:3" or "cpu"
+    peers: tuple[int, ...] = ()  # a target: the drafters it feeds; a drafter: the targets feeding it
+
+    @property
+    def peers_text(self) -> str:
+        """`-> 5-7` (a target feeds), `<- 0-4, 8` (a drafter is fed), `-` (colocated: its own batches)."""
+        if self.role == "colocated" or not self.peers:
+            return "-"
+        return ("-> " if self.role == "target" else "<- ") + rank_ranges(self.peers)
+
+
+def rank_ranges(ranks: tuple[int, ...] | list[int]) -> str:
+    """`0-4, 8, 10-12`: sorted ranks with runs folded."""
+    out: list[str] = []
+    ordered = sorted(ranks)
+    start = prev = ordered[0] if ordered else 0
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ", ".join(out) if ordered else ""
 
 
 @dataclass
@@ -223,22 +258,28 @@ def choose_device_type(requested: str, gpu_count: int) -> str:
     return requested
 
 
-def assign_roles(
-    targets: int, drafters: int, nnodes: int, device_type: str, colocated: bool = False
-) -> list[RoleAssignment]:
-    """Split: ranks [0, N) are targets, [N, N+M) drafters (as trainer/run/train.py splits them); colocated: every
-    rank both. LOCAL_RANK = GPU."""
-    world = drafters if colocated else targets + drafters
-    per_node = world // nnodes
+def assign_roles(topology: Topology, device_type: str) -> list[RoleAssignment]:
+    """Each rank's role, node and device, as the trainer places them (`trainer.runspec.topology.Topology`: on
+    one node ranks [0, N) targets and [N, N+M) drafters; by node, each node's first ranks capture and its
+    others train); colocated: every rank both. LOCAL_RANK = GPU."""
+    per_node = topology.ranks_per_node
+    pairs = topology.pairs()
     roles = []
-    for rank in range(world):
-        local = rank % per_node
+    for rank in range(topology.world_size):
+        peers: tuple[int, ...]
+        if topology.colocated:
+            role, peers = "colocated", (rank,)
+        elif topology.is_target(rank):
+            role, peers = "target", tuple(d for t, d in pairs if t == rank)
+        else:
+            role, peers = "drafter", tuple(t for t, d in pairs if d == rank)
         roles.append(
             RoleAssignment(
                 rank=rank,
-                role="colocated" if colocated else ("target" if rank < targets else "drafter"),
-                node=rank // per_node,
-                device=f"cuda:{local}" if device_type == "cuda" else "cpu",
+                role=role,
+                node=topology.node_of(rank),
+                device=f"cuda:{rank % per_node}" if device_type == "cuda" else "cpu",
+                peers=peers,
             )
         )
     return roles
@@ -293,7 +334,7 @@ def build_launch_plan(
     )
     topology = choice.topology
     world = topology.world_size
-    nproc = world // options.nnodes if world % options.nnodes == 0 else world
+    nproc = topology.ranks_per_node
     sets = [*(overrides or []), *choice.overrides]
     direct = starts_directly(cfg.topology.launcher, options.nnodes, options.standalone, nproc, world)
     if direct:  # the rank's own command, and the rank's variables shown with the plan's environment
@@ -308,13 +349,7 @@ def build_launch_plan(
         drafters=topology.drafters,
         nnodes=options.nnodes,
         nproc_per_node=nproc,
-        roles=assign_roles(
-            topology.targets,
-            topology.drafters,
-            options.nnodes if nproc != world else 1,
-            device_type,
-            topology.colocated,
-        ),
+        roles=assign_roles(topology, device_type),
         command=command,
         environ=dict(environ or {}),
         memory=plan(inputs, topology.colocated),

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_base.errors import DoctorError
-from trainer.runspec.topology import forces_split, split_of
+from trainer.runspec.topology import WORLD, forces_split, split_of
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
     from trainer.runspec.config import TrainConfig
@@ -150,14 +150,16 @@ class SplitOption:
 @dataclass(frozen=True)
 class SplitRecommendation:
     recipe: str
-    gpus: int
+    gpus: int  # of one node when `nodes` > 1 (each node runs the same split)
     best: SplitOption
-    options: list[SplitOption]  # every N+M = gpus with N, M >= 1, best first
+    options: list[SplitOption]  # every N+M = gpus with N, M >= 1 (each x nodes), best first
     rates: RoleRates
     current: SplitOption | None = None  # the config's own split, when it fits on `gpus`
+    nodes: int = 1
 
     def __str__(self) -> str:
-        line = f"{self.best} on {self.gpus} GPUs for {self.recipe}"
+        where = f"{self.gpus} GPUs" if self.nodes == 1 else f"{self.nodes} nodes of {self.gpus} GPUs"
+        line = f"{self.best} on {where} for {self.recipe}"
         if self.current is not None and (self.current.targets, self.current.drafters) != (
             self.best.targets,
             self.best.drafters,
@@ -180,6 +182,7 @@ class SplitRecommendation:
         return {
             "recipe": self.recipe,
             "gpus": self.gpus,
+            "nodes": self.nodes,
             "best": option(self.best),
             "current": option(self.current) if self.current else None,
             "options": [option(o) for o in self.options],
@@ -243,13 +246,17 @@ def project_colocated(rates: RoleRates, ranks: int, sync: GradientSync | None = 
     return ColocatedOption(ranks, samples, samples * rates.seq_len, measured)
 
 
-def recommend_split(rates: RoleRates, gpus: int, sync: GradientSync | None = None) -> SplitRecommendation:
-    """Every N+M = gpus split, best first (most samples/s; on a tie, the less idle, then more drafters)."""
+def recommend_split(
+    rates: RoleRates, gpus: int, sync: GradientSync | None = None, nodes: int = 1
+) -> SplitRecommendation:
+    """Every N+M = gpus split, best first (most samples/s; on a tie, the less idle, then more drafters).
+    `nodes` > 1: `gpus` are one node's and every node runs the same N+M (placement by node), so each option
+    is N x nodes targets + M x nodes drafters, their gradient all-reduce over all M x nodes drafters."""
     if gpus < 2:
         raise ValueError(f"a split needs at least 2 GPUs (one per role), got {gpus}")
-    options = [project_split(rates, n, gpus - n, sync) for n in range(1, gpus)]
+    options = [project_split(rates, n * nodes, (gpus - n) * nodes, sync) for n in range(1, gpus)]
     options.sort(key=lambda o: (-round(o.samples_s, 9), o.idle_fraction, -o.drafters))
-    return SplitRecommendation(rates.recipe, gpus, options[0], options, rates)
+    return SplitRecommendation(rates.recipe, gpus, options[0], options, rates, nodes=nodes)
 
 
 def load_role_rates(path: Path | None = None) -> dict[str, RoleRates]:
@@ -281,20 +288,28 @@ def rates_for_config(cfg: TrainConfig, table: dict[str, RoleRates]) -> RoleRates
 
 
 def recommendation_for_config(
-    cfg: TrainConfig, gpus: int, table: dict[str, RoleRates] | None = None, sync: GradientSync | None = None
+    cfg: TrainConfig,
+    gpus: int,
+    table: dict[str, RoleRates] | None = None,
+    sync: GradientSync | None = None,
+    nodes: int = 1,
 ) -> SplitRecommendation | None:
-    """The best split of `gpus` for a trainer config (TrainConfig), or None when no rates were measured
-    at its shapes or there are fewer than 2 GPUs. Per-sample rates: batch size does not change them."""
+    """The best split of `gpus` GPUs on each of `nodes` nodes for a trainer config (TrainConfig), or None when
+    no rates were measured at its shapes or there are fewer than 2 GPUs. Per-sample rates: batch size does
+    not change them. `topology.placement = "world"` splits every node's GPUs as one list."""
+    if cfg.topology.placement == WORLD:
+        gpus, nodes = gpus * nodes, 1
     if gpus < 2:
         return None
     rates = rates_for_config(cfg, load_role_rates() if table is None else table)
     if rates is None:
         return None
-    recommendation = recommend_split(rates, gpus, sync)
+    recommendation = recommend_split(rates, gpus, sync, nodes)
     current = None
     if forces_split(cfg.topology) or cfg.topology.mode == "split":  # the config's own split, if it has one
-        own = split_of(cfg.topology)
-        current = project_split(rates, own.targets, own.drafters, sync) if own.world_size <= gpus else None
+        own = split_of(cfg.topology, nodes)
+        fits = own.ranks_per_node <= gpus
+        current = project_split(rates, own.targets, own.drafters, sync) if fits else None
     return SplitRecommendation(
-        recommendation.recipe, gpus, recommendation.best, recommendation.options, rates, current
+        recommendation.recipe, gpus, recommendation.best, recommendation.options, rates, current, nodes
     )

@@ -175,9 +175,11 @@ def run_torchrun(
     on_stopping: Callable[[int, int], None] | None = None,
     grace_s: float | None = None,
     stdout_to_stderr: bool = False,
+    on_started: Callable[[int], None] | None = None,
 ) -> TorchrunOutcome:
     """Run torchrun (or a lone rank: `command` is whatever the plan starts) to the end, or stop it and every
     worker on SIGINT/SIGTERM/SIGHUP. A process ended by a signal not ours exits 128+N, its reason named.
+    `on_started(pid)`: told the tree's root once it runs (the launcher's warden, `warden.py`).
 
     `on_stopping(signum, processes)` runs once when a stop begins (to say so in one line), from the main
     loop, never inside the signal handler. Always returns with no process of the tree left alive.
@@ -187,6 +189,8 @@ def run_torchrun(
     # workers on the SIGTERM, and they no longer train on, holding the GPUs, for a run recorded `lost` (N6)
     main = threading.current_thread() is threading.main_thread()
     launched = launch_tree(command, environ, stop_log, stdout_to_stderr, dies_with_launcher=main)
+    if on_started is not None:
+        on_started(launched.proc.pid)
     return supervise_tree(launched, on_heartbeat, on_stopping, grace_s)
 
 

@@ -4,6 +4,8 @@ For the GPUs the launch will use (every GPU of every node, or `topology.ranks`),
 colocated on all of them with the best N+M split, projected from the per-role rates measured at the
 config's shapes (`split.py`, `dflash_doctor/data/role_rates.json`), and keeps only what fits the smallest
 free GPU memory (`memory_plan.py`). `topology.targets`/`topology.drafters` still force their split.
+Over several nodes the split is one node's, the same on every node (placement by node: hidden states never
+leave a node; `topology.placement = "world"` splits all GPUs as one list).
 The decision goes to the workers as `--set` overrides, so they never guess.
 """
 
@@ -31,7 +33,7 @@ from dflash_doctor.launch.split import (
     rates_for_config,
     recommend_split,
 )
-from trainer.runspec.topology import AUTO, COLOCATED, SPLIT, Topology, configured_topology
+from trainer.runspec.topology import AUTO, COLOCATED, NODE, SPLIT, Topology, configured_topology
 
 if TYPE_CHECKING:  # types only: the gate imports the config loader lazily (gate.load_training_config)
     from trainer.runspec.config import TopologySection, TrainConfig
@@ -75,6 +77,7 @@ class TopologyChoice:
     nodes: int = 1  # --nnodes: each node's launcher decides alone
     node_local: bool = False  # auto: this node's free memory changed the pick (other nodes may differ)
     sync: GradientSync | None = None  # the drafters' gradient all-reduce, counted in both projections
+    by_node: bool = False  # the split is one node's, on each of `nodes` (placement by node, several nodes)
 
     def _count(self, count: int | None = None) -> str:
         """'1 GPU', '2 GPUs', '2 processes': `count` (default: the ranks chosen for) of this unit."""
@@ -105,15 +108,22 @@ class TopologyChoice:
 
     @property
     def overrides(self) -> list[str]:
-        """`--set` items that make the workers run exactly this topology."""
+        """`--set` items that make the workers run exactly this topology (a split by node: one node's)."""
         t = self.topology
         if t.colocated:
             return [f'topology.mode="{COLOCATED}"', f"topology.ranks={t.world_size}"]
         return [
             f'topology.mode="{SPLIT}"',
-            f"topology.targets={t.targets}",
-            f"topology.drafters={t.drafters}",
+            f"topology.targets={t.local_targets}",
+            f"topology.drafters={t.local_drafters}",
         ]
+
+    def _split_text(self, split: SplitOption) -> str:
+        """`3+5 (109.7 Ktok/s, drafter-bound)`; by node `5+3 on each node (10+6, 244.0 Ktok/s, ...)`."""
+        if not self.by_node:
+            return str(split)
+        k = self.nodes
+        return f"{split.targets // k}+{split.drafters // k} on each node ({split})"
 
     def split_that_fits(self) -> str | None:
         """For a refused colocated launch: the split that would fit, as config lines; None if none would."""
@@ -124,7 +134,10 @@ class TopologyChoice:
                 f"a split (1 target + 1 drafter, {self.fit.split_bytes / GIB:.1f} GiB per GPU) fits on 2 such GPUs: "
                 'topology.mode = "split"'
             )
-        targets, drafters = (self.split.targets, self.split.drafters) if self.split else (1, self.gpus - 1)
+        k = self.nodes if self.by_node else 1
+        targets, drafters = (
+            (self.split.targets // k, self.split.drafters // k) if self.split else (1, self.gpus // k - 1)
+        )
         return (
             f'the split fits ({self.fit.split_bytes / GIB:.1f} GiB per GPU): topology.mode = "split", '
             f"topology.targets = {targets}, topology.drafters = {drafters}"
@@ -143,7 +156,7 @@ class TopologyChoice:
         else:
             colocated = "no rates at these shapes"
         if self.split is not None:
-            split = f"{self.split}"
+            split = self._split_text(self.split)
         else:
             split = f"needs {self._count(2)}" if self.gpus < 2 else "no rates at these shapes"
         out = [
@@ -155,6 +168,7 @@ class TopologyChoice:
             out.append(f"  rates: {self.rates_source}")
         if self.sync is not None and (self.colocated is not None or self.split is not None):
             out.append(f"  {self.sync.describe(self.topology.drafters)} (in both projections)")
+        out.append(f"  {pairs_line(self.topology)}")
         nodes = self.nodes_line()
         if nodes:
             out.append(nodes)
@@ -192,7 +206,22 @@ class TopologyChoice:
             ),
             "nodes": self.nodes,
             "node_local": self.node_local,
+            "crossing": self.topology.crossing_reason(),
         }
+
+
+def pairs_line(t: Topology) -> str:
+    """Where the batches flow, and whether any leaves its node: the plan's one line on the pairs."""
+    pairs = t.pairs()
+    if t.colocated:
+        return "pairs: none to route (colocated: each rank trains on what it captured)"
+    whom = f"{len(pairs)} target -> drafter pair{'s' if len(pairs) != 1 else ''}"
+    crossing = t.crossing_reason()
+    if crossing is not None:
+        return f"pairs: {crossing}"
+    if t.nodes > 1:
+        return f"pairs: {whom}, none crosses nodes (each node's targets feed its own drafters)"
+    return f"pairs: {whom}, on one node"
 
 
 def choose_topology(
@@ -214,6 +243,8 @@ def choose_topology(
     section = cfg.topology
     per_node = gpus_per_node if device_type == "cuda" else 1
     gpus = section.ranks or max(1, per_node) * nnodes
+    by_node = nnodes > 1 and section.placement == NODE
+    split_gpus, split_nodes = (gpus // nnodes, nnodes) if by_node else (gpus, 1)  # a split is one node's
     fit = memory_fit(inputs, free_bytes if device_type == "cuda" else None)
     rates = (
         rates_for_config(cfg, load_role_rates() if table is None else table)
@@ -222,20 +253,33 @@ def choose_topology(
     )
     sync = gradient_sync(cfg, inputs, nnodes) if device_type == "cuda" else None
     colocated = project_colocated(rates, gpus, sync) if rates else None
-    split = recommend_split(rates, gpus, sync).best if rates and gpus >= 2 else None
+    split = recommend_split(rates, split_gpus, sync, split_nodes).best if rates and split_gpus >= 2 else None
     source = rates.source.split(":")[0] if rates else ""
     if rates and colocated and not colocated.measured:
         source += "; colocated projected as 1 / (1/target + 1/drafter)"
-    topology, reason = decide(section, device_type, gpus, fit, colocated, split)
+    topology, reason = decide(section, device_type, gpus, fit, colocated, split, nnodes)
     node_local = (
         nnodes > 1
         and section.mode == AUTO
         and fit.free_bytes is not None
-        and decide(section, device_type, gpus, memory_fit(inputs, None), colocated, split)[0] != topology
+        and decide(section, device_type, gpus, memory_fit(inputs, None), colocated, split, nnodes)[0]
+        != topology
     )
     unit = "GPU" if device_type == "cuda" else "process"
     return TopologyChoice(
-        topology, section.mode, reason, gpus, fit, colocated, split, source, unit, nnodes, node_local, sync
+        topology,
+        section.mode,
+        reason,
+        gpus,
+        fit,
+        colocated,
+        split,
+        source,
+        unit,
+        nnodes,
+        node_local,
+        sync,
+        by_node and not topology.colocated,
     )
 
 
@@ -251,26 +295,35 @@ def decide(
     fit: MemoryFit,
     colocated: ColocatedOption | None,
     split: SplitOption | None,
+    nodes: int = 1,
 ) -> tuple[Topology, str]:
-    """The topology `section` asks for on `gpus` devices, and why (`auto`: the faster that fits)."""
-    configured = configured_topology(section, gpus)
+    """The topology `section` asks for on `gpus` devices of `nodes` nodes, and why (`auto`: the faster that
+    fits; a split by node is `split`, already N x nodes + M x nodes, or one node's fallback)."""
+    configured = configured_topology(section, gpus, nodes)
     if configured is not None:
         return configured
     assert section.mode == AUTO
+    colocated_all = Topology.colocated_on(gpus, nodes)
     if device_type != "cuda":
-        return Topology.colocated_on(gpus), "auto on CPU: colocated, no role rates to compare"
-    if gpus < 2:
-        return Topology.colocated_on(gpus), "auto on 1 GPU: colocated (a split needs 2)"
+        return colocated_all, "auto on CPU: colocated, no role rates to compare"
+    by_node = nodes > 1 and section.placement == NODE
+    if gpus < (2 * nodes if by_node else 2):
+        return colocated_all, "auto on 1 GPU: colocated (a split needs 2)"
+
+    def split_topology(targets: int, drafters: int) -> Topology:
+        return Topology(targets, drafters, nodes=nodes, per_node=by_node)
+
     if not fit.colocated_fits and fit.split_fits:
-        best = Topology(split.targets, split.drafters) if split else Topology(1, gpus - 1)
+        fallback = split_topology(nodes, gpus - nodes) if by_node else split_topology(1, gpus - 1)
+        best = split_topology(split.targets, split.drafters) if split else fallback
         return best, "auto: colocated does not fit the free memory, the split does"
     if split is None or colocated is None:
         return (
-            Topology.colocated_on(gpus),
+            colocated_all,
             "auto: no role rates at these shapes to compare; colocated (no transport, any GPU count)",
         )
     if split.tok_s > colocated.tok_s and fit.split_fits:
         faster = f"best split {split.tok_s / 1000:,.1f} > colocated {colocated.tok_s / 1000:,.1f} Ktok/s"
-        return Topology(split.targets, split.drafters), f"auto: {faster} on {gpus} GPUs"
+        return split_topology(split.targets, split.drafters), f"auto: {faster} on {gpus} GPUs"
     faster = f"colocated {colocated.tok_s / 1000:,.1f} >= best split {split.tok_s / 1000:,.1f} Ktok/s"
-    return Topology.colocated_on(gpus), f"auto: {faster} on {gpus} GPUs"
+    return colocated_all, f"auto: {faster} on {gpus} GPUs"

@@ -208,7 +208,7 @@ def test_n14_torchrun_options_out_of_range_are_refused(options: dict[str, int], 
 
     with pytest.raises(DoctorError, match=says):
         TorchrunOptions(**options)  # type: ignore[arg-type]
-    TorchrunOptions(nnodes=2, node_rank=1, master_port=29500)  # in range: fine
+    TorchrunOptions(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)  # in range: fine
 
 
 def test_n14_train_refuses_master_port_99999(

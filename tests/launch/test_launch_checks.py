@@ -44,7 +44,9 @@ def findings(
         target,
         "/fake/python",
         NodeFacts(count, gpu_free_bytes=free_bytes),
-        TorchrunOptions(nnodes=nnodes),
+        TorchrunOptions(nnodes=nnodes)
+        if nnodes == 1
+        else TorchrunOptions(nnodes=nnodes, node_rank=0, rdzv_endpoint="10.0.0.1:29400"),
     )
     assert cfg_path
     ctx = CheckContext(env_for(site), CheckOptions(config=cfg))
@@ -76,8 +78,15 @@ def test_story_topology_on_two_gpus_fails_and_on_eight_passes(site: FakeSite) ->
 
 
 def test_uneven_nodes_fail(site: FakeSite) -> None:
-    got = findings(site, "tiny-cpu", GpuUnavailable("none"), ["topology.drafters=2"], nnodes=2)
+    """One list of 1 + 2 ranks cannot be shared by 2 nodes; by node (the default) each node runs 1 + 2."""
+    world = ["topology.drafters=2", "topology.placement='world'"]
+    got = findings(site, "tiny-cpu", GpuUnavailable("none"), world, nnodes=2)
     assert got["launch.topology.nodes"].severity is Severity.FAIL
+    by_node = findings(site, "tiny-cpu", GpuUnavailable("none"), ["topology.drafters=2"], nnodes=2)
+    assert "launch.topology.nodes" not in by_node
+    assert not [
+        f for f in by_node.values() if f.id.startswith("launch.topology") and f.severity is Severity.FAIL
+    ]
 
 
 def test_memory_over_budget_tight_and_fitting_on_gpus(site: FakeSite) -> None:
@@ -165,7 +174,18 @@ def test_plan_roles_and_command(site: FakeSite) -> None:
         target_hf_config("tiny"),
         "/py",
         NodeFacts(0),
-        replace(TorchrunOptions(), nnodes=3, rdzv_endpoint="h:29400", rdzv_id="j"),
+        replace(TorchrunOptions(), nnodes=3, node_rank=0, rdzv_endpoint="h:29400", rdzv_id="j"),
     )
     assert "--nnodes=3" in multi.command and "--rdzv-endpoint=h:29400" in multi.command
-    assert "--nproc-per-node=1" in multi.command and "--standalone" not in multi.command
+    # by node (the default): every node runs the config's 2 + 1; one list: 3 ranks over 3 nodes
+    assert "--nproc-per-node=3" in multi.command and "--standalone" not in multi.command
+    world = load_config("tiny-cpu", ["topology.targets=2", "topology.placement='world'"])
+    one_list = build_launch_plan(
+        world,
+        __file__,
+        target_hf_config("tiny"),
+        "/py",
+        NodeFacts(0),
+        replace(TorchrunOptions(), nnodes=3, node_rank=0, rdzv_endpoint="h:29400", rdzv_id="j"),
+    )
+    assert "--nproc-per-node=1" in one_list.command

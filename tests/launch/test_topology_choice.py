@@ -144,7 +144,7 @@ def test_auto_over_nodes_says_what_decided_and_how_to_pin_it() -> None:
     """Each node's launcher decides alone: the plan says whether this node's free memory changed the pick
     and gives the flags that pin it on every node. seed-b32: at its 2.5 s steps the gradient all-reduce
     between nodes costs little, so colocated wins where it fits (it needs 69 GiB a GPU, the split 62)."""
-    two = TorchrunOptions(nnodes=2)
+    two = TorchrunOptions(nnodes=2, node_rank=0, rdzv_endpoint="10.0.0.1:29400")
     shared = plan_for("seed-b32", 8, free_gib=139.0, options=two)
     assert shared.mode == "colocated" and not shared.choice.node_local
     line = shared.choice.lines()[-1]
@@ -154,8 +154,13 @@ def test_auto_over_nodes_says_what_decided_and_how_to_pin_it() -> None:
     assert busy.mode == "split" and busy.choice.node_local
     line = busy.choice.lines()[-1]
     assert "this node's free GPU memory (65.0 GiB) decided it" in line
-    assert f"--set topology.targets={busy.targets} --set topology.drafters={busy.drafters}" in line
+    # the split is one node's, the same on every node: 5+3 here, 10+6 in all, no pair leaving its node
+    assert (busy.targets, busy.drafters) == (10, 6)
+    assert "--set topology.targets=5 --set topology.drafters=3" in line
     assert busy.choice.to_json()["node_local"] is True
+    assert busy.choice.to_json()["crossing"] is None
+    assert [r.role for r in busy.roles if r.node == 1] == ["target"] * 5 + ["drafter"] * 3
+    assert "5+3 on each node (10+6" in " ".join(busy.choice.lines())
 
 
 def test_one_node_or_a_set_mode_has_no_nodes_line() -> None:
@@ -163,7 +168,11 @@ def test_one_node_or_a_set_mode_has_no_nodes_line() -> None:
         "nodes, each" in line for line in plan_for("qwen3-8b-b16", 8, free_gib=40.0).choice.lines()
     )
     pinned = plan_for(
-        "qwen3-8b-b16", 8, ['topology.mode="split"'], free_gib=40.0, options=TorchrunOptions(nnodes=2)
+        "qwen3-8b-b16",
+        8,
+        ['topology.mode="split"'],
+        free_gib=40.0,
+        options=TorchrunOptions(nnodes=2, node_rank=0, rdzv_endpoint="10.0.0.1:29400"),
     )
     assert not pinned.choice.node_local and not any("nodes, each" in line for line in pinned.choice.lines())
 
@@ -185,7 +194,12 @@ def test_the_gate_is_quiet_when_every_node_would_choose_alike(site: FakeSite) ->
 def test_auto_on_cpu_is_one_colocated_process_per_node() -> None:
     plan = plan_for("tiny-cpu", 0, ['topology.mode="auto"'])
     assert (plan.mode, plan.world_size, plan.device_type) == ("colocated", 1, "cpu")
-    two = plan_for("tiny-cpu", 0, ['topology.mode="colocated"'], options=TorchrunOptions(nnodes=2))
+    two = plan_for(
+        "tiny-cpu",
+        0,
+        ['topology.mode="colocated"'],
+        options=TorchrunOptions(nnodes=2, node_rank=0, rdzv_endpoint="10.0.0.1:29400"),
+    )
     assert (two.world_size, two.nproc_per_node) == (2, 1) and [r.node for r in two.roles] == [0, 1]
 
 

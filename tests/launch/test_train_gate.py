@@ -11,7 +11,9 @@ import pytest
 from dflash_doctor.cli import run
 from dflash_doctor.env import gpus as gpus_module
 from dflash_doctor.env.gpus import GpuInventory
+from dflash_doctor.launch import gate as gate_module  # where the gate runs the link check between nodes
 from dflash_doctor.launch import lifecycle as train_command  # where the launch runs torchrun
+from dflash_doctor.launch.link import Link, LinkReport, LinkRequest
 from dflash_doctor.launch.lone_rank import SEPARATE_ENV
 from dflash_doctor.launch.runs import RunStore
 from dflash_doctor.launch.supervise import TorchrunOutcome
@@ -38,9 +40,16 @@ def launches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]
         return TorchrunOutcome(0)
 
     monkeypatch.setattr(train_command, "run_torchrun", fake_torchrun)
+    monkeypatch.setattr(gate_module, "run_link_check", agreeing_link_check)  # no other node comes here
     monkeypatch.setattr(train_command, "prepare_compile_cache", lambda *a, **k: train_command_prep())
     monkeypatch.setattr(train_command, "snapshot_after_success", lambda *a, **k: "snapshot skipped in test")
     return started
+
+
+def agreeing_link_check(interpreter: str, request: LinkRequest, cancel: object = None) -> LinkReport:
+    """A multi-node launch's link check as if every node came, ran the same plan, over a 1 TB/s link."""
+    link = Link("gloo", "cpu", 1 << 20, 1, 1e-6, 1e12, 1e-6)
+    return LinkReport({rank: request.plan for rank in range(request.nnodes)}, link)
 
 
 def train_command_prep():  # a stand-in for the cache preparation (tested in tests/cache)

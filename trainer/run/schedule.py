@@ -11,6 +11,7 @@ from dflash_base.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.runspec.config import TrainConfig
+    from trainer.runspec.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,20 @@ def evaluates_after(step_done: int, total_steps: int, every: int) -> bool:
 
 
 def target_work(
-    target_rank: int, num_targets: int, plan: RunPlan, resume_step: int, eval_every: int, eval_batches: int
+    topology: Topology, target_rank: int, plan: RunPlan, resume_step: int, eval_every: int, eval_batches: int
 ) -> Iterator[tuple[str, int]]:
-    """What target t sends, in order: ("train", global batch i) for every i with i % N == t from the resume
-    point on, and after each evaluated step ("eval", j) for the held-out batches with j % N == t.
+    """What the target of rank `target_rank` sends, in order: ("train", global batch i) for every i it makes
+    (`Topology.producer_of`: i % N on one node; its own node's drafters' batches over several) from the
+    resume point on, and after each evaluated step ("eval", j) for the held-out batches it makes.
 
     Each (target, drafter) channel is FIFO, so this order is what makes a drafter find a step's training
     batches before that step's held-out batches, and those before the next step's."""
     m, a = plan.drafters, plan.accum
     for step in range(resume_step, plan.total_steps):
         for index in range(step * a * m, (step + 1) * a * m):
-            if index % num_targets == target_rank:
+            if topology.producer_of(index) == target_rank:
                 yield "train", index
         if eval_batches and evaluates_after(step + 1, plan.total_steps, eval_every):
-            for j in range(target_rank, eval_batches, num_targets):
-                yield "eval", j
+            for j in range(eval_batches):
+                if topology.producer_of(j) == target_rank:
+                    yield "eval", j

@@ -1,11 +1,13 @@
 """The training run, one process per device under torchrun (a lone rank: started directly). Top down.
 
 1. `main`: join the process group (torchrun's env; a world of one started without torchrun: a store in this
-   process), resolve the topology once (trainer/runspec/topology.py): split (ranks [0, N) targets, [N, N+M)
-   drafters) or colocated (every rank both); agree on the resume step (the first drafter reads the newest
+   process), resolve the topology once (trainer/runspec/topology.py): split (on one node ranks [0, N)
+   targets, [N, N+M) drafters; over several, each node its own targets and drafters) or colocated (every
+   rank both); agree on the resume step (the first drafter reads the newest
    checkpoint and tells everyone).
-2. Split, `run_target`: capture the configured layers for every global batch i with i % N == rank, from
-   the resume point on, and stream them to drafter i % M with a bounded number in flight.
+2. Split, `run_target`: capture the configured layers for every global batch this rank makes (i % N on one
+   node; its own node's drafters' batches over several), from the resume point on, and stream them to
+   drafter i % M with a bounded number in flight.
 3. Split, `run_drafter`: receive batch s*M + d at step s and hand it to the `DrafterLoop`.
 4. Colocated, `run_colocated`: build the frozen target and a drafter on this rank, capture batch s*K + r
    at step s and hand it to the same `DrafterLoop` (no transport, no second process per device).
@@ -77,12 +79,25 @@ from trainer.run.startup import StartupClock
 from trainer.run.steady import window_kind
 from trainer.run.step_numbers import QueuedStep, StepNumbers, pack_step, step_metrics, unpack_step
 from trainer.run.telemetry import MachineSampler
-from trainer.run.transport import BatchReceiver, BatchSender, TransportError
+from trainer.run.transport import (
+    BatchReceiver,
+    BatchSender,
+    TransportError,
+    lost_peer_message,
+    peer_lost,
+)
 from trainer.run.warmup import warm_up_model, warm_up_target
 from trainer.runspec.config import TrainConfig
 from trainer.runspec.outputs import EXPORT_DIR, error_line, metrics_path, read_metrics
 from trainer.runspec.target_shapes import target_hf_config
-from trainer.runspec.topology import RunDigest, Topology, check_agreement, overlap_mode, resolve_topology
+from trainer.runspec.topology import (
+    RunDigest,
+    Topology,
+    check_agreement,
+    check_placement,
+    overlap_mode,
+    resolve_topology,
+)
 from trainer.target_model.capture import CaptureTarget, capture_target_for
 from trainer.target_model.load import load_frozen_embeddings
 
@@ -131,7 +146,9 @@ def main(cfg: TrainConfig, link: RankLink | None = None) -> int:
         mine = torch.tensor(digest.to_row(), dtype=torch.int64, device=device)
         rows = [torch.empty_like(mine) for _ in range(me.world_size)]
         dist.all_gather(rows, mine)
-        check_agreement([RunDigest.from_row(row.tolist()) for row in rows])  # ConfigError: exit 2
+        everyone = [RunDigest.from_row(row.tolist()) for row in rows]
+        check_agreement(everyone)  # ConfigError: exit 2
+        check_placement(everyone, topology)  # every rank on the node its pairs assume
         drafter_group = dist.new_group(topology.drafter_ranks)  # every rank must take part in creating it
         resume_step = agree_on_resume_step(cfg, topology, me.rank, device)
         clock.mark("process group")
@@ -144,6 +161,12 @@ def main(cfg: TrainConfig, link: RankLink | None = None) -> int:
         return run_drafter(run)
     except TransportError as exc:
         print(f"dflash trainer: rank {me.rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except RuntimeError as exc:
+        if not peer_lost(exc):
+            raise
+        # one line (and the launcher's reason) instead of gloo's or NCCL's traceback: another node was lost
+        print(error_line(me.rank, lost_peer_message(exc)), file=sys.stderr, flush=True)
         return 1
     except DoctorError as exc:  # a full disk, a bad data line: one line, before the peers see this rank go
         hint = f"; {exc.hint}" if exc.hint else ""
@@ -291,17 +314,17 @@ def build_target(run: RunContext, colocated: bool = False) -> TargetSide:
 
 
 def run_target(run: RunContext) -> None:
-    """Split: capture every global batch i with i % N == rank and stream it to drafter i % M; after each
-    evaluated step, this rank's share of the held-out batches (target_work says the order)."""
+    """Split: capture every global batch this rank makes (`Topology.producer_of`) and stream it to drafter
+    i % M; after each evaluated step, this rank's share of the held-out batches (target_work says the order)."""
     topology, device, cfg = run.topology, run.device, run.cfg
     side = build_target(run)
-    sender = BatchSender(topology, cfg.topology.in_flight, device)
+    sender = BatchSender(topology, run.rank, cfg.topology.in_flight, device)
     fault = fault_from_env()
     run.clock.report(run.rank, "target")
 
     def work() -> Iterator[tuple[str, int]]:
         return target_work(
-            run.rank, topology.targets, run.plan, run.resume_step, cfg.eval.every, run.split.eval_batches
+            topology, run.rank, run.plan, run.resume_step, cfg.eval.every, run.split.eval_batches
         )
 
     with prefetching(side, run, (index for kind, index in work() if kind == "train")):

@@ -1,18 +1,21 @@
 """Target ranks -> drafter ranks: captured batches over torch.distributed point-to-point (gloo or NCCL).
 
-Split topology only (a colocated rank trains on what it captured itself). Ranks: [0, N) are targets,
-[N, N+M) drafters (trainer/runspec/topology.py). Global batch i is produced by target i % N and consumed by
-drafter i % M, so drafter d at step s trains on batch s*M + d: nothing is negotiated at run time, and a
-resumed run knows where every rank stands from the step alone.
+Split topology only (a colocated rank trains on what it captured itself). Which rank is a target and which
+target makes which batch is `trainer.runspec.topology.Topology`'s: on one node ranks [0, N) are targets,
+[N, N+M) drafters, and global batch i is produced by target i % N; over several nodes each node's targets
+make its own drafters' batches. Batch i is consumed by drafter i % M, so drafter d at step s trains on batch
+s*M + d: nothing is negotiated at run time, and a resumed run knows where every rank stands from the step
+alone.
 
 On the wire, per batch: a fixed-size int64 header (kind, batch index, B, S, F, hidden dtype), then input_ids,
 loss_mask (as uint8: gloo has no bool) and hidden. Each (target, drafter) pair is a FIFO channel, so the
 header always precedes its own payload. A target keeps at most `in_flight` batches sent-but-unfinished
 (isend, then wait on the oldest when over the bound). When a target is done it sends an END header to every
-drafter; a drafter that finished its steps expects exactly that from every target.
+drafter it feeds; a drafter that finished its steps expects exactly that from every target that feeds it
+(`Topology.pairs`: over several nodes, only its own node's: nothing crosses the network but the gradients).
 
 Held-out (eval) batches travel on the same channels with their own kind and index space (eval batch j:
-target j % N -> drafter j % M), and one more tensor after hidden: the target's greedy next tokens.
+`producer_of(j)` -> drafter j % M), and one more tensor after hidden: the target's greedy next tokens.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ def decode_header(header: torch.Tensor) -> Header:
 class BatchSender:
     """A target rank's outbox: isend with at most `in_flight` batches unfinished."""
 
-    def __init__(self, topology: Topology, in_flight: int, device: torch.device) -> None:
-        self.topology, self.in_flight, self.device = topology, in_flight, device
+    def __init__(self, topology: Topology, rank: int, in_flight: int, device: torch.device) -> None:
+        self.topology, self.rank, self.in_flight, self.device = topology, rank, in_flight, device
         self._pending: deque[tuple[int, list[dist.Work | None], list[torch.Tensor]]] = deque()
         self.max_pending_seen = 0
 
@@ -99,13 +102,40 @@ class BatchSender:
                     work.wait()
 
     def close(self) -> None:
-        """Finish every send, then tell every drafter this target is done."""
+        """Finish every send, then tell every drafter this target feeds that it is done."""
         while self._pending:
             self._wait_oldest()
-        for d in range(self.topology.drafters):
-            dst = self.topology.drafter_rank(d)
+        for dst in self.topology.drafters_fed_by(self.rank):
             with _lost(dst, "sending the end of the stream"):
                 dist.send(encode_header(None).to(self.device), dst)
+
+
+# What gloo and NCCL say when a peer's process or its node went away mid-collective (a DDP all-reduce, the
+# metrics' all-reduce): the drafters' gradient all-reduce is the one collective that crosses nodes.
+PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """A collective failed because another rank of the run stopped (on this node or another)."""
+    return isinstance(exc, RuntimeError) and (
+        isinstance(exc, dist.DistNetworkError) or any(text in str(exc) for text in PEER_GONE)
+    )
+
+
+def lost_peer_message(exc: BaseException) -> str:
+    """The one line for it: what happened, the library's own first line, where to look."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"lost a peer of this run in a collective ({first[:200]}): a rank stopped, on this node or another "
+        "(a node lost: its launcher killed, its machine or network down); that rank's own error, or its node's "
+        "run record, says why"
+    )
 
 
 @contextmanager
@@ -166,8 +196,9 @@ class BatchReceiver:
         return CapturedBatch(input_ids, loss_mask.bool(), hidden, index, target_ids)
 
     def expect_end(self) -> None:
-        """After the last step: every target must say it is done (and nothing else may be queued)."""
-        for src in range(self.topology.targets):
+        """After the last step: every target that feeds this drafter must say it is done (and nothing else
+        may be queued)."""
+        for src in self.topology.targets_feeding(self.rank):
             head = self._header(src, "end of stream")
             if head.kind != KIND_END:
                 raise TransportError(

@@ -42,7 +42,9 @@ from trainer.runspec.topology import (
     COLOCATED,
     LAUNCHERS,
     MODES,
+    NODE,
     OVERLAP_MODES,
+    PLACEMENTS,
     SPLIT,
     forces_split,
     resolve_topology,
@@ -148,9 +150,14 @@ class TopologySection:
     # split: N target ranks stream to M drafter ranks; colocated: every rank captures and trains;
     # auto: the launcher picks the faster that fits (trainer/runspec/topology.py, dflash_doctor/launch/topology.py)
     mode: str = option("auto", choice(*MODES), effect=GRAPH)
-    # split only; setting targets or drafters forces a split (unset: 1)
+    # split only; setting targets or drafters forces a split (unset: 1). With several nodes: each node's
+    # (placement "node", the default) or the whole run's (placement "world")
     targets: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE), effect=GRAPH)
     drafters: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE), effect=GRAPH)
+    # a split over several nodes: "node" = every node runs its own targets and drafters and hidden states stay
+    # on it (only the drafters' gradient all-reduce crosses the network); "world" = one list over all nodes
+    # (ranks [0, N) targets, [N, N+M) drafters), for nodes too small to hold both roles: batches cross nodes
+    placement: str = option(NODE, choice(*PLACEMENTS), effect=STEP_TIME)
     # processes in all nodes together (default: every GPU the launch sees; 1 on CPU)
     ranks: int | None = option(None, integer(1, MAX_RANKS_PER_ROLE), effect=GRAPH)
     # batches a target rank may have sent and not yet seen received

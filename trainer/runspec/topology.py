@@ -1,9 +1,17 @@
 """Who is who in a run: the split (N target ranks stream to M drafter ranks) or colocated (every rank both).
 
-Split: ranks [0, N) are targets, [N, N+M) drafters. Colocated: K ranks, each captures its own batches with
-a frozen target and trains a drafter replica on them. Either way drafter d at step s trains on global
-batch s*M + d (M = K when colocated), so colocated on K ranks sees the very batches a split with K
+Split on one node: ranks [0, N) are targets, [N, N+M) drafters. Colocated: K ranks, each captures its own
+batches with a frozen target and trains a drafter replica on them. Either way drafter d at step s trains on
+global batch s*M + d (M = K when colocated), so colocated on K ranks sees the very batches a split with K
 drafters sees, whichever rank produced them.
+
+Several nodes (`placement`): by default each node runs its own targets and drafters (`topology.targets` +
+`topology.drafters` on every node; torchrun numbers a node's ranks together, so node k holds ranks
+[k*L, (k+1)*L) of L each: its first n are targets, the other m drafters), and a batch for a drafter of node k
+is made by a target of node k: the captured hidden states (hundreds of MB a sequence at the story's shapes)
+never cross the network; only the drafters' gradient all-reduce does. `topology.placement = "world"` keeps one
+list for the whole run (ranks [0, N) targets, [N, N+M) drafters, the counts the whole run's): for nodes too
+small to hold both roles, and then most batches cross nodes (`crossing_pairs` says which).
 
 `resolve_topology` turns the config's `[topology]` and the process count torchrun started into a
 `Topology`. The launcher (`dflash-doctor train`) resolves `mode = "auto"` from measured rates and passes
@@ -37,6 +45,12 @@ OVERLAP_MODES = ("auto", "off", "step", "optimizer")
 # `python -m trainer` itself, without torchrun (its agent and rendezvous cost 1.8 s on an H200 and add
 # nothing for one rank); "torchrun": always torchrun (dflash_doctor/launch/direct.py)
 LAUNCHERS = ("auto", "torchrun")
+# topology.placement: where a split's roles sit over several nodes. "node": every node runs targets + drafters
+# (the config's split is one node's) and a target feeds only its own node's drafters; "world": one list over
+# every node, ranks [0, N) targets and [N, N+M) drafters of the whole run, batches crossing nodes
+NODE = "node"
+WORLD = "world"
+PLACEMENTS = (NODE, WORLD)
 
 
 def overlap_mode(setting: str, on_cuda: bool) -> str:
@@ -50,11 +64,15 @@ def overlap_mode(setting: str, on_cuda: bool) -> str:
 
 @dataclass(frozen=True)
 class Topology:
-    """Split: targets are ranks [0, N), drafters ranks [N, N+M). Colocated: N = M = K, every rank both."""
+    """Split: `targets` + `drafters` ranks in all (the whole run's counts), over `nodes` nodes; per node
+    (`per_node`, the default) each node holds targets/nodes + drafters/nodes and feeds only its own drafters,
+    else ranks [0, N) are targets and [N, N+M) drafters. Colocated: N = M = K, every rank both."""
 
     targets: int
     drafters: int
     colocated: bool = False
+    nodes: int = 1
+    per_node: bool = True
 
     def __post_init__(self) -> None:
         if self.targets < 1 or self.drafters < 1:
@@ -65,35 +83,105 @@ class Topology:
             raise ValueError(
                 f"colocated ranks are targets and drafters alike, got {self.targets}+{self.drafters}"
             )
+        if self.nodes < 1:
+            raise ValueError(f"a topology needs at least one node, got {self.nodes}")
+        if self.node_local and (self.targets % self.nodes or self.drafters % self.nodes):
+            raise ValueError(
+                f"{self.targets}+{self.drafters} do not split into the same targets and drafters on each of "
+                f"{self.nodes} nodes"
+            )
 
     @classmethod
-    def colocated_on(cls, ranks: int) -> Topology:
-        return cls(ranks, ranks, colocated=True)
+    def colocated_on(cls, ranks: int, nodes: int = 1) -> Topology:
+        return cls(ranks, ranks, colocated=True, nodes=nodes)
+
+    @classmethod
+    def split_per_node(cls, targets: int, drafters: int, nodes: int = 1) -> Topology:
+        """`targets` + `drafters` on each of `nodes` nodes, each node feeding its own drafters."""
+        return cls(targets * nodes, drafters * nodes, nodes=nodes)
 
     @property
     def mode(self) -> str:
         return COLOCATED if self.colocated else SPLIT
 
     @property
+    def placement(self) -> str:
+        return NODE if self.per_node else WORLD
+
+    @property
     def world_size(self) -> int:
         return self.drafters if self.colocated else self.targets + self.drafters
 
+    @property
+    def node_local(self) -> bool:
+        """A split whose every node holds both roles (one node: always)."""
+        return not self.colocated and self.per_node
+
+    @property
+    def ranks_per_node(self) -> int:
+        """torchrun's --nproc-per-node (the whole world when the nodes cannot hold equal shares)."""
+        return self.world_size // self.nodes if self.world_size % self.nodes == 0 else self.world_size
+
+    @property
+    def local_targets(self) -> int:
+        """Targets on each node (per-node placement) or in all."""
+        return self.targets // self.nodes if self.node_local else self.targets
+
+    @property
+    def local_drafters(self) -> int:
+        return self.drafters // self.nodes if self.node_local else self.drafters
+
+    def node_of(self, rank: int) -> int:
+        """The node torchrun starts `rank` on: it numbers each node's ranks together, node by node."""
+        return rank // self.ranks_per_node
+
     def is_target(self, rank: int) -> bool:
-        return self.colocated or rank < self.targets
+        if self.colocated:
+            return True
+        if self.node_local:
+            return rank % self.ranks_per_node < self.local_targets
+        return rank < self.targets
+
+    def target_rank(self, target_index: int) -> int:
+        """The rank of target t (targets are numbered node by node)."""
+        if self.colocated or not self.node_local:
+            return target_index
+        node, local = divmod(target_index, self.local_targets)
+        return node * self.ranks_per_node + local
 
     def drafter_index(self, rank: int) -> int:
-        return rank if self.colocated else rank - self.targets
+        if self.colocated:
+            return rank
+        if self.node_local:
+            node, local = divmod(rank, self.ranks_per_node)
+            return node * self.local_drafters + local - self.local_targets
+        return rank - self.targets
 
     def drafter_rank(self, drafter_index: int) -> int:
-        return drafter_index if self.colocated else self.targets + drafter_index
+        if self.colocated:
+            return drafter_index
+        if self.node_local:
+            node, local = divmod(drafter_index, self.local_drafters)
+            return node * self.ranks_per_node + self.local_targets + local
+        return self.targets + drafter_index
 
     @property
     def drafter_ranks(self) -> list[int]:
         return [self.drafter_rank(d) for d in range(self.drafters)]
 
     def producer_of(self, batch_index: int) -> int:
-        """The target rank that makes global batch i."""
-        return batch_index % self.targets
+        """The rank of the target that makes global batch i (of training, or of held-out batches).
+
+        One list: target i % N. Per node: the batch's drafter d = i % M sits on node k = d // m; node k's
+        batches, counted in order (u = (i // M) * m + d % m), go round its n targets (u % n). One node: i % N."""
+        if self.colocated:
+            return self.drafter_rank(self.consumer_of(batch_index))
+        if not self.node_local:
+            return batch_index % self.targets
+        n, m = self.local_targets, self.local_drafters
+        node, local = divmod(self.consumer_of(batch_index), m)
+        counted = (batch_index // self.drafters) * m + local
+        return self.target_rank(node * n + counted % n)
 
     def consumer_of(self, batch_index: int) -> int:
         """The drafter index that trains on global batch i."""
@@ -102,13 +190,69 @@ class Topology:
     def batch_for(self, step: int, drafter_index: int) -> int:
         return step * self.drafters + drafter_index
 
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every (target rank, drafter rank) that batches flow between (colocated: each rank with itself).
+        The routing repeats every N x M batches, so those are all it takes to find them."""
+        if self.colocated:
+            return [(r, r) for r in range(self.world_size)]
+        flows = {
+            (self.producer_of(i), self.drafter_rank(self.consumer_of(i)))
+            for i in range(self.targets * self.drafters)
+        }
+        return sorted(flows)
+
+    def crossing_pairs(self) -> list[tuple[int, int]]:
+        """The pairs whose target and drafter sit on different nodes (their hidden states cross the network)."""
+        return [(t, d) for t, d in self.pairs() if self.node_of(t) != self.node_of(d)]
+
+    def drafters_fed_by(self, target_rank: int) -> list[int]:
+        return [d for t, d in self.pairs() if t == target_rank]
+
+    def targets_feeding(self, drafter_rank: int) -> list[int]:
+        return [t for t, d in self.pairs() if d == drafter_rank]
+
     def describe(self) -> str:
         if self.colocated:
             return f"{self.drafters} colocated rank{'s' if self.drafters > 1 else ''} (target + drafter each)"
-        return f"{self.targets} target + {self.drafters} drafter ranks"
+        shape = f"{self.targets} target + {self.drafters} drafter ranks"
+        if self.nodes > 1 and self.node_local:
+            return f"{shape} ({self.local_targets} + {self.local_drafters} on each of {self.nodes} nodes)"
+        if self.nodes > 1:
+            return f"{shape} (one list over {self.nodes} nodes)"
+        return shape
+
+    def pairs_json(self) -> list[dict[str, int]]:
+        return [
+            {
+                "target_rank": t,
+                "drafter_rank": d,
+                "target_node": self.node_of(t),
+                "drafter_node": self.node_of(d),
+            }
+            for t, d in self.pairs()
+        ]
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "targets": self.targets, "drafters": self.drafters}
+        return {
+            "mode": self.mode,
+            "targets": self.targets,
+            "drafters": self.drafters,
+            "nodes": self.nodes,
+            "placement": self.placement,
+            "pairs": self.pairs_json(),
+        }
+
+    def crossing_reason(self) -> str | None:
+        """Why batches cross nodes, or None when none does."""
+        crossing = self.crossing_pairs()
+        if not crossing:
+            return None
+        return (
+            f"{len(crossing)} of {len(self.pairs())} target -> drafter pairs cross nodes: "
+            f'topology.placement = "world" puts ranks [0, {self.targets}) as targets and '
+            f"[{self.targets}, {self.world_size}) as drafters over {self.nodes} nodes, so every batch between "
+            "them moves its hidden states over the network"
+        )
 
 
 def forces_split(section: TopologySection) -> bool:
@@ -116,9 +260,13 @@ def forces_split(section: TopologySection) -> bool:
     return section.targets is not None or section.drafters is not None
 
 
-def split_of(section: TopologySection) -> Topology:
-    """The config's split; an unset side is one rank."""
-    return Topology(section.targets or 1, section.drafters or 1)
+def split_of(section: TopologySection, nodes: int = 1) -> Topology:
+    """The config's split over `nodes` nodes; an unset side is one rank. `placement = "node"`: the counts are
+    one node's, the same on every node; `"world"`: the whole run's."""
+    targets, drafters = section.targets or 1, section.drafters or 1
+    if section.placement == WORLD:
+        return Topology(targets, drafters, nodes=nodes, per_node=False)
+    return Topology.split_per_node(targets, drafters, nodes)
 
 
 # The fix when the nodes of one run resolved different topologies.
@@ -130,16 +278,18 @@ PIN_ON_EVERY_NODE = (
 )
 
 
-def configured_topology(section: TopologySection, ranks: int) -> tuple[Topology, str] | None:
-    """The topology `[topology]` names on `ranks` devices, and why; None when it leaves the choice open
-    (`auto` without targets/drafters). The one place that reads the mode: the trainer's `resolve_topology`
-    and the launcher's `decide` both start here, so they cannot disagree on what a config asks for."""
+def configured_topology(section: TopologySection, ranks: int, nodes: int = 1) -> tuple[Topology, str] | None:
+    """The topology `[topology]` names on `ranks` devices of `nodes` nodes, and why; None when it leaves the
+    choice open (`auto` without targets/drafters). The one place that reads the mode: the trainer's
+    `resolve_topology` and the launcher's `decide` both start here, so they cannot disagree on what a config
+    asks for."""
+    each = " on each node" if nodes > 1 and section.placement == NODE else ""
     if forces_split(section):
-        return split_of(section), "topology.targets/drafters set: the configured split"
+        return split_of(section, nodes), f"topology.targets/drafters set: the configured split{each}"
     if section.mode == SPLIT:
-        return split_of(section), 'topology.mode = "split"'
+        return split_of(section, nodes), f'topology.mode = "split"{each}'
     if section.mode == COLOCATED:
-        return Topology.colocated_on(ranks), 'topology.mode = "colocated"'
+        return Topology.colocated_on(ranks, nodes), 'topology.mode = "colocated"'
     return None
 
 
@@ -156,13 +306,13 @@ def resolve_topology(section: TopologySection, world_size: int | None = None, no
         else None
     )
     ranks = section.ranks or world_size or 1
-    configured = configured_topology(section, ranks)
-    topology = configured[0] if configured else Topology.colocated_on(ranks)  # auto, undecided: colocated
+    configured = configured_topology(section, ranks, nodes)
+    topology = configured[0] if configured else Topology.colocated_on(ranks, nodes)  # auto, undecided
     if not topology.colocated:
         if world_size is not None and world_size != topology.world_size:
             raise ConfigError(
                 f"topology: {topology.describe()} = {topology.world_size} processes, but torchrun started "
-                f"{world_size} (use --nproc-per-node {topology.world_size})",
+                f"{world_size} (use --nproc-per-node {topology.ranks_per_node})",
                 hint=hint,
             )
         return topology
@@ -218,8 +368,9 @@ class RunDigest:
     drafters: int
     world_size: int
     config_hash: int
+    per_node: bool = True  # a split's placement over several nodes (Topology.per_node)
 
-    WIDTH = 7  # len(to_row())
+    WIDTH = 8  # len(to_row())
 
     @classmethod
     def of(cls, cfg: TrainConfig, topology: Topology, node: int, rank: int) -> RunDigest:
@@ -231,6 +382,7 @@ class RunDigest:
             topology.drafters,
             topology.world_size,
             graph_config_hash(cfg),
+            topology.per_node,
         )
 
     def to_row(self) -> list[int]:
@@ -242,24 +394,26 @@ class RunDigest:
             self.drafters,
             self.world_size,
             self.config_hash,
+            int(self.per_node),
         ]
 
     @classmethod
     def from_row(cls, row: list[int]) -> RunDigest:
-        node, rank, colocated, targets, drafters, world_size, config_hash = (int(v) for v in row)
-        return cls(node, rank, bool(colocated), targets, drafters, world_size, config_hash)
+        node, rank, colocated, targets, drafters, world_size, config_hash, per_node = (int(v) for v in row)
+        return cls(node, rank, bool(colocated), targets, drafters, world_size, config_hash, bool(per_node))
 
     @property
-    def run(self) -> tuple[bool, int, int, int, int]:
-        """What must be equal on every rank (not who it is)."""
-        return (self.colocated, self.targets, self.drafters, self.world_size, self.config_hash)
+    def run(self) -> tuple[bool, bool, int, int, int, int]:
+        """What must be equal on every rank (not who it is); the topology first, the config's hash last."""
+        per_node = self.per_node or self.colocated  # colocated has no placement to differ in
+        return (self.colocated, per_node, self.targets, self.drafters, self.world_size, self.config_hash)
 
     def describe(self) -> str:
         """`colocated on 2 ranks, config 58500e11` / `split 1+1, config 58500e11`."""
         if self.colocated:
             shape = f"colocated on {self.drafters} rank{'s' if self.drafters > 1 else ''}"
         else:
-            shape = f"split {self.targets}+{self.drafters}"
+            shape = f"split {self.targets}+{self.drafters}" + ("" if self.per_node else " over the world")
         return f"{shape}, config {self.config_hash >> 31:08x}"  # the hash's top 32 of 63 bits
 
 
@@ -277,7 +431,7 @@ def check_agreement(digests: list[RunDigest]) -> None:
             who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {min(ranks)}-{max(ranks)}"
             first = next(d for d in members if d.run == run)
             parts.append(f"node {node} ({who}): {first.describe()}")
-    if len({d.run[:4] for d in digests}) > 1:
+    if len({d.run[:5] for d in digests}) > 1:
         raise ConfigError(
             "the nodes of this run disagree on the topology: " + "; ".join(parts), hint=PIN_ON_EVERY_NODE
         )
@@ -286,3 +440,16 @@ def check_agreement(digests: list[RunDigest]) -> None:
         + "; ".join(parts),
         hint="give every node the same config file and the same --set overrides",
     )
+
+
+def check_placement(digests: list[RunDigest], topology: Topology) -> None:
+    """Every rank runs on the node the topology placed it on (torchrun numbers each node's ranks together,
+    node by node, when every node starts the same count): else a target would feed a drafter elsewhere
+    while the plan said it would not. ConfigError naming the first rank out of place."""
+    for d in digests:
+        if d.node != topology.node_of(d.rank):
+            raise ConfigError(
+                f"rank {d.rank} runs on node {d.node}, but {topology.describe()} places it on node "
+                f"{topology.node_of(d.rank)}: the nodes started different process counts",
+                hint=f"start {topology.ranks_per_node} processes on every node (--nproc-per-node)",
+            )

@@ -20,6 +20,7 @@ from trainer.data.sources import (
 )
 from trainer.run.schedule import RunPlan, plan_run, target_work
 from trainer.runspec.config import DataSection, parse_config
+from trainer.runspec.topology import Topology
 from trainer.target_model.tiny import build_embedded_target
 
 
@@ -46,7 +47,8 @@ def test_targets_cover_every_batch_once_from_the_resume_point() -> None:
     plan, n = RunPlan(batches_per_epoch=100, total_steps=8, drafters=3), 3
     for resume in (0, 2, 5):
         work = {
-            t: [i for _, i in target_work(t, n, plan, resume, eval_every=0, eval_batches=0)] for t in range(n)
+            t: [i for _, i in target_work(Topology(n, 3), t, plan, resume, eval_every=0, eval_batches=0)]
+            for t in range(n)
         }
         assert sorted(i for t in range(n) for i in work[t]) == list(range(resume * 3, 24))
         for t in range(n):

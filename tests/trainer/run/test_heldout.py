@@ -21,6 +21,7 @@ from trainer.run.heldout import (
 )
 from trainer.run.schedule import RunPlan, evaluates_after, target_work
 from trainer.runspec.config import EvalSection, PrecisionSection, parse_config
+from trainer.runspec.topology import Topology
 from trainer.target_model.capture import CaptureTarget
 from trainer.target_model.tiny import build_embedded_target
 
@@ -82,7 +83,7 @@ def test_the_evaluator_decides_from_its_own_section() -> None:
 
 def test_target_schedule_puts_each_steps_heldout_batches_after_its_training_batches() -> None:
     plan = RunPlan(batches_per_epoch=100, total_steps=4, drafters=2, accum=2)
-    work = {t: list(target_work(t, 2, plan, 1, eval_every=2, eval_batches=3)) for t in range(2)}
+    work = {t: list(target_work(Topology(2, 2), t, plan, 1, eval_every=2, eval_batches=3)) for t in range(2)}
     train = sorted(i for t in work for kind, i in work[t] if kind == "train")
     assert train == list(range(1 * 4, 4 * 4))  # from the resume step on, accum x drafters per step
     assert [j for kind, j in work[0] if kind == "eval"] == [0, 2, 0, 2]  # after steps 2 and 4

@@ -56,9 +56,9 @@ def _phase(rank: int, topo: Topology, steps: int, dtype: torch.dtype, in_flight:
     """Targets send their share of `sent` batches; drafters receive `steps` each, then expect END."""
     out: dict = {}
     if topo.is_target(rank):
-        sender = BatchSender(topo, in_flight, torch.device("cpu"))
+        sender = BatchSender(topo, rank, in_flight, torch.device("cpu"))
         bound_held = True
-        for index in range(rank, sent, topo.targets):
+        for index in (i for i in range(sent) if topo.producer_of(i) == rank):
             sender.send(make_batch(index, dtype))
             bound_held &= len(sender._pending) <= in_flight
         try:
@@ -90,7 +90,7 @@ def _phase(rank: int, topo: Topology, steps: int, dtype: torch.dtype, in_flight:
 def _heldout_phase(rank: int, topo: Topology) -> dict:
     """One target, two drafters: training batches 0-1, held-out batches 0-1 (with target_ids), then 2-3."""
     if topo.is_target(rank):
-        sender = BatchSender(topo, 2, torch.device("cpu"))
+        sender = BatchSender(topo, rank, 2, torch.device("cpu"))
         for index in (0, 1):
             sender.send(make_batch(index, torch.float32))
         for j in (0, 1):
@@ -179,3 +179,17 @@ def test_early_end_of_stream_is_a_clear_error(three_ranks: list[dict]) -> None:
     assert drafter["got"] == [0, 1, 2, 3]
     assert drafter["error"] == "drafter rank 2: expected batch 4 from target rank 0, got end of stream"
     assert "close_error" not in three_ranks[0]["early_end"]  # target 0's END was read
+
+
+def test_a_collective_that_lost_a_peer_is_named_and_other_errors_are_not() -> None:
+    from trainer.run.transport import lost_peer_message, peer_lost
+
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:24990. ...")
+    assert (
+        peer_lost(gloo)
+        and not peer_lost(RuntimeError("CUDA out of memory"))
+        and not peer_lost(ValueError("x"))
+    )
+    line = lost_peer_message(gloo)
+    assert line.startswith("lost a peer of this run in a collective ([../gloo/transport/tcp/pair.cc:553]")
+    assert "on this node or another" in line and "run record" in line

@@ -18,7 +18,7 @@ COLOCATED = {"topology.mode": '"colocated"'}
 def test_one_colocated_process_trains_like_one_target_and_one_drafter(tmp_path: Path) -> None:
     run = torchrun("configs/tiny-cpu.toml", tmp_path / "out", nproc=1, overrides=COLOCATED)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.summary["topology"] == {"mode": "colocated", "targets": 1, "drafters": 1}
+    assert run.summary["topology"].items() >= {"mode": "colocated", "targets": 1, "drafters": 1}.items()
     assert "(colocated) ready in " in run.stderr
     startup = run.summary["warmup"]["startup"]
     assert {"build target", "data", "build", "compile"} <= startup.keys()
@@ -38,7 +38,7 @@ def test_two_colocated_ranks_train_on_the_batches_of_two_drafters(tmp_path: Path
     short = {"optim.steps": "6", "checkpoint.every": "3"}
     colocated = torchrun("configs/tiny-cpu.toml", tmp_path / "c", nproc=2, overrides={**short, **COLOCATED})
     assert colocated.returncode == 0, colocated.stderr[-3000:]
-    assert colocated.summary["topology"] == {"mode": "colocated", "targets": 2, "drafters": 2}
+    assert colocated.summary["topology"].items() >= {"mode": "colocated", "targets": 2, "drafters": 2}.items()
     split = torchrun(
         "configs/tiny-cpu.toml", tmp_path / "s", nproc=3, overrides={**short, "topology.drafters": "2"}
     )

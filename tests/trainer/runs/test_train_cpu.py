@@ -88,7 +88,9 @@ def test_two_targets_one_drafter(tmp_path: Path) -> None:
     """2+1 consumes the very same batches in the same order as 1+1: identical losses, step for step."""
     run = torchrun("configs/tiny-cpu-2t1d.toml", tmp_path / "out", nproc=3)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.summary["topology"] == {"mode": "split", "targets": 2, "drafters": 1}
+    assert run.summary["topology"].items() >= {"mode": "split", "targets": 2, "drafters": 1}.items()
+    pairs = [(p["target_rank"], p["drafter_rank"]) for p in run.summary["topology"]["pairs"]]
+    assert pairs == [(0, 2), (1, 2)]  # both targets feed the one drafter
     reference = reference_run()
     assert reference.returncode == 0
     assert [m["loss"] for m in run.metrics] == [m["loss"] for m in reference.metrics]

@@ -419,7 +419,7 @@ def test_topology_resolves_from_mode_and_process_count(
     from trainer.runspec.topology import resolve_topology
 
     cfg = parse_config(apply_overrides(_raw(), overrides))
-    assert resolve_topology(cfg.topology, world_size).to_json() == resolved
+    assert resolve_topology(cfg.topology, world_size).to_json().items() >= resolved.items()
 
 
 def test_topology_refuses_a_process_count_it_cannot_use() -> None:

@@ -45,7 +45,7 @@ BOOKKEEPING_FIELDS = {
 }  # fmt: skip
 STEP_TIME_FIELDS = {
     "optim.grad_clip", "optim.grad_accum", "optim.weight_decay", "optim.betas", "topology.overlap_capture",
-    "data.workers",
+    "data.workers", "topology.placement",
 }  # fmt: skip
 
 
