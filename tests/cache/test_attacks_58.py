@@ -420,8 +420,8 @@ def test_h3_an_archive_of_look_alike_names_is_refused_before_the_swap(tmp_path: 
     """Names borrowed from Inductor's (`triton/`, `cache/`, `kernel/`) holding what no compiler writes: it was
     restored, and every later restore then refused the folder as "not a compile cache"."""
     from dflash_doctor.cache.archive import collect_files, hash_files, write_archive
-    from tests.cache.layout_helpers import examine_path
     from dflash_doctor.cache.manifest import CacheManifest
+    from tests.cache.layout_helpers import examine_path
 
     source = tmp_path / "source"
     (source / "triton").mkdir(parents=True)
